@@ -1,0 +1,141 @@
+//! The set of checksum algorithms intact computes.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::DigestError;
+
+/// A checksum algorithm.
+///
+/// The `name` of each variant is what `--algo` accepts and what reports print;
+/// `aliases` are accepted too so that users of other tools find theirs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Algorithm {
+    /// CRC-32C (Castagnoli), hardware-accelerated with SSE4.2 where present.
+    Crc32c,
+    /// XXH3, 64-bit output.
+    Xxh3_64,
+    /// XXH3, 128-bit output (XXH128).
+    Xxh3_128,
+    /// BLAKE3, 256-bit output; its tree allows one file to be hashed on all cores.
+    Blake3,
+    /// SHA-256 (uses the SHA extensions where present).
+    Sha256,
+    /// SHA-1, for compatibility with existing manifests only.
+    Sha1,
+    /// MD5, for compatibility with existing manifests only.
+    Md5,
+    /// Adler-32, for compatibility with xrdcp/GridFTP users.
+    Adler32,
+}
+
+impl Algorithm {
+    /// Every algorithm, in the order help texts list them.
+    pub const ALL: [Algorithm; 8] = [
+        Algorithm::Crc32c,
+        Algorithm::Xxh3_64,
+        Algorithm::Xxh3_128,
+        Algorithm::Blake3,
+        Algorithm::Sha256,
+        Algorithm::Sha1,
+        Algorithm::Md5,
+        Algorithm::Adler32,
+    ];
+
+    /// The canonical name, as accepted by `--algo` and printed in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::Crc32c => "crc32c",
+            Algorithm::Xxh3_64 => "xxh3",
+            Algorithm::Xxh3_128 => "xxh128",
+            Algorithm::Blake3 => "blake3",
+            Algorithm::Sha256 => "sha256",
+            Algorithm::Sha1 => "sha1",
+            Algorithm::Md5 => "md5",
+            Algorithm::Adler32 => "adler32",
+        }
+    }
+
+    /// Other spellings accepted for this algorithm.
+    pub fn aliases(self) -> &'static [&'static str] {
+        match self {
+            Algorithm::Crc32c => &["crc-32c", "crc32-c"],
+            Algorithm::Xxh3_64 => &["xxh3-64", "xxh3_64", "xxh64-3"],
+            Algorithm::Xxh3_128 => &["xxh3-128", "xxh3_128", "xxh3128"],
+            Algorithm::Blake3 => &["b3"],
+            Algorithm::Sha256 => &["sha-256", "sha2-256"],
+            Algorithm::Sha1 => &["sha-1"],
+            Algorithm::Md5 => &["md-5"],
+            Algorithm::Adler32 => &["adler-32", "adler"],
+        }
+    }
+
+    /// Length of the digest in bytes.
+    pub fn digest_len(self) -> usize {
+        match self {
+            Algorithm::Crc32c | Algorithm::Adler32 => 4,
+            Algorithm::Xxh3_64 => 8,
+            Algorithm::Xxh3_128 | Algorithm::Md5 => 16,
+            Algorithm::Sha1 => 20,
+            Algorithm::Blake3 | Algorithm::Sha256 => 32,
+        }
+    }
+
+    /// Whether one long input can be hashed on several cores.
+    ///
+    /// BLAKE3 is a tree; CRC-32C and Adler-32 have a combine operation that
+    /// joins the checksums of two adjacent pieces. XXH3, SHA-256, SHA-1 and
+    /// MD5 are strictly sequential: their parallelism is across files.
+    pub fn splits_within_file(self) -> bool {
+        matches!(
+            self,
+            Algorithm::Blake3 | Algorithm::Crc32c | Algorithm::Adler32
+        )
+    }
+
+    /// Whether the algorithm is cryptographic (collision resistant).
+    pub fn is_cryptographic(self) -> bool {
+        matches!(self, Algorithm::Blake3 | Algorithm::Sha256)
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Algorithm {
+    type Err = DigestError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let wanted = s.trim().to_ascii_lowercase();
+        Algorithm::ALL
+            .into_iter()
+            .find(|a| a.name() == wanted || a.aliases().contains(&wanted.as_str()))
+            .ok_or_else(|| DigestError::UnknownAlgorithm(s.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_aliases_round_trip() {
+        for a in Algorithm::ALL {
+            assert_eq!(a.name().parse::<Algorithm>().unwrap(), a);
+            for alias in a.aliases() {
+                assert_eq!(alias.parse::<Algorithm>().unwrap(), a);
+            }
+            assert_eq!(a.name().to_uppercase().parse::<Algorithm>().unwrap(), a);
+        }
+    }
+
+    #[test]
+    fn unknown_name_is_an_error() {
+        let err = "sha3".parse::<Algorithm>().unwrap_err();
+        assert!(err.to_string().contains("sha3"), "{err}");
+    }
+}

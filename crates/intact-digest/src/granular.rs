@@ -1,0 +1,228 @@
+//! Whole, per-block and per-page digests of one stream, in one pass.
+
+use rayon::prelude::*;
+
+use crate::{Algorithm, Digest, DigestError, Hasher};
+
+/// Page size of per-page checksums, in bytes (4 KiB, as XRootD's page reads
+/// and the Kim et al. verifier use).
+pub const PAGE_SIZE: usize = 4096;
+
+/// Per-block digests of `data` under `algorithm`, blocks of `block_size`
+/// bytes (the last one may be shorter; empty input has no blocks), computed
+/// across the current rayon pool.
+pub fn block_digests(
+    algorithm: Algorithm,
+    data: &[u8],
+    block_size: usize,
+) -> Result<Vec<Digest>, DigestError> {
+    if block_size == 0 {
+        return Err(DigestError::ZeroBlockSize);
+    }
+    let mut out = Vec::new();
+    BlockDigest(algorithm).extend_whole(data, block_size, true, &mut out);
+    Ok(out)
+}
+
+/// CRC-32C of every 4 KiB page of `data` (the last page may be shorter),
+/// computed across the current rayon pool.
+pub fn page_crcs(data: &[u8]) -> Vec<u32> {
+    let mut out = Vec::new();
+    PageCrc.extend_whole(data, PAGE_SIZE, true, &mut out);
+    out
+}
+
+/// How to checksum one fixed-size piece of a stream.
+trait PieceSum: Sync {
+    type State: Send;
+    type Out: Send;
+    fn start(&self) -> Self::State;
+    fn feed(&self, state: &mut Self::State, data: &[u8]);
+    fn finish(&self, state: Self::State) -> Self::Out;
+
+    fn one(&self, data: &[u8]) -> Self::Out {
+        let mut s = self.start();
+        self.feed(&mut s, data);
+        self.finish(s)
+    }
+
+    /// Appends the sums of `data` cut in pieces of `size` (last may be short).
+    fn extend_whole(&self, data: &[u8], size: usize, parallel: bool, out: &mut Vec<Self::Out>) {
+        if parallel && data.len() >= crate::MIN_PARALLEL_LEN {
+            // Aim for ≥ 256 KiB of work per rayon task.
+            let min = (256 * 1024 / size).max(1);
+            let sums: Vec<Self::Out> = data
+                .par_chunks(size)
+                .with_min_len(min)
+                .map(|p| self.one(p))
+                .collect();
+            out.extend(sums);
+        } else {
+            out.extend(data.chunks(size).map(|p| self.one(p)));
+        }
+    }
+}
+
+struct BlockDigest(Algorithm);
+
+impl PieceSum for BlockDigest {
+    type State = Hasher;
+    type Out = Digest;
+    fn start(&self) -> Hasher {
+        Hasher::new(self.0)
+    }
+    fn feed(&self, state: &mut Hasher, data: &[u8]) {
+        state.update(data)
+    }
+    fn finish(&self, state: Hasher) -> Digest {
+        state.finalize()
+    }
+}
+
+struct PageCrc;
+
+impl PieceSum for PageCrc {
+    type State = u32;
+    type Out = u32;
+    fn start(&self) -> u32 {
+        0
+    }
+    fn feed(&self, state: &mut u32, data: &[u8]) {
+        *state = crc32c::crc32c_append(*state, data);
+    }
+    fn finish(&self, state: u32) -> u32 {
+        state
+    }
+}
+
+/// Cuts a stream, fed in arbitrary slices, into fixed-size pieces.
+struct Splitter<P: PieceSum> {
+    sum: P,
+    size: usize,
+    partial: Option<(P::State, usize)>,
+    out: Vec<P::Out>,
+}
+
+impl<P: PieceSum> Splitter<P> {
+    fn new(sum: P, size: usize) -> Self {
+        Splitter {
+            sum,
+            size,
+            partial: None,
+            out: Vec::new(),
+        }
+    }
+
+    fn update(&mut self, mut data: &[u8], parallel: bool) {
+        if let Some((mut state, filled)) = self.partial.take() {
+            let n = (self.size - filled).min(data.len());
+            self.sum.feed(&mut state, &data[..n]);
+            data = &data[n..];
+            if filled + n == self.size {
+                self.out.push(self.sum.finish(state));
+            } else {
+                self.partial = Some((state, filled + n));
+                return;
+            }
+        }
+        let whole = data.len() / self.size * self.size;
+        self.sum
+            .extend_whole(&data[..whole], self.size, parallel, &mut self.out);
+        let rest = &data[whole..];
+        if !rest.is_empty() {
+            let mut state = self.sum.start();
+            self.sum.feed(&mut state, rest);
+            self.partial = Some((state, rest.len()));
+        }
+    }
+
+    fn finish(mut self) -> Vec<P::Out> {
+        if let Some((state, _)) = self.partial.take() {
+            self.out.push(self.sum.finish(state));
+        }
+        self.out
+    }
+}
+
+/// Everything [`Granular`] computed for one stream.
+#[derive(Debug, Clone)]
+pub struct GranularDigests {
+    /// Digest of the whole stream.
+    pub whole: Digest,
+    /// Block size used for `blocks`, if blocks were asked for.
+    pub block_size: Option<usize>,
+    /// Per-block digests, same algorithm as `whole`.
+    pub blocks: Vec<Digest>,
+    /// Per-4 KiB-page CRC-32C values, if pages were asked for.
+    pub pages: Option<Vec<u32>>,
+    /// Bytes fed.
+    pub len: u64,
+}
+
+/// Computes whole, per-block and per-page digests of a stream in one pass.
+pub struct Granular {
+    whole: Hasher,
+    blocks: Option<Splitter<BlockDigest>>,
+    pages: Option<Splitter<PageCrc>>,
+    parallel: bool,
+    len: u64,
+}
+
+impl Granular {
+    /// Whole digest only; add granularities with the `with_` methods.
+    /// `parallel` lets every `update` use the current rayon pool.
+    pub fn new(algorithm: Algorithm, parallel: bool) -> Granular {
+        Granular {
+            whole: Hasher::new(algorithm),
+            blocks: None,
+            pages: None,
+            parallel,
+            len: 0,
+        }
+    }
+
+    /// Also computes per-block digests with blocks of `block_size` bytes.
+    pub fn with_blocks(mut self, block_size: usize) -> Result<Granular, DigestError> {
+        if block_size == 0 {
+            return Err(DigestError::ZeroBlockSize);
+        }
+        self.blocks = Some(Splitter::new(
+            BlockDigest(self.whole.algorithm()),
+            block_size,
+        ));
+        Ok(self)
+    }
+
+    /// Also computes per-4 KiB-page CRC-32C values.
+    pub fn with_pages(mut self) -> Granular {
+        self.pages = Some(Splitter::new(PageCrc, PAGE_SIZE));
+        self
+    }
+
+    /// Feeds the next bytes of the stream.
+    pub fn update(&mut self, data: &[u8]) {
+        self.len += data.len() as u64;
+        if self.parallel {
+            self.whole.update_parallel(data);
+        } else {
+            self.whole.update(data);
+        }
+        if let Some(b) = &mut self.blocks {
+            b.update(data, self.parallel);
+        }
+        if let Some(p) = &mut self.pages {
+            p.update(data, self.parallel);
+        }
+    }
+
+    /// Ends the stream.
+    pub fn finish(self) -> GranularDigests {
+        GranularDigests {
+            whole: self.whole.finalize(),
+            block_size: self.blocks.as_ref().map(|b| b.size),
+            blocks: self.blocks.map(Splitter::finish).unwrap_or_default(),
+            pages: self.pages.map(Splitter::finish),
+            len: self.len,
+        }
+    }
+}
