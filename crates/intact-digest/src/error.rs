@@ -25,7 +25,7 @@ pub enum DigestError {
     #[error("block size must be greater than 0")]
     ZeroBlockSize,
     /// Reading the input failed.
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {}", path.display(), io_reason(source))]
     Io {
         /// The file being read.
         path: PathBuf,
@@ -44,5 +44,15 @@ impl DigestError {
             path: path.into(),
             source,
         }
+    }
+}
+
+/// An I/O error's message without the "(os error N)" suffix, as command-line
+/// tools print it ("No such file or directory").
+pub fn io_reason(e: &io::Error) -> String {
+    let s = e.to_string();
+    match s.find(" (os error") {
+        Some(i) => s[..i].to_string(),
+        None => s,
     }
 }

@@ -23,6 +23,10 @@ const SERIAL_READ_LEN: usize = 256 * 1024;
 /// must give every thread enough to do.
 const PARALLEL_READ_LEN: usize = 16 * 1024 * 1024;
 
+/// Span of one mapping when hashing a mapped file (a multiple of the page
+/// size; large enough that BLAKE3 keeps every core busy within one window).
+const MMAP_WINDOW: usize = 32 * 1024 * 1024;
+
 /// Files smaller than this are read, not mapped: mapping and unmapping a
 /// small file costs more than copying it.
 const MIN_MMAP_LEN: u64 = 64 * 1024;
@@ -161,26 +165,56 @@ pub fn digest_file(path: &Path, plan: &DigestPlan) -> Result<FileDigests, Digest
         return Err(DigestError::IsDirectory(path.to_path_buf()));
     }
     if plan.strategy == ReadStrategy::Auto && meta.is_file() && meta.len() >= MIN_MMAP_LEN {
-        // SAFETY: the map is only read. If another process truncates the
-        // file meanwhile, reads past the new end fault (SIGBUS); that is
-        // the documented price of this path and why ReadStrategy::Read exists.
-        if let Ok(map) = unsafe { memmap2::Mmap::map(&file) } {
-            let _ = map.advise(memmap2::Advice::Sequential);
-            let mut g = plan.granular()?;
-            g.update(&map);
+        if let Some(digests) = digest_mapped(path, &file, meta.len(), plan)? {
             return Ok(FileDigests {
-                digests: g.finish(),
+                digests,
                 read_path: ReadPath::Mmap,
             });
         }
     }
     // SAFETY: plain advisory call on a file descriptor we own.
     unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_SEQUENTIAL) };
-    let digests = read_all(file, plan).map_err(|e| DigestError::io(path, e))?;
+    let digests = read_all(file, Some(meta.len()), plan).map_err(|e| DigestError::io(path, e))?;
     Ok(FileDigests {
         digests,
         read_path: ReadPath::Read,
     })
+}
+
+/// Hashes a regular file of `len` bytes through read-only mappings of
+/// [`MMAP_WINDOW`] bytes, each pre-faulted (MAP_POPULATE: one kernel call
+/// instead of a fault per 4 KiB page, measured ~10-25% faster on tmpfs).
+/// Windows keep the mapped (and pre-read) span bounded for files larger
+/// than memory. `Ok(None)` if the first mapping fails (the caller then
+/// reads); a later failure is an error, since part of the file is hashed.
+fn digest_mapped(
+    path: &Path,
+    file: &File,
+    len: u64,
+    plan: &DigestPlan,
+) -> Result<Option<GranularDigests>, DigestError> {
+    let mut g = plan.granular()?;
+    let mut offset = 0u64;
+    while offset < len {
+        let n = (len - offset).min(MMAP_WINDOW as u64) as usize;
+        // SAFETY: the map is only read. If another process truncates the
+        // file meanwhile, reads past the new end fault (SIGBUS); that is
+        // the documented price of this path and why ReadStrategy::Read exists.
+        let map = unsafe {
+            memmap2::MmapOptions::new()
+                .offset(offset)
+                .len(n)
+                .populate()
+                .map(file)
+        };
+        match map {
+            Ok(map) => g.update(&map),
+            Err(_) if offset == 0 => return Ok(None),
+            Err(e) => return Err(DigestError::io(path, e)),
+        }
+        offset += n as u64;
+    }
+    Ok(Some(g.finish()))
 }
 
 /// Computes what `plan` asks for over everything `reader` yields
@@ -190,29 +224,53 @@ pub fn digest_reader(
     name: &Path,
     plan: &DigestPlan,
 ) -> Result<FileDigests, DigestError> {
-    let digests = read_all(reader, plan).map_err(|e| DigestError::io(name, e))?;
+    let digests = read_all(reader, None, plan).map_err(|e| DigestError::io(name, e))?;
     Ok(FileDigests {
         digests,
         read_path: ReadPath::Read,
     })
 }
 
-fn read_all(mut reader: impl Read, plan: &DigestPlan) -> io::Result<GranularDigests> {
+std::thread_local! {
+    /// Each thread keeps its largest read buffer: hashing thousands of
+    /// small files must not allocate (and zero) a buffer per file.
+    static READ_BUF: std::cell::RefCell<Option<AlignedBuf>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Feeds everything `reader` yields to the plan's digests. `size_hint`
+/// (the file's size, if known) keeps the buffer no larger than needed.
+fn read_all(
+    mut reader: impl Read,
+    size_hint: Option<u64>,
+    plan: &DigestPlan,
+) -> io::Result<GranularDigests> {
     let mut g = plan
         .granular()
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-    let mut buf = AlignedBuf::new(plan.read_len());
-    loop {
-        let n = fill(&mut reader, &mut buf)?;
-        if n == 0 {
-            break;
-        }
-        g.update(&buf[..n]);
-        if n < buf.len() {
-            break;
-        }
+    let mut len = plan.read_len();
+    if let Some(hint) = size_hint {
+        // One page more than the file, so that EOF shows in the first read.
+        len = len.min(hint as usize + BUFFER_ALIGN);
     }
-    Ok(g.finish())
+    let mut buf = READ_BUF
+        .with(|b| b.borrow_mut().take())
+        .filter(|b| b.len() >= len)
+        .unwrap_or_else(|| AlignedBuf::new(len));
+    let result = (|| {
+        loop {
+            let n = fill(&mut reader, &mut buf[..len])?;
+            if n == 0 {
+                break;
+            }
+            g.update(&buf[..n]);
+            if n < len {
+                break;
+            }
+        }
+        Ok(())
+    })();
+    READ_BUF.with(|b| *b.borrow_mut() = Some(buf));
+    result.map(|()| g.finish())
 }
 
 /// Reads until `buf` is full or the input ends; returns the bytes read.

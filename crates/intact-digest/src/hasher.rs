@@ -1,5 +1,7 @@
 //! The streaming hasher behind every digest intact computes.
 
+use std::hash::Hasher as _;
+
 use md5::Digest as _;
 use rayon::prelude::*;
 
@@ -23,7 +25,8 @@ pub struct Hasher {
 enum State {
     Crc32c(u32),
     Adler32(u32),
-    Xxh3(Box<xxhash_rust::xxh3::Xxh3>),
+    Xxh3_64(Box<twox_hash::XxHash3_64>),
+    Xxh3_128(Box<twox_hash::XxHash3_128>),
     Blake3(Box<blake3::Hasher>),
     Sha256(sha2::Sha256),
     Sha1(sha1::Sha1),
@@ -36,9 +39,8 @@ impl Hasher {
         let state = match algorithm {
             Algorithm::Crc32c => State::Crc32c(0),
             Algorithm::Adler32 => State::Adler32(1),
-            Algorithm::Xxh3_64 | Algorithm::Xxh3_128 => {
-                State::Xxh3(Box::new(xxhash_rust::xxh3::Xxh3::new()))
-            }
+            Algorithm::Xxh3_64 => State::Xxh3_64(Box::default()),
+            Algorithm::Xxh3_128 => State::Xxh3_128(Box::default()),
             Algorithm::Blake3 => State::Blake3(Box::new(blake3::Hasher::new())),
             Algorithm::Sha256 => State::Sha256(sha2::Sha256::new()),
             Algorithm::Sha1 => State::Sha1(sha1::Sha1::new()),
@@ -57,7 +59,8 @@ impl Hasher {
         match &mut self.state {
             State::Crc32c(c) => *c = crc32c::crc32c_append(*c, data),
             State::Adler32(a) => *a = adler32_append(*a, data),
-            State::Xxh3(h) => h.update(data),
+            State::Xxh3_64(h) => h.write(data),
+            State::Xxh3_128(h) => h.write(data),
             State::Blake3(h) => {
                 h.update(data);
             }
@@ -95,10 +98,8 @@ impl Hasher {
         match self.state {
             State::Crc32c(c) => Digest::from_raw(alg, &c.to_be_bytes()),
             State::Adler32(a) => Digest::from_raw(alg, &a.to_be_bytes()),
-            State::Xxh3(h) => match alg {
-                Algorithm::Xxh3_128 => Digest::from_raw(alg, &h.digest128().to_be_bytes()),
-                _ => Digest::from_raw(alg, &h.digest().to_be_bytes()),
-            },
+            State::Xxh3_64(h) => Digest::from_raw(alg, &h.finish().to_be_bytes()),
+            State::Xxh3_128(h) => Digest::from_raw(alg, &h.finish_128().to_be_bytes()),
             State::Blake3(h) => Digest::from_raw(alg, h.finalize().as_bytes()),
             State::Sha256(h) => Digest::from_raw(alg, &h.finalize()),
             State::Sha1(h) => Digest::from_raw(alg, &h.finalize()),

@@ -22,7 +22,7 @@ pub mod manifest;
 
 pub use algorithm::Algorithm;
 pub use digest::{Digest, MAX_DIGEST_LEN};
-pub use error::DigestError;
+pub use error::{io_reason, DigestError};
 pub use file::{
     digest_file, digest_reader, AlignedBuf, DigestPlan, FileDigests, ReadPath, ReadStrategy,
     BUFFER_ALIGN,

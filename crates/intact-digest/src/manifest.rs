@@ -39,34 +39,45 @@ pub fn uses_bsd_tag(algorithm: Algorithm) -> bool {
     algorithm == Algorithm::Xxh3_64
 }
 
-/// One line (with its newline) for `digest` of the file `name`.
-pub fn format_line(digest: &Digest, name: &Path) -> Vec<u8> {
+/// `name` as checksum lines print it: whether the line must start with a
+/// backslash (coreutils' mark for an escaped name), and the name's bytes
+/// with backslash, newline and carriage return escaped when it must.
+pub fn escape_name(name: &Path) -> (bool, Vec<u8>) {
     let raw = name.as_os_str().as_bytes();
     let escape = raw.iter().any(|b| matches!(b, b'\\' | b'\n' | b'\r'));
-    let mut line = Vec::with_capacity(raw.len() + 80);
-    if escape {
+    if !escape {
+        return (false, raw.to_vec());
+    }
+    let mut out = Vec::with_capacity(raw.len() + 8);
+    for &b in raw {
+        match b {
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            b'\n' => out.extend_from_slice(b"\\n"),
+            b'\r' => out.extend_from_slice(b"\\r"),
+            _ => out.push(b),
+        }
+    }
+    (true, out)
+}
+
+/// One line (with its newline) for `digest` of the file `name`.
+pub fn format_line(digest: &Digest, name: &Path) -> Vec<u8> {
+    let (escaped, name) = escape_name(name);
+    let hex = digest.to_hex();
+    let mut line = Vec::with_capacity(name.len() + hex.len() + 16);
+    if escaped {
         line.push(b'\\');
     }
-    let push_name = |line: &mut Vec<u8>| {
-        for &b in raw {
-            match b {
-                b'\\' if escape => line.extend_from_slice(b"\\\\"),
-                b'\n' => line.extend_from_slice(b"\\n"),
-                b'\r' => line.extend_from_slice(b"\\r"),
-                _ => line.push(b),
-            }
-        }
-    };
     if uses_bsd_tag(digest.algorithm()) {
         line.extend_from_slice(bsd_tag(digest.algorithm()).as_bytes());
         line.extend_from_slice(b" (");
-        push_name(&mut line);
+        line.extend_from_slice(&name);
         line.extend_from_slice(b") = ");
-        line.extend_from_slice(digest.to_hex().as_bytes());
+        line.extend_from_slice(hex.as_bytes());
     } else {
-        line.extend_from_slice(digest.to_hex().as_bytes());
+        line.extend_from_slice(hex.as_bytes());
         line.extend_from_slice(b"  ");
-        push_name(&mut line);
+        line.extend_from_slice(&name);
     }
     line.push(b'\n');
     line

@@ -1,0 +1,180 @@
+//! `intact-bench hash`: intact sum vs b3sum, xxhsum, openssl, md5sum.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use intact_digest::AlignedBuf;
+
+use crate::runner::{have, intact_binary, medians, Cmd};
+
+#[derive(clap::Args)]
+pub struct HashArgs {
+    /// Size of the test file, in GiB.
+    #[arg(long, default_value_t = 2)]
+    size_gib: u64,
+    /// Runs per measurement (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    runs: usize,
+    /// Directory for the test file (tmpfs, so the disk is not measured).
+    #[arg(long, default_value = "/dev/shm")]
+    dir: PathBuf,
+}
+
+/// One row: an algorithm, how intact computes it, and the public tool.
+struct Row {
+    algo: &'static str,
+    tool_single: Option<Cmd>,
+    tool_all: Option<Cmd>,
+    /// Extracts the hex digest from the tool's output, to prove both agree.
+    tool_name: &'static str,
+}
+
+pub fn run(a: &HashArgs) -> anyhow::Result<()> {
+    let intact = intact_binary()?;
+    let dir = tempfile::Builder::new()
+        .prefix("intact-bench-")
+        .tempdir_in(&a.dir)
+        .with_context(|| format!("making a directory in {}", a.dir.display()))?;
+    let file = dir.path().join("data.bin");
+    make_file(&file, a.size_gib << 30)?;
+    let f = file.to_str().context("temp path is not UTF-8")?;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+
+    let tool = |p: &str, args: &[&str]| have(p).then(|| Cmd::new(p, args));
+    let rows = [
+        Row {
+            algo: "blake3",
+            tool_single: tool("b3sum", &["--num-threads", "1", f]),
+            tool_all: tool("b3sum", &[f]),
+            tool_name: "b3sum",
+        },
+        Row {
+            algo: "xxh3",
+            tool_single: tool("xxhsum", &["-H3", f]),
+            tool_all: tool("xxhsum", &["-H3", f]),
+            tool_name: "xxhsum -H3",
+        },
+        Row {
+            algo: "xxh128",
+            tool_single: tool("xxhsum", &["-H2", f]),
+            tool_all: tool("xxhsum", &["-H2", f]),
+            tool_name: "xxhsum -H2",
+        },
+        Row {
+            algo: "sha256",
+            tool_single: tool("openssl", &["dgst", "-sha256", f]),
+            tool_all: tool("openssl", &["dgst", "-sha256", f]),
+            tool_name: "openssl dgst -sha256",
+        },
+        Row {
+            algo: "sha1",
+            tool_single: tool("openssl", &["dgst", "-sha1", f]),
+            tool_all: tool("openssl", &["dgst", "-sha1", f]),
+            tool_name: "openssl dgst -sha1",
+        },
+        Row {
+            algo: "md5",
+            tool_single: tool("md5sum", &[f]),
+            tool_all: tool("md5sum", &[f]),
+            tool_name: "md5sum",
+        },
+        Row {
+            algo: "crc32c",
+            tool_single: None,
+            tool_all: None,
+            tool_name: "(no common tool)",
+        },
+        Row {
+            algo: "adler32",
+            tool_single: None,
+            tool_all: None,
+            tool_name: "(no common tool)",
+        },
+    ];
+
+    let gib = a.size_gib as f64;
+    let cat = Cmd::new("cat", &[f]);
+    let cat_s = medians(&[&cat], a.runs)?[0];
+    println!(
+        "intact-bench hash: {} GiB file in {}, {} cores, median of {} runs; GiB/s (higher is better)",
+        a.size_gib,
+        a.dir.display(),
+        threads,
+        a.runs
+    );
+    println!("reference: cat {:.2} GiB/s\n", gib / cat_s);
+    println!(
+        "| algorithm | tool | 1 thread: intact | tool | ratio | all threads: intact | tool | ratio |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|---:|");
+    for row in &rows {
+        let single = Cmd::new(&intact, &["sum", "--algo", row.algo, "--jobs", "1", f]);
+        let all = Cmd::new(&intact, &["sum", "--algo", row.algo, f]);
+        if let Some(t) = &row.tool_single {
+            agree(&single, t)?;
+        }
+        let mut line = format!("| {} | {} |", row.algo, row.tool_name);
+        for (ours, theirs) in [(&single, &row.tool_single), (&all, &row.tool_all)] {
+            let mut cmds = vec![ours];
+            cmds.extend(theirs.iter());
+            let m = medians(&cmds, a.runs)?;
+            let rate = |s: f64| gib / s;
+            match m.get(1) {
+                Some(&t) => line.push_str(&format!(
+                    " {:.2} | {:.2} | {:.2} |",
+                    rate(m[0]),
+                    rate(t),
+                    t / m[0]
+                )),
+                None => line.push_str(&format!(" {:.2} | – | – |", rate(m[0]))),
+            }
+        }
+        println!("{line}");
+    }
+    println!("\nratio = tool time / intact time (> 1: intact is faster). Command: cargo run --release -p intact-bench -- hash");
+    Ok(())
+}
+
+/// Checks that intact and the tool print the same digest for the file.
+fn agree(intact: &Cmd, tool: &Cmd) -> anyhow::Result<()> {
+    let ours = first_hex(&intact.output()?);
+    let theirs = first_hex(&tool.output()?);
+    if ours.is_none() || ours != theirs {
+        bail!(
+            "digests disagree: {} gave {:?}, {} gave {:?}",
+            intact.display(),
+            ours,
+            tool.display(),
+            theirs
+        );
+    }
+    Ok(())
+}
+
+/// The longest run of hex digits in the output: the digest, whatever the line format.
+fn first_hex(out: &str) -> Option<String> {
+    out.split(|c: char| !c.is_ascii_hexdigit())
+        .filter(|w| w.len() >= 8)
+        .max_by_key(|w| w.len())
+        .map(str::to_ascii_lowercase)
+}
+
+fn make_file(path: &Path, len: u64) -> anyhow::Result<()> {
+    let mut f = std::fs::File::create(path)?;
+    let mut buf = AlignedBuf::new(1 << 20);
+    let mut x = 0x243F_6A88_85A3_08D3u64;
+    let mut left = len;
+    while left > 0 {
+        for w in buf.chunks_exact_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            w.copy_from_slice(&x.to_le_bytes());
+        }
+        let n = left.min(buf.len() as u64) as usize;
+        f.write_all(&buf[..n])?;
+        left -= n as u64;
+    }
+    Ok(())
+}

@@ -1,0 +1,28 @@
+//! intact's benchmarks: programs that run intact and the public tools on
+//! the same data in the same run and print tables of medians and ratios.
+//! Never timed assertions: this machine is shared and noisy, so only
+//! ratios measured side by side mean anything.
+
+mod hash;
+mod runner;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "intact-bench", about)]
+struct Cli {
+    #[command(subcommand)]
+    bench: Bench,
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// Hash one file in /dev/shm with intact and with the best public tool per algorithm.
+    Hash(hash::HashArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().bench {
+        Bench::Hash(a) => hash::run(&a),
+    }
+}

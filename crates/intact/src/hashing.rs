@@ -1,0 +1,98 @@
+//! What `sum` and `sum --check` share: inputs, the thread pool, hashing one
+//! input, and the progress bar.
+
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use intact_digest::{digest_file, digest_reader, DigestPlan, FileDigests};
+
+/// One thing to hash.
+#[derive(Debug)]
+pub enum Input {
+    /// Standard input (named `-`).
+    Stdin,
+    /// A file, with its size when known (for progress).
+    File { path: PathBuf, size: u64 },
+    /// Something that cannot be hashed, with the reason; reported in order.
+    Bad { path: PathBuf, error: String },
+}
+
+impl Input {
+    /// The name printed for this input.
+    pub fn name(&self) -> &Path {
+        match self {
+            Input::Stdin => Path::new("-"),
+            Input::File { path, .. } | Input::Bad { path, .. } => path,
+        }
+    }
+
+    /// Bytes this input is expected to have (0 when unknown).
+    pub fn size(&self) -> u64 {
+        match self {
+            Input::File { size, .. } => *size,
+            _ => 0,
+        }
+    }
+}
+
+/// The result of hashing one input: digests and elapsed time, or an error message.
+pub type Outcome = Result<(FileDigests, Duration), String>;
+
+/// Hashes one input as `plan` says.
+pub fn hash_input(input: &Input, plan: &DigestPlan) -> Outcome {
+    let start = Instant::now();
+    let digests = match input {
+        Input::Stdin => digest_reader(io::stdin().lock(), Path::new("-"), plan),
+        Input::File { path, .. } => digest_file(path, plan),
+        Input::Bad { error, .. } => return Err(error.clone()),
+    };
+    digests
+        .map(|d| (d, start.elapsed()))
+        .map_err(|e| e.to_string())
+}
+
+/// A rayon pool of `jobs` threads (all cores when `None`).
+pub fn thread_pool(jobs: Option<u16>) -> anyhow::Result<rayon::ThreadPool> {
+    let n = match jobs {
+        Some(n) => usize::from(n),
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    Ok(rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .thread_name(|i| format!("intact-hash-{i}"))
+        .build()?)
+}
+
+/// A progress bar over `total` bytes on standard error; draws nothing
+/// unless standard error is a terminal.
+pub fn progress_bar(total: u64) -> ProgressBar {
+    let pb = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+    let style = ProgressStyle::with_template(
+        "{bar:30} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta} {msg}",
+    );
+    pb.set_style(style.unwrap_or_else(|_| ProgressStyle::default_bar()));
+    pb
+}
+
+/// Notes the `done`-th finished input on the progress bar.
+pub fn advance(pb: &ProgressBar, input: &Input, done: usize) {
+    pb.inc(input.size());
+    pb.set_message(format!("{done} files"));
+}
+
+/// Writes `bytes` to standard output without tearing the progress bar.
+pub fn print_out(pb: &ProgressBar, bytes: &[u8]) -> io::Result<()> {
+    pb.suspend(|| io::stdout().lock().write_all(bytes))
+}
+
+/// Writes a message to standard error without tearing the progress bar.
+pub fn print_err(pb: &ProgressBar, msg: &str) {
+    pb.suspend(|| eprintln!("intact: {msg}"));
+}
+
+/// Seconds as a float, rounded to microseconds for reports.
+pub fn secs(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e6
+}

@@ -1,0 +1,482 @@
+//! `intact sum` run as a real binary, compared byte for byte with
+//! sha256sum, sha1sum, md5sum, b3sum and xxhsum on the same files.
+//! The tools are installed by `scripts/setup` (run by `.ci/run`).
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+const MIB: usize = 1 << 20;
+
+fn intact() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_intact"))
+}
+
+fn run(mut cmd: Command, dir: &Path) -> Output {
+    cmd.current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .expect("command runs")
+}
+
+fn run_stdin(mut cmd: Command, dir: &Path, input: &[u8]) -> Output {
+    let mut child = cmd
+        .current_dir(dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("command starts");
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// `program args...` for a reference tool; fails loudly if it is missing.
+fn tool(spec: &str) -> Command {
+    let mut parts = spec.split(' ');
+    let program = parts.next().unwrap();
+    let found = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
+        .unwrap_or(false);
+    assert!(
+        found,
+        "reference tool '{program}' is not installed: run scripts/setup (CI does) before the tests"
+    );
+    let mut c = Command::new(program);
+    c.args(parts);
+    c
+}
+
+fn data(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+/// Files at the boundary sizes, with ordinary but non-trivial names.
+fn boundary_files(dir: &Path) -> Vec<String> {
+    let sizes = [0, 1, 4095, 4096, 4097, MIB - 1, MIB, MIB + 1, 3 * MIB + 17];
+    let mut names = Vec::new();
+    for (i, len) in sizes.into_iter().enumerate() {
+        let name = match i {
+            1 => format!("with space {len}.dat"),
+            2 => format!("ünïcödé-{len}.dat"),
+            _ => format!("f{len}.dat"),
+        };
+        fs::write(dir.join(&name), data(len, i as u64)).unwrap();
+        names.push(name);
+    }
+    names
+}
+
+/// (reference tool, intact algorithm) pairs whose outputs must be identical.
+const PAIRS: [(&str, &str); 6] = [
+    ("sha256sum", "sha256"),
+    ("sha1sum", "sha1"),
+    ("md5sum", "md5"),
+    ("b3sum", "blake3"),
+    ("xxhsum -H3", "xxh3"),
+    ("xxhsum -H2", "xxh128"),
+];
+
+fn assert_ok(out: &Output, what: &str) {
+    assert!(
+        out.status.success(),
+        "{what} failed: {}\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn output_is_byte_identical_to_the_reference_tools() {
+    let dir = tempfile::tempdir().unwrap();
+    let names = boundary_files(dir.path());
+    for (spec, algo) in PAIRS {
+        let mut t = tool(spec);
+        t.args(&names);
+        let want = run(t, dir.path());
+        assert_ok(&want, spec);
+        for extra in [
+            &["--jobs", "1"][..],
+            &[],
+            &["--no-mmap"],
+            &["--jobs", "3", "--no-mmap"],
+        ] {
+            let mut c = intact();
+            c.args(["sum", "--algo", algo]).args(extra).args(&names);
+            let got = run(c, dir.path());
+            assert_ok(&got, algo);
+            assert_eq!(
+                String::from_utf8_lossy(&got.stdout),
+                String::from_utf8_lossy(&want.stdout),
+                "intact sum --algo {algo} {extra:?} vs {spec}"
+            );
+        }
+    }
+}
+
+#[test]
+fn awkward_names_are_escaped_like_coreutils_and_b3sum() {
+    let dir = tempfile::tempdir().unwrap();
+    let names = ["back\\slash", "new\nline", "plain"];
+    for (i, n) in names.iter().enumerate() {
+        fs::write(dir.path().join(n), data(100 + i, 9)).unwrap();
+    }
+    for (spec, algo) in [
+        ("sha256sum", "sha256"),
+        ("md5sum", "md5"),
+        ("b3sum", "blake3"),
+    ] {
+        let mut t = tool(spec);
+        t.args(names);
+        let want = run(t, dir.path());
+        let mut c = intact();
+        c.args(["sum", "--algo", algo]).args(names);
+        let got = run(c, dir.path());
+        assert_ok(&got, algo);
+        assert_eq!(got.stdout, want.stdout, "{spec}");
+        // And the escaped list checks back.
+        fs::write(dir.path().join("SUMS"), &got.stdout).unwrap();
+        let mut check = intact();
+        check.args(["sum", "--algo", algo, "--check", "SUMS"]);
+        assert_ok(&run(check, dir.path()), "check of escaped names");
+    }
+    // xxhsum 0.8.1 writes such names unescaped; intact reads them literally.
+    let mut t = tool("xxhsum -H3");
+    t.arg("back\\slash");
+    let list = run(t, dir.path());
+    let out = run_stdin(
+        {
+            let mut c = intact();
+            c.args(["sum", "--check"]);
+            c
+        },
+        dir.path(),
+        &list.stdout,
+    );
+    assert_ok(&out, "intact --check of xxhsum's unescaped name");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "\\back\\\\slash: OK\n"
+    );
+}
+
+#[test]
+fn lists_interoperate_in_both_directions() {
+    let dir = tempfile::tempdir().unwrap();
+    let names = boundary_files(dir.path());
+    for (spec, algo) in PAIRS {
+        // The tool writes, intact checks.
+        let mut t = tool(spec);
+        t.args(&names);
+        let list = run(t, dir.path());
+        fs::write(dir.path().join("TOOL_SUMS"), &list.stdout).unwrap();
+        let mut c = intact();
+        c.args(["sum", "--algo", algo, "--check", "TOOL_SUMS"]);
+        let out = run(c, dir.path());
+        assert_ok(&out, &format!("intact --check of {spec}'s list"));
+        let oks = String::from_utf8_lossy(&out.stdout)
+            .matches(": OK\n")
+            .count();
+        assert_eq!(oks, names.len(), "{spec}");
+
+        // intact writes, the tool checks.
+        let mut c = intact();
+        c.args(["sum", "--algo", algo]).args(&names);
+        let list = run(c, dir.path());
+        fs::write(dir.path().join("INTACT_SUMS"), &list.stdout).unwrap();
+        let mut t = tool(spec);
+        t.args(["-c", "INTACT_SUMS"]);
+        assert_ok(&run(t, dir.path()), &format!("{spec} -c of intact's list"));
+    }
+}
+
+#[test]
+fn check_reports_every_failure_and_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let names = boundary_files(dir.path());
+    let mut t = tool("sha256sum");
+    t.args(&names);
+    let mut list = run(t, dir.path()).stdout;
+    list.extend_from_slice(b"this line is not a checksum line\n");
+    list.extend_from_slice(
+        b"0000000000000000000000000000000000000000000000000000000000000000  missing.dat\n",
+    );
+    fs::write(dir.path().join("SUMS"), &list).unwrap();
+    // Corrupt one byte of one file in the middle of the list.
+    let victim = dir.path().join(&names[4]);
+    let mut bytes = fs::read(&victim).unwrap();
+    bytes[0] ^= 1;
+    fs::write(&victim, bytes).unwrap();
+
+    let mut c = intact();
+    c.args(["sum", "-a", "sha256", "--check", "SUMS"]);
+    let out = run(c, dir.path());
+    assert_eq!(out.status.code(), Some(1));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stdout.matches(": OK\n").count(),
+        names.len() - 1,
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!("{}: FAILED\n", names[4])),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("missing.dat: FAILED open or read\n"),
+        "{stdout}"
+    );
+    let bad_line = names.len() + 1;
+    assert!(
+        stderr.contains(&format!("SUMS:{bad_line}: not a checksum line")),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("missing.dat: No such file or directory"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("WARNING: 1 computed checksum did NOT match"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("WARNING: 1 line is improperly formatted"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("WARNING: 1 listed file could not be read"),
+        "{stderr}"
+    );
+
+    // The same in JSON.
+    let mut c = intact();
+    c.args(["sum", "-a", "sha256", "--check", "SUMS", "--json"]);
+    let out = run(c, dir.path());
+    assert_eq!(out.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let s = &v["summary"];
+    assert_eq!(s["ok"], names.len() as u64 - 1);
+    assert_eq!(s["mismatched"], 1);
+    assert_eq!(s["unreadable"], 1);
+    assert_eq!(s["malformed_lines"], 1);
+    assert_eq!(v["malformed"][0]["line"], bad_line as u64);
+}
+
+#[test]
+fn check_with_the_wrong_algorithm_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("a"), b"abc").unwrap();
+    let list = run(
+        {
+            let mut t = tool("md5sum");
+            t.arg("a");
+            t
+        },
+        dir.path(),
+    );
+    // Untagged md5 lines read as the default (blake3): wrong length, explained.
+    let out = run_stdin(
+        {
+            let mut c = intact();
+            c.args(["sum", "-c"]);
+            c
+        },
+        dir.path(),
+        &list.stdout,
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("not a blake3 digest"), "{stderr}");
+    assert!(stderr.contains("--algo"), "{stderr}");
+    // A tag that contradicts --algo is refused.
+    let out = run_stdin(
+        {
+            let mut c = intact();
+            c.args(["sum", "-c", "-a", "sha256"]);
+            c
+        },
+        dir.path(),
+        b"XXH3 (a) = 78af5f94892f3950\n",
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("tagged xxh3 but --algo is sha256"));
+    // A list with nothing usable in it fails.
+    let out = run_stdin(
+        {
+            let mut c = intact();
+            c.args(["sum", "-c"]);
+            c
+        },
+        dir.path(),
+        b"",
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no properly formatted checksum lines"));
+}
+
+#[test]
+fn bad_input_gets_clear_messages_and_the_right_exit_status() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("ok.dat"), b"abc").unwrap();
+    fs::create_dir(dir.path().join("sub")).unwrap();
+
+    let mut c = intact();
+    c.args(["sum", "-a", "sha256", "nope.dat", "ok.dat", "sub"]);
+    let out = run(c, dir.path());
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("nope.dat: No such file or directory"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("sub: is a directory (use --recursive"),
+        "{stderr}"
+    );
+    // The good file is still hashed.
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad  ok.dat\n"
+    );
+
+    for usage in [
+        &["sum", "--algo", "sha3", "ok.dat"][..],
+        &["sum", "--jobs", "0", "ok.dat"],
+        &["sum", "--block-size", "4KiB", "ok.dat"],
+        &["sum", "--quiet", "ok.dat"],
+        &["sum", "--json", "--block-size", "0", "ok.dat"],
+    ] {
+        let mut c = intact();
+        c.args(usage);
+        let out = run(c, dir.path());
+        assert_eq!(out.status.code(), Some(2), "{usage:?}");
+        assert!(!out.stderr.is_empty(), "{usage:?} explains itself");
+    }
+
+    // An unreadable file (not for root, who reads everything).
+    if !is_root() {
+        let p = dir.path().join("secret.dat");
+        fs::write(&p, b"x").unwrap();
+        fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o000)).unwrap();
+        let mut c = intact();
+        c.args(["sum", "secret.dat"]);
+        let out = run(c, dir.path());
+        assert_eq!(out.status.code(), Some(1));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("Permission denied"));
+    }
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+#[test]
+fn recursive_hashes_regular_files_in_sorted_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("tree");
+    fs::create_dir_all(root.join("b/deep")).unwrap();
+    fs::create_dir_all(root.join("a")).unwrap();
+    fs::create_dir_all(root.join("empty")).unwrap();
+    fs::write(root.join("b/deep/z.dat"), b"z").unwrap();
+    fs::write(root.join("b/y.dat"), b"y").unwrap();
+    fs::write(root.join("a/x.dat"), b"x").unwrap();
+    std::os::unix::fs::symlink("a/x.dat", root.join("link")).unwrap();
+
+    let mut c = intact();
+    c.args(["sum", "-r", "-a", "md5", "tree"]);
+    let out = run(c, dir.path());
+    assert_ok(&out, "sum -r");
+    let mut t = tool("md5sum");
+    t.args(["tree/a/x.dat", "tree/b/deep/z.dat", "tree/b/y.dat"]);
+    assert_eq!(out.stdout, run(t, dir.path()).stdout);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("skipping symlink tree/link"));
+}
+
+#[test]
+fn standard_input_is_hashed_as_dash() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = data(300_000, 5);
+    let want = run_stdin(tool("sha256sum"), dir.path(), &input);
+    let got = run_stdin(
+        {
+            let mut c = intact();
+            c.args(["sum", "-a", "sha256"]);
+            c
+        },
+        dir.path(),
+        &input,
+    );
+    assert_ok(&got, "stdin");
+    assert_eq!(got.stdout, want.stdout);
+}
+
+#[test]
+fn json_carries_blocks_pages_and_the_read_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = data(3 * MIB + 17, 77);
+    fs::write(dir.path().join("big.dat"), &input).unwrap();
+    for (flag, path) in [(None, "mmap"), (Some("--no-mmap"), "read")] {
+        let mut c = intact();
+        c.args([
+            "sum",
+            "--json",
+            "-a",
+            "crc32c",
+            "--block-size",
+            "1MiB",
+            "--pages",
+            "big.dat",
+        ]);
+        c.args(flag);
+        let out = run(c, dir.path());
+        assert_ok(&out, "json");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let f = &v["files"][0];
+        assert_eq!(f["size"], input.len() as u64);
+        assert_eq!(f["read_path"], path);
+        assert_eq!(f["block_size"], MIB as u64);
+        assert_eq!(f["blocks"].as_array().unwrap().len(), 4);
+        assert_eq!(
+            f["pages_crc32c"].as_array().unwrap().len(),
+            (input.len()).div_ceil(4096)
+        );
+        // The first block's CRC equals the CRC of the first MiB hashed alone.
+        fs::write(dir.path().join("first.dat"), &input[..MIB]).unwrap();
+        let mut c = intact();
+        c.args(["sum", "-a", "crc32c", "first.dat"]);
+        let first = String::from_utf8(run(c, dir.path()).stdout).unwrap();
+        assert_eq!(f["blocks"][0].as_str().unwrap(), &first[..8]);
+        assert_eq!(v["summary"]["failed"], 0);
+    }
+}
+
+#[test]
+fn help_explains_formats_and_exit_status() {
+    let mut c = intact();
+    c.args(["sum", "--help"]);
+    let out = run(c, &PathBuf::from("/"));
+    assert_ok(&out, "--help");
+    let help = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "sha256sum",
+        "b3sum",
+        "xxhsum",
+        "Exit status",
+        "--check",
+        "--no-mmap",
+    ] {
+        assert!(help.contains(needle), "help lacks {needle}");
+    }
+}
