@@ -23,13 +23,18 @@ impl Cmd {
 
     /// Runs once, returns standard output; fails if the command fails.
     pub fn output(&self) -> anyhow::Result<String> {
+        // Stderr is captured: some tools (xxhsum) draw progress on it.
         let out = Command::new(&self.program)
             .args(&self.args)
-            .stderr(Stdio::inherit())
             .output()
             .with_context(|| format!("running {}", self.display()))?;
         if !out.status.success() {
-            bail!("{} exited with {}", self.display(), out.status);
+            bail!(
+                "{} exited with {}: {}",
+                self.display(),
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }

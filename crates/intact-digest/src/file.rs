@@ -23,9 +23,8 @@ const SERIAL_READ_LEN: usize = 256 * 1024;
 /// must give every thread enough to do.
 const PARALLEL_READ_LEN: usize = 16 * 1024 * 1024;
 
-/// Span of one mapping when hashing a mapped file (a multiple of the page
-/// size; large enough that BLAKE3 keeps every core busy within one window).
-const MMAP_WINDOW: usize = 32 * 1024 * 1024;
+/// How far ahead of the hasher a mapped file is pre-faulted, in bytes.
+const MMAP_WINDOW: usize = 16 * 1024 * 1024;
 
 /// Files smaller than this are read, not mapped: mapping and unmapping a
 /// small file costs more than copying it.
@@ -138,9 +137,14 @@ impl DigestPlan {
         Ok(g)
     }
 
-    fn read_len(&self) -> usize {
+    /// Whether one file's bytes will be hashed by several threads at once.
+    fn splits_across_threads(&self) -> bool {
         let splits = self.algorithm.splits_within_file() || self.block_size.is_some() || self.pages;
-        if self.parallel && splits {
+        self.parallel && splits && rayon::current_num_threads() > 1
+    }
+
+    fn read_len(&self) -> usize {
+        if self.splits_across_threads() {
             PARALLEL_READ_LEN
         } else {
             SERIAL_READ_LEN
@@ -165,7 +169,7 @@ pub fn digest_file(path: &Path, plan: &DigestPlan) -> Result<FileDigests, Digest
         return Err(DigestError::IsDirectory(path.to_path_buf()));
     }
     if plan.strategy == ReadStrategy::Auto && meta.is_file() && meta.len() >= MIN_MMAP_LEN {
-        if let Some(digests) = digest_mapped(path, &file, meta.len(), plan)? {
+        if let Some(digests) = digest_mapped(&file, meta.len(), plan)? {
             return Ok(FileDigests {
                 digests,
                 read_path: ReadPath::Mmap,
@@ -181,40 +185,71 @@ pub fn digest_file(path: &Path, plan: &DigestPlan) -> Result<FileDigests, Digest
     })
 }
 
-/// Hashes a regular file of `len` bytes through read-only mappings of
-/// [`MMAP_WINDOW`] bytes, each pre-faulted (MAP_POPULATE: one kernel call
-/// instead of a fault per 4 KiB page, measured ~10-25% faster on tmpfs).
-/// Windows keep the mapped (and pre-read) span bounded for files larger
-/// than memory. `Ok(None)` if the first mapping fails (the caller then
-/// reads); a later failure is an error, since part of the file is hashed.
+/// Hashes a regular file of `len` bytes through one read-only mapping.
+/// `Ok(None)` if the file cannot be mapped (the caller then reads it).
+///
+/// Faulting pages in one 4 KiB page at a time is what makes a mapped read
+/// slow; how that cost is hidden depends on the threads:
+/// - one hashing thread: a helper thread pre-faults the next
+///   [`MMAP_WINDOW`] (MADV_POPULATE_READ, one call per window) while the
+///   current one is hashed, so faulting and hashing overlap;
+/// - several: every worker faults its own pieces, so faulting runs in
+///   parallel too (b3sum's way).
 fn digest_mapped(
-    path: &Path,
     file: &File,
     len: u64,
     plan: &DigestPlan,
 ) -> Result<Option<GranularDigests>, DigestError> {
+    // SAFETY: the map is only read. If another process truncates the file
+    // meanwhile, reads past the new end fault (SIGBUS); that is the
+    // documented price of this path and why ReadStrategy::Read exists.
+    let Ok(map) = (unsafe { memmap2::Mmap::map(file) }) else {
+        return Ok(None);
+    };
+    debug_assert_eq!(map.len() as u64, len);
     let mut g = plan.granular()?;
-    let mut offset = 0u64;
-    while offset < len {
-        let n = (len - offset).min(MMAP_WINDOW as u64) as usize;
-        // SAFETY: the map is only read. If another process truncates the
-        // file meanwhile, reads past the new end fault (SIGBUS); that is
-        // the documented price of this path and why ReadStrategy::Read exists.
-        let map = unsafe {
-            memmap2::MmapOptions::new()
-                .offset(offset)
-                .len(n)
-                .populate()
-                .map(file)
-        };
-        match map {
-            Ok(map) => g.update(&map),
-            Err(_) if offset == 0 => return Ok(None),
-            Err(e) => return Err(DigestError::io(path, e)),
-        }
-        offset += n as u64;
+    if plan.splits_across_threads() {
+        let _ = map.advise(memmap2::Advice::Sequential);
+        g.update(&map);
+        return Ok(Some(g.finish()));
     }
+    let windows: Vec<&[u8]> = map.chunks(MMAP_WINDOW).collect();
+    let (ready, windows_ready) = std::sync::mpsc::sync_channel::<usize>(1);
+    std::thread::scope(|s| {
+        let windows = &windows;
+        s.spawn(move || {
+            for (i, w) in windows.iter().enumerate() {
+                prefault(w);
+                if ready.send(i).is_err() {
+                    return;
+                }
+            }
+        });
+        for i in windows_ready {
+            g.update(windows[i]);
+        }
+    });
     Ok(Some(g.finish()))
+}
+
+/// Makes every page of `window` (part of a read-only file mapping) present.
+fn prefault(window: &[u8]) {
+    // SAFETY: the range lies inside a live mapping; MADV_POPULATE_READ
+    // only faults pages in (Linux 5.14+).
+    let rc = unsafe {
+        libc::madvise(
+            window.as_ptr() as *mut libc::c_void,
+            window.len(),
+            libc::MADV_POPULATE_READ,
+        )
+    };
+    if rc != 0 {
+        // Older kernels: touch one byte per page instead.
+        for page in window.chunks(BUFFER_ALIGN) {
+            // SAFETY: reading a byte of a live mapping.
+            unsafe { std::ptr::read_volatile(page.as_ptr()) };
+        }
+    }
 }
 
 /// Computes what `plan` asks for over everything `reader` yields
