@@ -9,8 +9,7 @@ use crate::DigestError;
 ///
 /// The `name` of each variant is what `--algo` accepts and what reports print;
 /// `aliases` are accepted too so that users of other tools find theirs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Algorithm {
     /// CRC-32C (Castagnoli), hardware-accelerated with SSE4.2 where present.
     Crc32c,
@@ -103,6 +102,20 @@ impl Algorithm {
 impl fmt::Display for Algorithm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+impl serde::Serialize for Algorithm {
+    /// As its [`Algorithm::name`], the spelling `--algo` accepts.
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Algorithm {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
     }
 }
 

@@ -7,12 +7,14 @@
 //! per-page CRC-32C values (4 KiB pages). [`digest_file`] reads a file by an
 //! explicit [`ReadStrategy`] into 4 KiB-aligned buffers (or maps it) and
 //! reports which path it really took. [`manifest`] reads and writes the
-//! line formats of `sha256sum`, `b3sum` and `xxhsum`.
+//! line formats of `sha256sum`, `b3sum` and `xxhsum`; [`defaults`] names
+//! the checksums intact uses unless told otherwise.
 //!
 //! Contract: every path (sequential, parallel, mapped, read, any split of
 //! the input) yields the same digest for the same bytes.
 
 mod algorithm;
+pub mod defaults;
 mod digest;
 mod error;
 mod file;

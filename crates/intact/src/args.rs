@@ -21,6 +21,120 @@ pub enum Command {
     Sum(SumArgs),
     /// Make a sample dataset in a temporary directory, run intact's main job on it, print the report.
     Demo(DemoArgs),
+    /// Probability of undetected corruption: the Z²FS framework, RIVA's analysis, intact's defaults.
+    #[command(long_about = RELIABILITY_ABOUT)]
+    Reliability(ReliabilityArgs),
+}
+
+const RELIABILITY_ABOUT: &str = "\
+Probability of undetected corruption, by the analytical framework of the
+Z²FS paper (Zhang et al.) and the RIVA paper's analysis.
+
+Default mode: P_sys-udc and the reliability score (−log10 P) of the paper's
+systems (ncfs, zfs, e2zfs-xor, e2zfs-fletcher, z2fs-static, z2fs-dynamic)
+for one memory and one disk, against the Zettabyte goal (one undetected
+corruption per 2^70 bytes read in blocks of --block-size).
+--solve-switch: also solve Z²FS's checksum switching time t_switch.
+--transfer: RIVA's probability that an undetected disk error in one
+transferred block escapes verification (bE with page-cache verification,
+bE² with device re-reads), per --verify mode.
+--defaults: the score of intact's own default page, block and file
+checksums, for the paper's four configurations.
+
+Memory: --mem-index (−log10 λ), --lambda (errors/bit/s) or --fit-per-mbit.
+Disk: --disk-index (−log10 UBER) or --uber. --config N takes both from the
+paper's Table I (1: worst, 2: non-ECC + regular disk, 3: ECC + regular disk,
+4: ECC + best disk).";
+
+#[derive(Debug, Args)]
+pub struct ReliabilityArgs {
+    /// One of the paper's Table I configurations (1-4) for memory and disk.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=4))]
+    pub config: Option<u8>,
+
+    /// Memory reliability index, −log10(λ) [default: 14.2, non-ECC].
+    #[arg(long, value_name = "X", group = "memory")]
+    pub mem_index: Option<f64>,
+
+    /// Memory error rate λ, in bit flips per bit per second.
+    #[arg(long, value_name = "L", group = "memory")]
+    pub lambda: Option<f64>,
+
+    /// Memory error rate in FIT per Mbit (failures per 10^9 hours per 2^20 bits).
+    #[arg(long, value_name = "F", group = "memory")]
+    pub fit_per_mbit: Option<f64>,
+
+    /// Disk reliability index, −log10(UBER) [default: 12].
+    #[arg(long, value_name = "X", group = "disk")]
+    pub disk_index: Option<f64>,
+
+    /// Disk undetected bit error rate.
+    #[arg(long, value_name = "E", group = "disk")]
+    pub uber: Option<f64>,
+
+    /// Block size [default: 4KiB; with --transfer, intact's transfer block size].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub block_size: Option<usize>,
+
+    /// Seconds a block stays in the reader's memory (t_resident).
+    #[arg(long, value_name = "SECS", default_value_t = 1.0)]
+    pub resident: f64,
+
+    /// Seconds a dirty block stays in the writer's memory before flushing.
+    #[arg(long, value_name = "SECS", default_value_t = 30.0)]
+    pub flush: f64,
+
+    /// Only this system (ncfs, zfs, e2zfs-xor, e2zfs-fletcher, z2fs-static, z2fs-dynamic).
+    #[arg(long, value_name = "S", value_parser = parse_system)]
+    pub system: Option<intact_reliability::System>,
+
+    /// Switching time for z2fs-dynamic, in seconds [default: solved for the goal].
+    #[arg(long, value_name = "SECS")]
+    pub t_switch: Option<f64>,
+
+    /// Also solve Z²FS's checksum switching time t_switch for the goal.
+    #[arg(long)]
+    pub solve_switch: bool,
+
+    /// RIVA's per-block probabilities for a transfer instead of file systems.
+    #[arg(long, conflicts_with_all = ["defaults", "system", "solve_switch"])]
+    pub transfer: bool,
+
+    /// With --transfer: only this mode (none, sequential, file, block, fiver, riva, flash).
+    #[arg(long, value_name = "MODE", requires = "transfer", value_parser = VERIFY_MODES)]
+    pub verify: Option<String>,
+
+    /// The score of intact's default checksums for the paper's four configurations.
+    #[arg(long, conflicts_with_all = ["system", "solve_switch"])]
+    pub defaults: bool,
+
+    /// Print one JSON document instead of tables.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The verification modes intact has or will have (PRODUCT.md).
+pub const VERIFY_MODES: [&str; 7] = [
+    "none",
+    "sequential",
+    "file",
+    "block",
+    "fiver",
+    "riva",
+    "flash",
+];
+
+fn parse_system(s: &str) -> Result<intact_reliability::System, String> {
+    intact_reliability::System::ALL
+        .into_iter()
+        .find(|x| x.name() == s)
+        .ok_or_else(|| {
+            let names: Vec<_> = intact_reliability::System::ALL
+                .iter()
+                .map(|x| x.name())
+                .collect();
+            format!("unknown system '{s}' (known: {})", names.join(", "))
+        })
 }
 
 const SUM_ABOUT: &str = "\

@@ -6,6 +6,7 @@ mod check;
 mod demo;
 mod hashing;
 mod ordered;
+mod reliability;
 mod sum;
 
 use std::process::ExitCode;
@@ -20,6 +21,7 @@ fn main() -> ExitCode {
         Command::Sum(a) if a.check => check::run(a),
         Command::Sum(a) => sum::run(a),
         Command::Demo(a) => demo::run(a),
+        Command::Reliability(a) => reliability::run(a),
     };
     result.unwrap_or_else(|e| {
         eprintln!("intact: {e:#}");

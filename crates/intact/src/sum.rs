@@ -12,8 +12,8 @@ use crate::args::SumArgs;
 use crate::hashing::{self, Input};
 use crate::ordered::for_each_ordered;
 
-/// Algorithm used when `--algo` is not given.
-pub const DEFAULT_ALGORITHM: Algorithm = Algorithm::Blake3;
+/// Algorithm used when `--algo` is not given: intact's whole-file digest.
+pub const DEFAULT_ALGORITHM: Algorithm = intact_digest::defaults::FILE_ALGORITHM;
 
 /// The plan every file of this run is hashed with.
 pub fn plan(args: &SumArgs, algorithm: Algorithm) -> DigestPlan {
