@@ -1,12 +1,9 @@
 //! `intact-bench hash`: intact sum vs b3sum, xxhsum, openssl, md5sum.
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
-
-use anyhow::{bail, Context};
-use intact_digest::AlignedBuf;
+use std::path::PathBuf;
 
 use crate::runner::{have, intact_binary, medians, Cmd};
+use anyhow::{bail, Context};
 
 #[derive(clap::Args)]
 pub struct HashArgs {
@@ -37,7 +34,11 @@ pub fn run(a: &HashArgs) -> anyhow::Result<()> {
         .tempdir_in(&a.dir)
         .with_context(|| format!("making a directory in {}", a.dir.display()))?;
     let file = dir.path().join("data.bin");
-    make_file(&file, a.size_gib << 30)?;
+    intact_sample::write_file(
+        &file,
+        a.size_gib << 30,
+        &mut intact_sample::SampleBytes::new(1),
+    )?;
     let f = file.to_str().context("temp path is not UTF-8")?;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
 
@@ -158,23 +159,4 @@ fn first_hex(out: &str) -> Option<String> {
         .filter(|w| w.len() >= 8)
         .max_by_key(|w| w.len())
         .map(str::to_ascii_lowercase)
-}
-
-fn make_file(path: &Path, len: u64) -> anyhow::Result<()> {
-    let mut f = std::fs::File::create(path)?;
-    let mut buf = AlignedBuf::new(1 << 20);
-    let mut x = 0x243F_6A88_85A3_08D3u64;
-    let mut left = len;
-    while left > 0 {
-        for w in buf.chunks_exact_mut(8) {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            w.copy_from_slice(&x.to_le_bytes());
-        }
-        let n = left.min(buf.len() as u64) as usize;
-        f.write_all(&buf[..n])?;
-        left -= n as u64;
-    }
-    Ok(())
 }

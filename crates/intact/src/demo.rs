@@ -6,12 +6,10 @@
 //! prints the report.
 
 use std::fs;
-use std::io::Write;
-use std::path::Path;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use intact_digest::{manifest, Algorithm, AlignedBuf, DigestPlan, ReadStrategy};
+use intact_digest::{manifest, Algorithm, DigestPlan, ReadStrategy};
 use serde::Serialize;
 
 use crate::args::DemoArgs;
@@ -47,8 +45,8 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<ExitCode> {
     let dir = tempfile::Builder::new().prefix("intact-demo-").tempdir()?;
     let root = dir.path().join("dataset");
     let t = Instant::now();
-    let made = make_sample(&root, args.large_mib)?;
-    let make_phase = phase("make sample dataset", made.0, made.1, t, 0);
+    let made = intact_sample::make_demo_dataset(&root, args.large_mib)?;
+    let make_phase = phase("make sample dataset", made.files, made.bytes, t, 0);
     if !args.json {
         println!("intact demo: sample dataset in {}", root.display());
         print_phase(&make_phase);
@@ -130,7 +128,8 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<ExitCode> {
         t,
         failed,
     );
-    let verified = sum_phase.failed == 0 && check_phase.failed == 0 && check_phase.files == made.0;
+    let verified =
+        sum_phase.failed == 0 && check_phase.failed == 0 && check_phase.files == made.files;
     if !args.json {
         print_phase(&check_phase);
         println!(
@@ -186,72 +185,4 @@ fn print_phase(p: &Phase) {
             String::new()
         }
     );
-}
-
-/// Makes the sample dataset: one large file, 200 files of 1 MiB and 1000 of
-/// 4 KiB in nested directories, an empty file and a non-ASCII name.
-/// Returns (files, bytes).
-pub fn make_sample(root: &Path, large_mib: u64) -> std::io::Result<(u64, u64)> {
-    let mut fill = SampleData::new(0x1A7AC7);
-    let mut files = 0;
-    let mut bytes = 0;
-    let mut put = |path: &Path, len: u64| -> std::io::Result<()> {
-        fs::create_dir_all(path.parent().expect("sample paths have parents"))?;
-        fill.write_file(path, len)?;
-        files += 1;
-        bytes += len;
-        Ok(())
-    };
-    put(&root.join("large.dat"), large_mib * MIB)?;
-    for i in 0..200 {
-        put(
-            &root.join(format!("runs/run{:02}/frame{i:03}.dat", i / 20)),
-            MIB,
-        )?;
-    }
-    for i in 0..1000 {
-        put(
-            &root.join(format!(
-                "meta/{:02}/{:02}/rec{i:04}.json",
-                i / 100,
-                i / 10 % 10
-            )),
-            4096,
-        )?;
-    }
-    put(&root.join("empty.dat"), 0)?;
-    put(&root.join("données/résumé.txt"), 1234)?;
-    fs::create_dir_all(root.join("empty-dir"))?;
-    Ok((files, bytes))
-}
-
-/// Fast incompressible bytes (xorshift64), written through an aligned buffer.
-struct SampleData {
-    state: u64,
-    buf: AlignedBuf,
-}
-
-impl SampleData {
-    fn new(seed: u64) -> SampleData {
-        SampleData {
-            state: seed | 1,
-            buf: AlignedBuf::new(MIB as usize),
-        }
-    }
-
-    fn write_file(&mut self, path: &Path, mut len: u64) -> std::io::Result<()> {
-        let mut f = fs::File::create(path)?;
-        while len > 0 {
-            let n = len.min(self.buf.len() as u64) as usize;
-            for word in self.buf[..n.next_multiple_of(8)].chunks_exact_mut(8) {
-                self.state ^= self.state << 13;
-                self.state ^= self.state >> 7;
-                self.state ^= self.state << 17;
-                word.copy_from_slice(&self.state.to_le_bytes());
-            }
-            f.write_all(&self.buf[..n])?;
-            len -= n as u64;
-        }
-        Ok(())
-    }
 }

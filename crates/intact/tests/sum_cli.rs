@@ -49,15 +49,7 @@ fn tool(spec: &str) -> Command {
 }
 
 fn data(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
+    intact_sample::bytes(len, seed)
 }
 
 /// Files at the boundary sizes, with ordinary but non-trivial names.
