@@ -1,0 +1,27 @@
+//! intact's wire protocol.
+//!
+//! [`Message`] is everything the sender and the receiver say to each other
+//! (protocol [`VERSION`] 1); frames are length-prefixed and decoded in two
+//! steps, [`frame_len`] (is a whole frame buffered? is its length
+//! possible?) then [`Message::decode`], with a hard limit on every field,
+//! so hostile bytes end a connection with a [`ProtoError`], never a panic
+//! or an unbounded allocation. [`Connection`] owns a stream and its
+//! buffers. [`WirePath`] is the only form in which a path from a peer
+//! exists: relative, normalised, no `..`, no NUL. [`auth`] is the
+//! handshake: versions, then mutual challenge-response over a pre-shared
+//! [`Key`], with no key material on the wire.
+
+pub mod auth;
+mod connection;
+mod error;
+mod message;
+mod path;
+
+pub use auth::{client_handshake, server_handshake, Key, VERSION};
+pub use connection::Connection;
+pub use error::ProtoError;
+pub use message::{
+    frame_len, Block, Entry, EntryKind, FileResult, FileStatus, Message, HEADER_LEN, MAX_BLOCK,
+    MAX_DIGEST, MAX_FRAME, MAX_TEXT,
+};
+pub use path::{WirePath, MAX_PATH_LEN};

@@ -1,0 +1,443 @@
+//! The messages of protocol version 1 and their byte encoding.
+//!
+//! A frame is a 4-byte big-endian body length, then the body: one type
+//! byte and the fields. Integers are big-endian; byte strings carry a
+//! 4-byte length. Every variable-length field has a hard limit, checked
+//! before anything is allocated.
+
+use crate::{ProtoError, WirePath, MAX_PATH_LEN};
+
+/// Largest block payload, in bytes (16 MiB).
+pub const MAX_BLOCK: usize = 16 << 20;
+/// Largest digest carried, in bytes.
+pub const MAX_DIGEST: usize = 64;
+/// Largest free-text field (reasons, messages), in bytes.
+pub const MAX_TEXT: usize = 4096;
+/// Largest frame body: a full block plus its headers.
+pub const MAX_FRAME: usize = MAX_BLOCK + 1024;
+/// Bytes of the length prefix.
+pub const HEADER_LEN: usize = 4;
+
+/// What kind of tree entry an [`Entry`] announces.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EntryKind {
+    /// A regular file; its blocks follow.
+    File,
+    /// A directory.
+    Dir,
+    /// A symbolic link with this target, created as a link, never followed.
+    Symlink(Vec<u8>),
+}
+
+/// A file, directory or symlink the sender is about to transfer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// Sender-chosen id that blocks and results refer to.
+    pub file: u64,
+    /// Where it goes, relative to the receiver's root.
+    pub path: WirePath,
+    /// What it is.
+    pub kind: EntryKind,
+    /// Permission bits (the low 12 bits of st_mode).
+    pub mode: u32,
+    /// Modification time, seconds since the epoch.
+    pub mtime_sec: i64,
+    /// Modification time, nanoseconds part.
+    pub mtime_nsec: u32,
+    /// Size in bytes (files only).
+    pub size: u64,
+    /// Block size the file is cut into, in bytes.
+    pub block_size: u32,
+    /// Digest algorithm of blocks and the whole file (intact's algorithm id).
+    pub algorithm: u8,
+}
+
+/// One block of a file, with the digest the sender computed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Block {
+    /// The entry's id.
+    pub file: u64,
+    /// Block number (offset = index × block size).
+    pub index: u64,
+    /// Digest of `data`.
+    pub digest: Vec<u8>,
+    /// The bytes.
+    pub data: Vec<u8>,
+}
+
+/// How a file ended at the receiver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileStatus {
+    /// Every block verified; the file carries its final name.
+    Verified,
+    /// Gave up (retries spent, I/O error, refused path); no final name.
+    Failed,
+}
+
+/// The receiver's verdict on one file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileResult {
+    /// The entry's id.
+    pub file: u64,
+    /// Verified or failed.
+    pub status: FileStatus,
+    /// Verification level reached (0 network, 1 cache, 2 device).
+    pub level: u8,
+    /// Why it failed, or notes.
+    pub message: String,
+}
+
+/// A protocol message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Message {
+    /// First message of each side: protocol version, whether it holds a
+    /// key, and a fresh random challenge.
+    Hello {
+        /// Protocol version.
+        version: u16,
+        /// Whether this side authenticates with a pre-shared key.
+        keyed: bool,
+        /// Fresh random bytes for the challenge.
+        nonce: [u8; 32],
+    },
+    /// Proof of holding the key (see [`crate::auth`]).
+    Proof {
+        /// Keyed hash over both challenges.
+        mac: [u8; 32],
+    },
+    /// The session is refused; the connection then closes.
+    Refused {
+        /// Why.
+        reason: String,
+    },
+    /// A tree entry follows.
+    Entry(Entry),
+    /// A block of a file.
+    Block(Block),
+    /// The receiver's verdict on one block: `ok` false asks for a resend.
+    BlockResult {
+        /// The entry's id.
+        file: u64,
+        /// Block number.
+        index: u64,
+        /// Whether it verified.
+        ok: bool,
+    },
+    /// All blocks of a file were sent; the whole-file digest.
+    FileEnd {
+        /// The entry's id.
+        file: u64,
+        /// How many blocks were sent.
+        blocks: u64,
+        /// Digest of the whole file.
+        digest: Vec<u8>,
+    },
+    /// The receiver's verdict on a file.
+    FileResult(FileResult),
+    /// Nothing more will be sent.
+    Bye,
+}
+
+const HELLO: u8 = 1;
+const PROOF: u8 = 2;
+const REFUSED: u8 = 3;
+const ENTRY: u8 = 4;
+const BLOCK: u8 = 5;
+const BLOCK_RESULT: u8 = 6;
+const FILE_END: u8 = 7;
+const FILE_RESULT: u8 = 8;
+const BYE: u8 = 9;
+
+impl Message {
+    /// The message's name, for errors.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Message::Hello { .. } => "Hello",
+            Message::Proof { .. } => "Proof",
+            Message::Refused { .. } => "Refused",
+            Message::Entry(_) => "Entry",
+            Message::Block(_) => "Block",
+            Message::BlockResult { .. } => "BlockResult",
+            Message::FileEnd { .. } => "FileEnd",
+            Message::FileResult(_) => "FileResult",
+            Message::Bye => "Bye",
+        }
+    }
+
+    /// Appends the whole frame (length prefix included) to `out`.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        let start = out.len();
+        out.extend_from_slice(&[0; HEADER_LEN]);
+        let mut w = Writer(out);
+        match self {
+            Message::Hello {
+                version,
+                keyed,
+                nonce,
+            } => {
+                w.u8(HELLO);
+                w.u16(*version);
+                w.u8(u8::from(*keyed));
+                w.raw(nonce);
+            }
+            Message::Proof { mac } => {
+                w.u8(PROOF);
+                w.raw(mac);
+            }
+            Message::Refused { reason } => {
+                w.u8(REFUSED);
+                w.bytes(truncate_text(reason).as_bytes());
+            }
+            Message::Entry(e) => {
+                w.u8(ENTRY);
+                w.u64(e.file);
+                w.bytes(e.path.as_bytes());
+                match &e.kind {
+                    EntryKind::File => w.u8(0),
+                    EntryKind::Dir => w.u8(1),
+                    EntryKind::Symlink(t) => {
+                        w.u8(2);
+                        w.bytes(t);
+                    }
+                }
+                w.u32(e.mode);
+                w.u64(e.mtime_sec as u64);
+                w.u32(e.mtime_nsec);
+                w.u64(e.size);
+                w.u32(e.block_size);
+                w.u8(e.algorithm);
+            }
+            Message::Block(b) => {
+                w.u8(BLOCK);
+                w.u64(b.file);
+                w.u64(b.index);
+                w.bytes(&b.digest);
+                w.bytes(&b.data);
+            }
+            Message::BlockResult { file, index, ok } => {
+                w.u8(BLOCK_RESULT);
+                w.u64(*file);
+                w.u64(*index);
+                w.u8(u8::from(*ok));
+            }
+            Message::FileEnd {
+                file,
+                blocks,
+                digest,
+            } => {
+                w.u8(FILE_END);
+                w.u64(*file);
+                w.u64(*blocks);
+                w.bytes(digest);
+            }
+            Message::FileResult(r) => {
+                w.u8(FILE_RESULT);
+                w.u64(r.file);
+                w.u8(match r.status {
+                    FileStatus::Verified => 0,
+                    FileStatus::Failed => 1,
+                });
+                w.u8(r.level);
+                w.bytes(truncate_text(&r.message).as_bytes());
+            }
+            Message::Bye => w.u8(BYE),
+        }
+        let body = (out.len() - start - HEADER_LEN) as u32;
+        out[start..start + HEADER_LEN].copy_from_slice(&body.to_be_bytes());
+    }
+
+    /// Step 2 of decoding: parses one frame body (without its length prefix).
+    pub fn decode(body: &[u8]) -> Result<Message, ProtoError> {
+        let (&kind, rest) = body.split_first().ok_or(ProtoError::Empty)?;
+        let name = match kind {
+            HELLO => "Hello",
+            PROOF => "Proof",
+            REFUSED => "Refused",
+            ENTRY => "Entry",
+            BLOCK => "Block",
+            BLOCK_RESULT => "BlockResult",
+            FILE_END => "FileEnd",
+            FILE_RESULT => "FileResult",
+            BYE => "Bye",
+            other => return Err(ProtoError::UnknownType(other)),
+        };
+        let mut r = Reader { buf: rest, name };
+        let msg = match kind {
+            HELLO => Message::Hello {
+                version: r.u16()?,
+                keyed: r.flag()?,
+                nonce: r.array()?,
+            },
+            PROOF => Message::Proof { mac: r.array()? },
+            REFUSED => Message::Refused { reason: r.text()? },
+            ENTRY => {
+                let file = r.u64()?;
+                let path = WirePath::parse(r.bytes(MAX_PATH_LEN)?)?;
+                let kind = match r.u8()? {
+                    0 => EntryKind::File,
+                    1 => EntryKind::Dir,
+                    2 => {
+                        let target = r.bytes(MAX_PATH_LEN)?;
+                        if target.is_empty() || target.contains(&0) {
+                            return Err(r.bad("empty symlink target or NUL in it"));
+                        }
+                        EntryKind::Symlink(target.to_vec())
+                    }
+                    _ => return Err(r.bad("unknown entry kind")),
+                };
+                Message::Entry(Entry {
+                    file,
+                    path,
+                    kind,
+                    mode: r.u32()?,
+                    mtime_sec: r.u64()? as i64,
+                    mtime_nsec: r.u32()?,
+                    size: r.u64()?,
+                    block_size: r.u32()?,
+                    algorithm: r.u8()?,
+                })
+            }
+            BLOCK => Message::Block(Block {
+                file: r.u64()?,
+                index: r.u64()?,
+                digest: r.bytes(MAX_DIGEST)?.to_vec(),
+                data: r.bytes(MAX_BLOCK)?.to_vec(),
+            }),
+            BLOCK_RESULT => Message::BlockResult {
+                file: r.u64()?,
+                index: r.u64()?,
+                ok: r.flag()?,
+            },
+            FILE_END => Message::FileEnd {
+                file: r.u64()?,
+                blocks: r.u64()?,
+                digest: r.bytes(MAX_DIGEST)?.to_vec(),
+            },
+            FILE_RESULT => Message::FileResult(FileResult {
+                file: r.u64()?,
+                status: match r.u8()? {
+                    0 => FileStatus::Verified,
+                    1 => FileStatus::Failed,
+                    _ => return Err(r.bad("unknown file status")),
+                },
+                level: r.u8()?,
+                message: r.text()?,
+            }),
+            _ => Message::Bye,
+        };
+        if !r.buf.is_empty() {
+            return Err(r.bad("bytes left over after the last field"));
+        }
+        Ok(msg)
+    }
+}
+
+/// Step 1 of decoding: is a whole frame at the start of `buf`? Returns
+/// its total length (prefix included), `None` if more bytes are needed, or
+/// an error as soon as the prefix announces an impossible length, before
+/// anything is buffered for it.
+pub fn frame_len(buf: &[u8]) -> Result<Option<usize>, ProtoError> {
+    let Some(prefix) = buf.get(..HEADER_LEN) else {
+        return Ok(None);
+    };
+    let len = u32::from_be_bytes(prefix.try_into().expect("4 bytes")) as usize;
+    if len == 0 {
+        return Err(ProtoError::Empty);
+    }
+    if len > MAX_FRAME {
+        return Err(ProtoError::Oversized {
+            len: len as u64,
+            max: MAX_FRAME as u64,
+        });
+    }
+    Ok((buf.len() >= HEADER_LEN + len).then_some(HEADER_LEN + len))
+}
+
+/// `s` cut to at most [`MAX_TEXT`] bytes, on a character boundary, so the
+/// receiver's strict UTF-8 check accepts it.
+fn truncate_text(s: &str) -> &str {
+    let mut n = s.len().min(MAX_TEXT);
+    while !s.is_char_boundary(n) {
+        n -= 1;
+    }
+    &s[..n]
+}
+
+struct Writer<'a>(&'a mut Vec<u8>);
+
+impl Writer<'_> {
+    fn u8(&mut self, v: u8) {
+        self.0.push(v);
+    }
+    fn u16(&mut self, v: u16) {
+        self.0.extend_from_slice(&v.to_be_bytes());
+    }
+    fn u32(&mut self, v: u32) {
+        self.0.extend_from_slice(&v.to_be_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.0.extend_from_slice(&v.to_be_bytes());
+    }
+    fn raw(&mut self, v: &[u8]) {
+        self.0.extend_from_slice(v);
+    }
+    fn bytes(&mut self, v: &[u8]) {
+        self.u32(v.len() as u32);
+        self.raw(v);
+    }
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+    name: &'static str,
+}
+
+impl<'a> Reader<'a> {
+    fn bad(&self, detail: &'static str) -> ProtoError {
+        ProtoError::Malformed {
+            message: self.name,
+            detail,
+        }
+    }
+    fn take(&mut self, n: usize) -> Result<&'a [u8], ProtoError> {
+        if self.buf.len() < n {
+            return Err(self.bad("field runs past the end of the frame"));
+        }
+        let (head, tail) = self.buf.split_at(n);
+        self.buf = tail;
+        Ok(head)
+    }
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], ProtoError> {
+        Ok(self.take(N)?.try_into().expect("N bytes"))
+    }
+    fn u8(&mut self) -> Result<u8, ProtoError> {
+        Ok(self.take(1)?[0])
+    }
+    fn flag(&mut self) -> Result<bool, ProtoError> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(self.bad("boolean is neither 0 nor 1")),
+        }
+    }
+    fn u16(&mut self) -> Result<u16, ProtoError> {
+        Ok(u16::from_be_bytes(self.array()?))
+    }
+    fn u32(&mut self) -> Result<u32, ProtoError> {
+        Ok(u32::from_be_bytes(self.array()?))
+    }
+    fn u64(&mut self) -> Result<u64, ProtoError> {
+        Ok(u64::from_be_bytes(self.array()?))
+    }
+    fn bytes(&mut self, max: usize) -> Result<&'a [u8], ProtoError> {
+        let len = self.u32()? as usize;
+        if len > max {
+            return Err(self.bad("byte string over its limit"));
+        }
+        self.take(len)
+    }
+    fn text(&mut self) -> Result<String, ProtoError> {
+        let b = self.bytes(MAX_TEXT)?;
+        String::from_utf8(b.to_vec()).map_err(|_| self.bad("text is not UTF-8"))
+    }
+}

@@ -1,0 +1,346 @@
+//! The wire protocol against hostile bytes, split delivery and every
+//! handshake outcome.
+
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+
+use intact_proto::{
+    client_handshake, frame_len, server_handshake, Block, Connection, Entry, EntryKind, FileResult,
+    FileStatus, Key, Message, ProtoError, WirePath, MAX_FRAME,
+};
+use proptest::prelude::*;
+
+fn arb_path() -> impl Strategy<Value = WirePath> {
+    proptest::collection::vec("[a-zA-Z0-9_. -]{1,12}", 1..5)
+        .prop_filter_map("dot components are refused", |parts| {
+            WirePath::parse(parts.join("/").as_bytes()).ok()
+        })
+}
+
+fn arb_message() -> impl Strategy<Value = Message> {
+    prop_oneof![
+        (any::<u16>(), any::<bool>(), any::<[u8; 32]>()).prop_map(|(version, keyed, nonce)| {
+            Message::Hello {
+                version,
+                keyed,
+                nonce,
+            }
+        }),
+        any::<[u8; 32]>().prop_map(|mac| Message::Proof { mac }),
+        ".{0,40}".prop_map(|reason| Message::Refused { reason }),
+        (
+            any::<u64>(),
+            arb_path(),
+            prop_oneof![
+                Just(EntryKind::File),
+                Just(EntryKind::Dir),
+                "[a-z/.]{1,20}".prop_map(|t| EntryKind::Symlink(t.into_bytes()))
+            ],
+            (
+                any::<u32>(),
+                any::<i64>(),
+                any::<u32>(),
+                any::<u64>(),
+                any::<u32>(),
+                any::<u8>()
+            )
+        )
+            .prop_map(
+                |(file, path, kind, (mode, mtime_sec, mtime_nsec, size, block_size, algorithm))| {
+                    Message::Entry(Entry {
+                        file,
+                        path,
+                        kind,
+                        mode,
+                        mtime_sec,
+                        mtime_nsec,
+                        size,
+                        block_size,
+                        algorithm,
+                    })
+                }
+            ),
+        (
+            any::<u64>(),
+            any::<u64>(),
+            proptest::collection::vec(any::<u8>(), 0..64),
+            proptest::collection::vec(any::<u8>(), 0..5000)
+        )
+            .prop_map(|(file, index, digest, data)| Message::Block(Block {
+                file,
+                index,
+                digest,
+                data
+            })),
+        (any::<u64>(), any::<u64>(), any::<bool>())
+            .prop_map(|(file, index, ok)| Message::BlockResult { file, index, ok }),
+        (
+            any::<u64>(),
+            any::<u64>(),
+            proptest::collection::vec(any::<u8>(), 0..64)
+        )
+            .prop_map(|(file, blocks, digest)| Message::FileEnd {
+                file,
+                blocks,
+                digest
+            }),
+        (any::<u64>(), any::<bool>(), any::<u8>(), ".{0,40}").prop_map(
+            |(file, ok, level, message)| {
+                Message::FileResult(FileResult {
+                    file,
+                    status: if ok {
+                        FileStatus::Verified
+                    } else {
+                        FileStatus::Failed
+                    },
+                    level,
+                    message,
+                })
+            }
+        ),
+        Just(Message::Bye),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(500))]
+
+    #[test]
+    fn every_message_round_trips(msg in arb_message()) {
+        let mut frame = Vec::new();
+        msg.encode(&mut frame);
+        prop_assert_eq!(frame_len(&frame).unwrap(), Some(frame.len()));
+        // Any proper prefix is "need more", never an error or a frame.
+        for cut in [0, 1, 3, 4, frame.len() / 2, frame.len() - 1] {
+            prop_assert!(frame_len(&frame[..cut]).unwrap().is_none());
+        }
+        prop_assert_eq!(Message::decode(&frame[4..]).unwrap(), msg);
+    }
+
+    /// Arbitrary bytes never panic the decoder, and an accepted frame's
+    /// length never exceeds the limit.
+    #[test]
+    fn hostile_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+        if let Ok(Some(n)) = frame_len(&bytes) {
+            prop_assert!(n <= MAX_FRAME + 4);
+            let _ = Message::decode(&bytes[4..n]);
+        }
+        let _ = Message::decode(&bytes);
+    }
+
+    /// Flipping any byte of a valid frame body yields a clean result
+    /// (another valid message, or an error), never a panic.
+    #[test]
+    fn corrupted_frames_fail_cleanly(msg in arb_message(), pos in any::<prop::sample::Index>(), flip in 1u8..) {
+        let mut frame = Vec::new();
+        msg.encode(&mut frame);
+        let body = &mut frame[4..];
+        let i = pos.index(body.len());
+        body[i] ^= flip;
+        let _ = Message::decode(body);
+    }
+}
+
+#[test]
+fn impossible_lengths_are_refused_before_buffering() {
+    let huge = ((MAX_FRAME + 1) as u32).to_be_bytes();
+    assert!(matches!(
+        frame_len(&huge),
+        Err(ProtoError::Oversized { .. })
+    ));
+    assert!(matches!(frame_len(&[0, 0, 0, 0]), Err(ProtoError::Empty)));
+    assert!(matches!(
+        Message::decode(&[200]),
+        Err(ProtoError::UnknownType(200))
+    ));
+    // Trailing garbage after a valid message.
+    let mut frame = Vec::new();
+    Message::Bye.encode(&mut frame);
+    frame.push(0);
+    assert!(matches!(
+        Message::decode(&frame[4..]),
+        Err(ProtoError::Malformed { .. })
+    ));
+    // A path that escapes, inside an otherwise valid Entry.
+    let mut frame = Vec::new();
+    Message::Entry(Entry {
+        file: 1,
+        path: WirePath::parse(b"safe").unwrap(),
+        kind: EntryKind::File,
+        mode: 0o644,
+        mtime_sec: 0,
+        mtime_nsec: 0,
+        size: 0,
+        block_size: 4096,
+        algorithm: 0,
+    })
+    .encode(&mut frame);
+    let pos = frame.windows(4).position(|w| w == b"safe").unwrap();
+    frame[pos..pos + 4].copy_from_slice(b"/etc");
+    assert!(matches!(
+        Message::decode(&frame[4..]),
+        Err(ProtoError::BadPath { .. })
+    ));
+}
+
+#[test]
+fn text_is_strict_utf8_and_long_text_is_cut_on_a_character_boundary() {
+    // Found by the fuzzer: lossy decoding did not round-trip.
+    let mut frame = Vec::new();
+    Message::Refused {
+        reason: "é".into()
+    }
+    .encode(&mut frame);
+    let last = frame.len() - 1;
+    frame[last] = 0xff;
+    assert!(matches!(
+        Message::decode(&frame[4..]),
+        Err(ProtoError::Malformed { .. })
+    ));
+    // 4097 bytes of 2-byte characters: cut to 4096, still valid UTF-8.
+    let long = "é".repeat(4097 / 2 + 1);
+    let mut frame = Vec::new();
+    Message::Refused {
+        reason: long.clone(),
+    }
+    .encode(&mut frame);
+    match Message::decode(&frame[4..]).unwrap() {
+        Message::Refused { reason } => {
+            assert!(reason.len() <= 4096 && long.starts_with(&reason));
+            assert_eq!(reason.len(), 4096);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn messages_survive_byte_at_a_time_delivery_and_eof_is_told_apart() {
+    let (a, b) = UnixStream::pair().unwrap();
+    let msgs = vec![
+        Message::Bye,
+        Message::Block(Block {
+            file: 7,
+            index: 3,
+            digest: vec![1; 16],
+            data: vec![0xAB; 200_000],
+        }),
+        Message::Refused { reason: "x".into() },
+    ];
+    let mut wire = Vec::new();
+    for m in &msgs {
+        m.encode(&mut wire);
+    }
+    let writer = std::thread::spawn(move || {
+        let mut a = a;
+        for chunk in wire.chunks(997) {
+            a.write_all(chunk).unwrap();
+        }
+        // Half a frame, then close: the reader must call that an error.
+        a.write_all(&[0, 0, 0, 9, 9]).unwrap();
+    });
+    let mut conn = Connection::new(b);
+    for m in &msgs {
+        assert_eq!(&conn.expect_message().unwrap(), m);
+    }
+    writer.join().unwrap();
+    assert!(matches!(conn.read_message(), Err(ProtoError::Closed)));
+
+    let (a, b) = UnixStream::pair().unwrap();
+    drop(a);
+    assert!(Connection::new(b).read_message().unwrap().is_none());
+}
+
+/// Runs both handshakes on a socket pair; returns (client, server) results.
+fn handshake(
+    client_key: Option<Key>,
+    server_key: Option<Key>,
+    loopback: bool,
+) -> (Result<(), ProtoError>, Result<(), ProtoError>) {
+    let (a, b) = UnixStream::pair().unwrap();
+    let server = std::thread::spawn(move || {
+        let mut conn = Connection::new(b);
+        server_handshake(&mut conn, server_key.as_ref(), loopback)
+    });
+    let mut conn = Connection::new(a);
+    let client = client_handshake(&mut conn, client_key.as_ref());
+    drop(conn);
+    (client, server.join().unwrap())
+}
+
+fn key(s: &str) -> Option<Key> {
+    Some(Key::from_secret(s.as_bytes()).unwrap())
+}
+
+#[test]
+fn handshake_outcomes() {
+    let k = "correct horse battery staple";
+    let (c, s) = handshake(key(k), key(k), false);
+    assert!(c.is_ok() && s.is_ok(), "{c:?} {s:?}");
+
+    let (c, s) = handshake(key(k), key("another key of enough length"), false);
+    assert!(matches!(s, Err(ProtoError::Auth(_))), "{s:?}");
+    assert!(
+        matches!(c, Err(ProtoError::Refused(ref r)) if r == "authentication failed"),
+        "{c:?}"
+    );
+
+    let (c, s) = handshake(None, key(k), true);
+    assert!(
+        matches!(c, Err(ProtoError::Refused(ref r)) if r.contains("requires a key")),
+        "{c:?}"
+    );
+    assert!(s.is_err());
+
+    let (c, _) = handshake(key(k), None, true);
+    assert!(
+        matches!(c, Err(ProtoError::Refused(ref r)) if r.contains("no key")),
+        "{c:?}"
+    );
+
+    let (c, s) = handshake(None, None, true);
+    assert!(c.is_ok() && s.is_ok());
+
+    let (c, _) = handshake(None, None, false);
+    assert!(
+        matches!(c, Err(ProtoError::Refused(ref r)) if r.contains("loopback")),
+        "{c:?}"
+    );
+}
+
+#[test]
+fn other_versions_are_refused_with_a_reason() {
+    let (a, b) = UnixStream::pair().unwrap();
+    let server = std::thread::spawn(move || server_handshake(&mut Connection::new(b), None, true));
+    let mut conn = Connection::new(a);
+    conn.send(&Message::Hello {
+        version: 99,
+        keyed: false,
+        nonce: [0; 32],
+    })
+    .unwrap();
+    match conn.expect_message().unwrap() {
+        Message::Refused { reason } => assert!(reason.contains("version 99"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(server.join().unwrap().is_err());
+}
+
+#[test]
+fn key_files_must_be_private_and_long_enough() {
+    let dir = std::env::temp_dir().join(format!("intact-key-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("key");
+    std::fs::write(&path, "  a secret of sufficient length\n").unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let err = Key::from_file(&path).unwrap_err().to_string();
+    assert!(err.contains("chmod 600"), "{err}");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    Key::from_file(&path).unwrap();
+    std::fs::write(&path, "short\n").unwrap();
+    assert!(Key::from_file(&path)
+        .unwrap_err()
+        .to_string()
+        .contains("16 bytes"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
