@@ -3,6 +3,7 @@
 
 mod args;
 mod check;
+mod copy;
 mod demo;
 mod hashing;
 mod ordered;
@@ -18,6 +19,7 @@ use args::{Cli, Command};
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match &cli.command {
+        Command::Copy(a) => copy::run(a),
         Command::Sum(a) if a.check => check::run(a),
         Command::Sum(a) => sum::run(a),
         Command::Demo(a) => demo::run(a),

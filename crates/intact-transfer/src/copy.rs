@@ -1,0 +1,612 @@
+//! `intact copy`: the block pipeline between a local source and a local
+//! destination, with every verification mode.
+//!
+//! Each of `streams` workers takes the next file and runs it through the
+//! pipeline: read a block, digest it, pass it over the link (in-process
+//! here; a fault injector can sit on it), check and write it at the
+//! receiver, verify as the mode says, resend a block that fails, and
+//! finally fsync and rename. A file gets its final name only after that.
+
+use std::fs::File;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use intact_digest::{defaults, hash, AlignedBuf, Digest, Hasher};
+
+use crate::dest::{Destination, PartialFile};
+use crate::source::{scan, SourceEntry, SourceKind};
+use crate::verify::{VerifyLevel, VerifyMode};
+use crate::TransferError;
+
+/// Corrupts a block on the link: (file's destination path, block index, bytes).
+pub type LinkFault = Arc<dyn Fn(&str, u64, &mut [u8]) + Send + Sync>;
+
+/// How to copy.
+#[derive(Clone)]
+pub struct CopyOptions {
+    /// Verification mode.
+    pub verify: VerifyMode,
+    /// Block size in bytes.
+    pub block_size: usize,
+    /// Files in flight at once.
+    pub streams: usize,
+    /// Resends of one block before its file fails.
+    pub retries: u32,
+    /// Fault injection on the link (tests and the fault lab only).
+    pub link_fault: Option<LinkFault>,
+}
+
+impl Default for CopyOptions {
+    fn default() -> Self {
+        CopyOptions {
+            verify: VerifyMode::Fiver,
+            block_size: defaults::BLOCK_BYTES,
+            streams: 4,
+            retries: 3,
+            link_fault: None,
+        }
+    }
+}
+
+/// What happened to one entry.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct FileReport {
+    /// Destination path, relative to the root.
+    pub path: String,
+    /// "file", "dir" or "symlink".
+    pub kind: &'static str,
+    /// Bytes.
+    pub size: u64,
+    /// BLAKE3 of the file as read for the transfer (not with `--verify none`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+    /// Blocks the file was cut into.
+    pub blocks: u64,
+    /// Blocks sent again after failing verification.
+    pub blocks_resent: u64,
+    /// The verification mode.
+    pub verify: VerifyMode,
+    /// The level really reached (files only; absent when the file failed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub level: Option<VerifyLevel>,
+    /// Seconds spent reading, sending and writing.
+    pub transfer_seconds: f64,
+    /// Seconds spent computing and comparing checksums.
+    pub checksum_seconds: f64,
+    /// Why it failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The whole copy.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CopyReport {
+    /// One entry per file, directory and symlink, in scan order.
+    pub files: Vec<FileReport>,
+    /// Sources that could not be scanned.
+    pub errors: Vec<String>,
+    /// Special files skipped.
+    pub skipped: Vec<String>,
+    /// Bytes of regular files.
+    pub bytes: u64,
+    /// Bytes read and sent, resends included.
+    pub bytes_sent: u64,
+    /// Entries that failed.
+    pub failed: u64,
+    /// Wall-clock seconds.
+    pub seconds: f64,
+}
+
+/// Progress callback: bytes sent so far.
+pub type Progress<'a> = &'a (dyn Fn(u64) + Sync);
+
+/// Copies `sources` into the directory `dest_root` (created if missing).
+pub fn copy(
+    sources: &[PathBuf],
+    dest_root: &Path,
+    opts: &CopyOptions,
+    progress: Progress<'_>,
+) -> Result<CopyReport, TransferError> {
+    let start = Instant::now();
+    let scanned = scan(sources);
+    let dest = Destination::open(dest_root)?;
+    let sent = AtomicU64::new(0);
+    let mut reports: Vec<Option<FileReport>> = vec![None; scanned.entries.len()];
+
+    // Directories first (parents before children), then symlinks.
+    for (i, e) in scanned.entries.iter().enumerate() {
+        let r = match &e.kind {
+            SourceKind::Dir => dest.make_dir(&e.rel),
+            SourceKind::Symlink(t) => dest.make_symlink(&e.rel, t, e.mtime),
+            SourceKind::File => continue,
+        };
+        reports[i] = Some(simple_report(e, opts, r.err()));
+    }
+
+    let files: Vec<usize> = (0..scanned.entries.len())
+        .filter(|&i| scanned.entries[i].kind == SourceKind::File)
+        .collect();
+    let next = AtomicUsize::new(0);
+    let results = Mutex::new(Vec::new());
+    let ctx = Ctx {
+        dest: &dest,
+        opts,
+        sent: &sent,
+        progress,
+    };
+    std::thread::scope(|s| {
+        for _ in 0..opts.streams.max(1) {
+            s.spawn(|| {
+                let mut stream = Stream::new(&ctx, s);
+                loop {
+                    let n = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(&i) = files.get(n) else { break };
+                    if let Some(r) = stream.file(i, &scanned.entries[i]) {
+                        results.lock().expect("no panics hold it").push((i, r));
+                    }
+                }
+                for (i, r) in stream.finish() {
+                    results.lock().expect("no panics hold it").push((i, r));
+                }
+            });
+        }
+    });
+    for (i, r) in results.into_inner().expect("threads joined") {
+        reports[i] = Some(r);
+    }
+
+    // Directory modes and times last, deepest first, now that their
+    // contents no longer change them.
+    for (i, e) in scanned.entries.iter().enumerate().rev() {
+        if e.kind == SourceKind::Dir {
+            if let Err(err) = dest.finish_dir(&e.rel, e.mode, e.mtime) {
+                reports[i] = Some(simple_report(e, opts, Some(err)));
+            }
+        }
+    }
+    let files: Vec<FileReport> = reports
+        .into_iter()
+        .map(|r| r.expect("every entry reported"))
+        .collect();
+    let failed = files.iter().filter(|f| f.error.is_some()).count() + scanned.errors.len();
+    Ok(CopyReport {
+        bytes: scanned.entries.iter().map(|e| e.size).sum(),
+        bytes_sent: sent.load(Ordering::Relaxed),
+        failed: failed as u64,
+        files,
+        errors: scanned.errors.iter().map(|e| e.to_string()).collect(),
+        skipped: scanned
+            .skipped
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect(),
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+fn simple_report(e: &SourceEntry, opts: &CopyOptions, err: Option<TransferError>) -> FileReport {
+    FileReport {
+        path: e.rel.to_string(),
+        kind: match e.kind {
+            SourceKind::File => "file",
+            SourceKind::Dir => "dir",
+            SourceKind::Symlink(_) => "symlink",
+        },
+        size: e.size,
+        digest: None,
+        blocks: 0,
+        blocks_resent: 0,
+        verify: opts.verify,
+        level: (err.is_none() && e.kind == SourceKind::File).then_some(opts.verify.level()),
+        transfer_seconds: 0.0,
+        checksum_seconds: 0.0,
+        error: err.map(|e| e.to_string()),
+    }
+}
+
+struct Ctx<'a> {
+    dest: &'a Destination,
+    opts: &'a CopyOptions,
+    sent: &'a AtomicU64,
+    progress: Progress<'a>,
+}
+
+/// A file whose blocks are all written, on its way to verification.
+struct Written {
+    entry_index: usize,
+    entry: SourceEntry,
+    partial: PartialFile,
+    source: File,
+    report: FileReport,
+    /// Blocks the block verifier found bad (block mode).
+    failed_blocks: Vec<u64>,
+}
+
+/// Work for a stream's verifier thread.
+enum Job {
+    /// Block mode: re-read this block of this file and compare.
+    Block {
+        file: Arc<File>,
+        index: u64,
+        offset: u64,
+        len: usize,
+        digest: Digest,
+    },
+    /// Block mode: report the failed blocks seen so far and reset.
+    Barrier(mpsc::Sender<Vec<u64>>),
+    /// File mode: verify, repair and commit this file.
+    File(Box<Written>),
+}
+
+/// One transfer stream and, for the pipelined modes, its verifier thread.
+struct Stream<'a, 'ctx> {
+    ctx: &'a Ctx<'ctx>,
+    buf: AlignedBuf,
+    wire: Option<AlignedBuf>,
+    jobs: Option<mpsc::SyncSender<Job>>,
+    done: Option<mpsc::Receiver<(usize, FileReport)>>,
+}
+
+impl<'a, 'ctx> Stream<'a, 'ctx> {
+    fn new<'scope>(ctx: &'a Ctx<'ctx>, s: &'scope std::thread::Scope<'scope, '_>) -> Self
+    where
+        'a: 'scope,
+    {
+        let mode = ctx.opts.verify;
+        let (jobs, done) = if matches!(mode, VerifyMode::File | VerifyMode::Block) {
+            // Bounded: the transfer runs at most a little ahead of verification.
+            let (tx, rx) = mpsc::sync_channel::<Job>(if mode == VerifyMode::Block { 8 } else { 1 });
+            let (dtx, drx) = mpsc::channel();
+            s.spawn(move || verifier(ctx, rx, dtx));
+            (Some(tx), Some(drx))
+        } else {
+            (None, None)
+        };
+        Stream {
+            ctx,
+            buf: AlignedBuf::new(ctx.opts.block_size),
+            wire: ctx
+                .opts
+                .link_fault
+                .as_ref()
+                .map(|_| AlignedBuf::new(ctx.opts.block_size)),
+            jobs,
+            done,
+        }
+    }
+
+    /// Transfers entry `i`; returns its report unless the verifier will.
+    fn file(&mut self, i: usize, e: &SourceEntry) -> Option<FileReport> {
+        let started = Instant::now();
+        match self.transfer(i, e, started) {
+            Ok(w) if self.ctx.opts.verify == VerifyMode::File => {
+                let jobs = self.jobs.as_ref().expect("file mode has a verifier");
+                jobs.send(Job::File(Box::new(w))).expect("verifier alive");
+                None
+            }
+            Ok(w) => Some(finish_file(self.ctx, w, &mut self.buf)),
+            Err((mut report, err)) => {
+                report.error = Some(err.to_string());
+                report.level = None;
+                Some(report)
+            }
+        }
+    }
+
+    /// Reports of files the verifier finished (file mode).
+    fn finish(self) -> Vec<(usize, FileReport)> {
+        drop(self.jobs);
+        match self.done {
+            Some(rx) => rx.into_iter().collect(),
+            None => Vec::new(),
+        }
+    }
+
+    /// Reads, checks, sends and writes every block of `e`.
+    #[allow(clippy::result_large_err)]
+    fn transfer(
+        &mut self,
+        i: usize,
+        e: &SourceEntry,
+        started: Instant,
+    ) -> Result<Written, (FileReport, TransferError)> {
+        let ctx = self.ctx;
+        let opts = ctx.opts;
+        let mode = opts.verify;
+        let mut report = simple_report(e, opts, None);
+        let fail = |report: &FileReport, err: TransferError| (report.clone(), err);
+        let source = File::open(&e.abs).map_err(|err| {
+            fail(
+                &report,
+                TransferError::Source {
+                    path: e.abs.clone(),
+                    source: err,
+                },
+            )
+        })?;
+        check_unchanged(&source, e).map_err(|err| fail(&report, err))?;
+        let partial = ctx
+            .dest
+            .partial(&e.rel, e.size)
+            .map_err(|err| fail(&report, err))?;
+        let shared = match mode {
+            VerifyMode::Block => Some(Arc::new(partial.file().try_clone().map_err(|err| {
+                fail(
+                    &report,
+                    TransferError::Destination {
+                        path: e.rel.to_string(),
+                        source: err,
+                    },
+                )
+            })?)),
+            _ => None,
+        };
+        let bs = opts.block_size;
+        let blocks = e.size.div_ceil(bs as u64);
+        report.blocks = blocks;
+        let mut whole = (mode != VerifyMode::None).then(|| Hasher::new(defaults::FILE_ALGORITHM));
+        let mut checksum = Duration::ZERO;
+        let path = e.rel.to_string();
+        for index in 0..blocks {
+            let offset = index * bs as u64;
+            let len = (e.size - offset).min(bs as u64) as usize;
+            let mut attempts = 0;
+            loop {
+                let data = &mut self.buf[..len];
+                source
+                    .read_exact_at(data, offset)
+                    .map_err(|err| fail(&report, source_read_error(e, err)))?;
+                ctx.sent.fetch_add(len as u64, Ordering::Relaxed);
+                (ctx.progress)(ctx.sent.load(Ordering::Relaxed));
+                let t = Instant::now();
+                let digest =
+                    (mode != VerifyMode::None).then(|| hash(defaults::BLOCK_ALGORITHM, data));
+                checksum += t.elapsed();
+                // The link: what the receiver gets may differ from what was sent.
+                let received: &[u8] = match (&opts.link_fault, &mut self.wire) {
+                    (Some(fault), Some(wire)) => {
+                        wire[..len].copy_from_slice(data);
+                        fault(&path, index, &mut wire[..len]);
+                        &wire[..len]
+                    }
+                    _ => data,
+                };
+                let t = Instant::now();
+                let ok = match (mode, digest) {
+                    (VerifyMode::Fiver, Some(d)) => {
+                        hash(defaults::BLOCK_ALGORITHM, received).ct_eq(&d)
+                    }
+                    _ => true,
+                };
+                checksum += t.elapsed();
+                if ok {
+                    partial
+                        .file()
+                        .write_all_at(received, offset)
+                        .map_err(|err| {
+                            fail(
+                                &report,
+                                TransferError::Destination {
+                                    path: path.clone(),
+                                    source: err,
+                                },
+                            )
+                        })?;
+                    if let Some(w) = whole.as_mut() {
+                        let t = Instant::now();
+                        w.update(&self.buf[..len]);
+                        checksum += t.elapsed();
+                    }
+                    if let (Some(file), Some(jobs), Some(d)) = (&shared, &self.jobs, digest) {
+                        let job = Job::Block {
+                            file: Arc::clone(file),
+                            index,
+                            offset,
+                            len,
+                            digest: d,
+                        };
+                        jobs.send(job).expect("verifier alive");
+                    }
+                    break;
+                }
+                attempts += 1;
+                report.blocks_resent += 1;
+                if attempts > opts.retries {
+                    let err = TransferError::BlockRetries {
+                        path: path.clone(),
+                        index,
+                        attempts,
+                    };
+                    return Err(fail(&report, err));
+                }
+            }
+        }
+        let mut failed_blocks = Vec::new();
+        if let (VerifyMode::Block, Some(jobs)) = (mode, &self.jobs) {
+            let (tx, rx) = mpsc::channel();
+            jobs.send(Job::Barrier(tx)).expect("verifier alive");
+            failed_blocks = rx.recv().expect("verifier answers");
+        }
+        report.digest = whole.map(|w| w.finalize().to_hex());
+        report.transfer_seconds = (started.elapsed() - checksum).as_secs_f64();
+        report.checksum_seconds = checksum.as_secs_f64();
+        Ok(Written {
+            entry_index: i,
+            entry: e.clone(),
+            partial,
+            source,
+            report,
+            failed_blocks,
+        })
+    }
+}
+
+fn source_read_error(e: &SourceEntry, err: std::io::Error) -> TransferError {
+    if err.kind() == std::io::ErrorKind::UnexpectedEof {
+        TransferError::SourceChanged {
+            path: e.abs.clone(),
+            what: "it shrank",
+        }
+    } else {
+        TransferError::Source {
+            path: e.abs.clone(),
+            source: err,
+        }
+    }
+}
+
+fn check_unchanged(source: &File, e: &SourceEntry) -> Result<(), TransferError> {
+    let m = source.metadata().map_err(|err| TransferError::Source {
+        path: e.abs.clone(),
+        source: err,
+    })?;
+    if m.len() != e.size {
+        return Err(TransferError::SourceChanged {
+            path: e.abs.clone(),
+            what: "its size changed",
+        });
+    }
+    if m.mtime() != e.mtime.sec || m.mtime_nsec() as u32 != e.mtime.nsec {
+        return Err(TransferError::SourceChanged {
+            path: e.abs.clone(),
+            what: "it was modified",
+        });
+    }
+    Ok(())
+}
+
+/// The verifier thread of a stream (file and block modes).
+fn verifier(ctx: &Ctx<'_>, jobs: mpsc::Receiver<Job>, done: mpsc::Sender<(usize, FileReport)>) {
+    let mut buf = AlignedBuf::new(ctx.opts.block_size);
+    let mut failed = Vec::new();
+    for job in jobs {
+        match job {
+            Job::Block {
+                file,
+                index,
+                offset,
+                len,
+                digest,
+            } => {
+                let ok = file.read_exact_at(&mut buf[..len], offset).is_ok()
+                    && hash(defaults::BLOCK_ALGORITHM, &buf[..len]).ct_eq(&digest);
+                if !ok {
+                    failed.push(index);
+                }
+            }
+            Job::Barrier(reply) => {
+                let _ = reply.send(std::mem::take(&mut failed));
+            }
+            Job::File(w) => {
+                let i = w.entry_index;
+                let _ = done.send((i, finish_file(ctx, *w, &mut buf)));
+            }
+        }
+    }
+}
+
+/// Verifies a written file as its mode says, repairs bad blocks by
+/// resending them, and commits it under its final name.
+fn finish_file(ctx: &Ctx<'_>, mut w: Written, buf: &mut AlignedBuf) -> FileReport {
+    let mode = ctx.opts.verify;
+    let started = Instant::now();
+    let result = (|| -> Result<(), TransferError> {
+        let bad = match mode {
+            VerifyMode::Sequential | VerifyMode::File => reverify_file(ctx, &w, buf)?,
+            VerifyMode::Block => std::mem::take(&mut w.failed_blocks),
+            VerifyMode::None | VerifyMode::Fiver => Vec::new(),
+        };
+        for index in bad {
+            resend_block(ctx, &mut w, index, buf)?;
+        }
+        check_unchanged(&w.source, &w.entry)?;
+        Ok(())
+    })();
+    w.report.checksum_seconds += started.elapsed().as_secs_f64();
+    let mut report = w.report.clone();
+    let commit = result.and_then(|()| w.partial.commit(w.entry.mode, w.entry.mtime));
+    if let Err(e) = commit {
+        report.error = Some(e.to_string());
+        report.level = None;
+    }
+    report
+}
+
+/// Sequential and file modes: re-reads both copies block by block and
+/// returns the blocks whose digests differ.
+fn reverify_file(
+    ctx: &Ctx<'_>,
+    w: &Written,
+    buf: &mut AlignedBuf,
+) -> Result<Vec<u64>, TransferError> {
+    let bs = ctx.opts.block_size as u64;
+    let size = w.entry.size;
+    let mut bad = Vec::new();
+    for index in 0..size.div_ceil(bs) {
+        let offset = index * bs;
+        let len = (size - offset).min(bs) as usize;
+        w.source
+            .read_exact_at(&mut buf[..len], offset)
+            .map_err(|e| source_read_error(&w.entry, e))?;
+        let at_source = hash(defaults::BLOCK_ALGORITHM, &buf[..len]);
+        w.partial
+            .file()
+            .read_exact_at(&mut buf[..len], offset)
+            .map_err(|e| TransferError::Destination {
+                path: w.report.path.clone(),
+                source: e,
+            })?;
+        if !hash(defaults::BLOCK_ALGORITHM, &buf[..len]).ct_eq(&at_source) {
+            bad.push(index);
+        }
+    }
+    Ok(bad)
+}
+
+/// Sends block `index` again and checks it by re-reading it, up to the
+/// retry limit.
+fn resend_block(
+    ctx: &Ctx<'_>,
+    w: &mut Written,
+    index: u64,
+    buf: &mut AlignedBuf,
+) -> Result<(), TransferError> {
+    let bs = ctx.opts.block_size as u64;
+    let offset = index * bs;
+    let len = (w.entry.size - offset).min(bs) as usize;
+    let path = w.report.path.clone();
+    let dest_err = |e| TransferError::Destination {
+        path: path.clone(),
+        source: e,
+    };
+    for _ in 0..ctx.opts.retries {
+        w.report.blocks_resent += 1;
+        w.source
+            .read_exact_at(&mut buf[..len], offset)
+            .map_err(|e| source_read_error(&w.entry, e))?;
+        ctx.sent.fetch_add(len as u64, Ordering::Relaxed);
+        let want = hash(defaults::BLOCK_ALGORITHM, &buf[..len]);
+        if let Some(fault) = &ctx.opts.link_fault {
+            fault(&path, index, &mut buf[..len]);
+        }
+        w.partial
+            .file()
+            .write_all_at(&buf[..len], offset)
+            .map_err(dest_err)?;
+        w.partial
+            .file()
+            .read_exact_at(&mut buf[..len], offset)
+            .map_err(dest_err)?;
+        if hash(defaults::BLOCK_ALGORITHM, &buf[..len]).ct_eq(&want) {
+            return Ok(());
+        }
+    }
+    Err(TransferError::BlockRetries {
+        path,
+        index,
+        attempts: ctx.opts.retries,
+    })
+}

@@ -1,0 +1,235 @@
+//! The destination tree: every write lands under the root, through file
+//! descriptors, never through a symlink, and a file gets its final name
+//! only when the caller commits it.
+
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use intact_proto::WirePath;
+use rustix::fs::{self as rfs, AtFlags, Mode, OFlags, Timespec, Timestamps};
+use rustix::io::Errno;
+
+use crate::TransferError;
+
+/// The receiving root. Paths are resolved component by component with
+/// `openat(O_DIRECTORY | O_NOFOLLOW)`, so a symlink anywhere on the way,
+/// even one planted inside the root, ends the operation instead of leading
+/// out of it.
+pub struct Destination {
+    root: OwnedFd,
+}
+
+/// Modification time to set, in seconds and nanoseconds since the epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mtime {
+    /// Seconds.
+    pub sec: i64,
+    /// Nanoseconds.
+    pub nsec: u32,
+}
+
+impl Mtime {
+    fn timestamps(self) -> Timestamps {
+        let t = Timespec {
+            tv_sec: self.sec,
+            tv_nsec: self.nsec.into(),
+        };
+        Timestamps {
+            last_access: t,
+            last_modification: t,
+        }
+    }
+}
+
+fn dest_err(path: &WirePath, e: impl Into<std::io::Error>) -> TransferError {
+    TransferError::Destination {
+        path: path.to_string(),
+        source: e.into(),
+    }
+}
+
+/// Name of the hidden file a file's data is written to before it is
+/// verified. Deterministic, so that an interrupted transfer finds its
+/// partial data again; hashed, so that long names still fit in 255 bytes.
+pub fn partial_name(final_name: &OsStr) -> OsString {
+    let h = blake3::hash(final_name.as_bytes());
+    OsString::from(format!(".intact-partial-{}", &h.to_hex()[..24]))
+}
+
+impl Destination {
+    /// Opens (creating it if needed) the root directory.
+    pub fn open(root: &Path) -> Result<Destination, TransferError> {
+        let err = |e: std::io::Error| TransferError::Destination {
+            path: root.display().to_string(),
+            source: e,
+        };
+        std::fs::create_dir_all(root).map_err(err)?;
+        let fd = rfs::open(
+            root,
+            OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| err(e.into()))?;
+        Ok(Destination { root: fd })
+    }
+
+    /// Opens the directory that holds `path`'s last component, creating
+    /// missing directories (mode 0755) when `create` is set.
+    fn parent(&self, path: &WirePath, create: bool) -> Result<(OwnedFd, OsString), TransferError> {
+        let comps: Vec<&OsStr> = path.components().collect();
+        let (last, dirs) = comps.split_last().expect("a WirePath is never empty");
+        let mut dir = rfs::openat(
+            &self.root,
+            ".",
+            OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| dest_err(path, e))?;
+        for c in dirs {
+            let flags = OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC;
+            let next = match rfs::openat(&dir, *c, flags, Mode::empty()) {
+                Err(Errno::NOENT) if create => {
+                    match rfs::mkdirat(&dir, *c, Mode::from_raw_mode(0o755)) {
+                        Ok(()) | Err(Errno::EXIST) => {}
+                        Err(e) => return Err(dest_err(path, e)),
+                    }
+                    rfs::openat(&dir, *c, flags, Mode::empty())
+                }
+                other => other,
+            };
+            dir = match next {
+                Ok(fd) => fd,
+                Err(Errno::NOTDIR) | Err(Errno::LOOP) => {
+                    return Err(TransferError::NotADirectory {
+                        path: path.to_string(),
+                        component: c.to_string_lossy().into_owned(),
+                    })
+                }
+                Err(e) => return Err(dest_err(path, e)),
+            };
+        }
+        Ok((dir, last.to_os_string()))
+    }
+
+    /// Opens the partial file for `path` (creating it, keeping data already
+    /// there) and sizes it to `size` bytes.
+    pub fn partial(&self, path: &WirePath, size: u64) -> Result<PartialFile, TransferError> {
+        let (dir, name) = self.parent(path, true)?;
+        let tmp = partial_name(&name);
+        let fd = rfs::openat(
+            &dir,
+            &tmp,
+            OFlags::CREATE | OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )
+        .map_err(|e| dest_err(path, e))?;
+        let file = File::from(fd);
+        file.set_len(size).map_err(|e| dest_err(path, e))?;
+        Ok(PartialFile {
+            dir,
+            tmp,
+            name,
+            file,
+            path: path.clone(),
+        })
+    }
+
+    /// Makes `path` a directory (an existing directory is kept). Its mode
+    /// and time are applied by [`Destination::finish_dir`], after its contents.
+    pub fn make_dir(&self, path: &WirePath) -> Result<(), TransferError> {
+        let (dir, name) = self.parent(path, true)?;
+        match rfs::mkdirat(&dir, &name, Mode::from_raw_mode(0o755)) {
+            Ok(()) => Ok(()),
+            Err(Errno::EXIST) => match rfs::statat(&dir, &name, AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(st) if rfs::FileType::from_raw_mode(st.st_mode) == rfs::FileType::Directory => {
+                    Ok(())
+                }
+                Ok(_) => Err(TransferError::NotADirectory {
+                    path: path.to_string(),
+                    component: name.to_string_lossy().into_owned(),
+                }),
+                Err(e) => Err(dest_err(path, e)),
+            },
+            Err(e) => Err(dest_err(path, e)),
+        }
+    }
+
+    /// Sets a directory's mode and modification time (call after its contents are written).
+    pub fn finish_dir(
+        &self,
+        path: &WirePath,
+        mode: u32,
+        mtime: Mtime,
+    ) -> Result<(), TransferError> {
+        let (dir, name) = self.parent(path, false)?;
+        let fd = rfs::openat(
+            &dir,
+            &name,
+            OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| dest_err(path, e))?;
+        rfs::fchmod(&fd, Mode::from_raw_mode(mode & 0o7777)).map_err(|e| dest_err(path, e))?;
+        rfs::futimens(&fd, &mtime.timestamps()).map_err(|e| dest_err(path, e))?;
+        rfs::fsync(&fd).map_err(|e| dest_err(path, e))
+    }
+
+    /// Creates `path` as a symlink to `target` (never followed), replacing
+    /// whatever non-directory was there, atomically.
+    pub fn make_symlink(
+        &self,
+        path: &WirePath,
+        target: &[u8],
+        mtime: Mtime,
+    ) -> Result<(), TransferError> {
+        let (dir, name) = self.parent(path, true)?;
+        let tmp = partial_name(&name);
+        let _ = rfs::unlinkat(&dir, &tmp, AtFlags::empty());
+        rfs::symlinkat(OsStr::from_bytes(target), &dir, &tmp).map_err(|e| dest_err(path, e))?;
+        rfs::utimensat(&dir, &tmp, &mtime.timestamps(), AtFlags::SYMLINK_NOFOLLOW)
+            .map_err(|e| dest_err(path, e))?;
+        rfs::renameat(&dir, &tmp, &dir, &name).map_err(|e| dest_err(path, e))?;
+        rfs::fsync(&dir).map_err(|e| dest_err(path, e))
+    }
+}
+
+/// A file being received under its hidden partial name.
+pub struct PartialFile {
+    dir: OwnedFd,
+    tmp: OsString,
+    name: OsString,
+    file: File,
+    path: WirePath,
+}
+
+impl PartialFile {
+    /// The open file (positional reads and writes).
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// The destination path.
+    pub fn path(&self) -> &WirePath {
+        &self.path
+    }
+
+    /// Sets mode and time, fsyncs the data, renames the file to its final
+    /// name (atomically replacing a previous file or symlink of that name)
+    /// and fsyncs the directory, so the name survives a crash too.
+    pub fn commit(self, mode: u32, mtime: Mtime) -> Result<(), TransferError> {
+        let p = &self.path;
+        rfs::fchmod(&self.file, Mode::from_raw_mode(mode & 0o7777)).map_err(|e| dest_err(p, e))?;
+        rfs::futimens(&self.file, &mtime.timestamps()).map_err(|e| dest_err(p, e))?;
+        self.file.sync_all().map_err(|e| dest_err(p, e))?;
+        if let Ok(st) = rfs::statat(&self.dir, &self.name, AtFlags::SYMLINK_NOFOLLOW) {
+            if rfs::FileType::from_raw_mode(st.st_mode) == rfs::FileType::Directory {
+                return Err(dest_err(p, Errno::ISDIR));
+            }
+        }
+        rfs::renameat(&self.dir, &self.tmp, &self.dir, &self.name).map_err(|e| dest_err(p, e))?;
+        rfs::fsync(self.dir.as_fd()).map_err(|e| dest_err(p, e))
+    }
+}

@@ -1,0 +1,63 @@
+//! Errors of the transfer engine.
+
+use std::path::PathBuf;
+
+/// What can go wrong with one file or a whole transfer.
+#[derive(Debug, thiserror::Error)]
+pub enum TransferError {
+    /// A source could not be read.
+    #[error("{}: {}", path.display(), intact_digest::io_reason(source))]
+    Source {
+        /// The source path.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The destination refused a write, a rename or a directory.
+    #[error("{path}: {}", intact_digest::io_reason(source))]
+    Destination {
+        /// The destination path, relative to the root.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A destination path would pass through a symlink or a non-directory.
+    #[error("{path}: refused, the path passes through '{component}', which is not a directory (symlinks are never followed)")]
+    NotADirectory {
+        /// The destination path, relative to the root.
+        path: String,
+        /// The component that is not a directory.
+        component: String,
+    },
+    /// A block kept failing verification.
+    #[error("{path}: block {index} failed verification {attempts} times")]
+    BlockRetries {
+        /// The destination path.
+        path: String,
+        /// Block number.
+        index: u64,
+        /// How many attempts were made.
+        attempts: u32,
+    },
+    /// A file's re-read after the transfer did not match the source.
+    #[error("{path}: {what}")]
+    Verification {
+        /// The destination path.
+        path: String,
+        /// What did not match.
+        what: String,
+    },
+    /// The source changed while it was being sent.
+    #[error("{}: changed while being sent ({what})", path.display())]
+    SourceChanged {
+        /// The source path.
+        path: PathBuf,
+        /// What changed.
+        what: &'static str,
+    },
+    /// A path could not be expressed on the wire.
+    #[error(transparent)]
+    Path(#[from] intact_proto::ProtoError),
+}

@@ -1,0 +1,25 @@
+//! intact's transfer engine.
+//!
+//! [`scan`] turns source paths into [`SourceEntry`]s (directories before
+//! their contents, symlinks as links). [`Destination`] is the receiving
+//! root: every path is resolved under it without following symlinks, a
+//! file is written under a hidden partial name and gets its final name
+//! only through [`PartialFile::commit`] (fsync, rename, directory fsync).
+//! [`copy`] runs the block pipeline between a local source and a local
+//! destination with any [`VerifyMode`] and reports, per file, the
+//! [`VerifyLevel`] it really reached.
+//!
+//! Not here yet (issue 3 continues): the network path (serve/send over
+//! intact-proto), the resume journal, and the device-level modes.
+
+mod copy;
+mod dest;
+mod error;
+mod source;
+mod verify;
+
+pub use copy::{copy, CopyOptions, CopyReport, FileReport, LinkFault, Progress};
+pub use dest::{partial_name, Destination, Mtime, PartialFile};
+pub use error::TransferError;
+pub use source::{scan, Scan, SourceEntry, SourceKind};
+pub use verify::{VerifyLevel, VerifyMode};

@@ -1,0 +1,329 @@
+//! The local block pipeline: trees arrive intact in every mode, faults on
+//! the link are detected and repaired by resending blocks, and nothing
+//! unverified ever carries a final name.
+
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use intact_transfer::{copy, CopyOptions, CopyReport, VerifyLevel, VerifyMode};
+
+const BS: usize = 64 * 1024;
+
+fn opts(verify: VerifyMode) -> CopyOptions {
+    CopyOptions {
+        verify,
+        block_size: BS,
+        streams: 3,
+        retries: 2,
+        link_fault: None,
+    }
+}
+
+/// A tree with what usually breaks copiers.
+fn make_tree(root: &Path) {
+    let sizes = [0, 1, BS - 1, BS, BS + 1, 3 * BS + 17];
+    fs::create_dir_all(root.join("deep/er/est")).unwrap();
+    fs::create_dir_all(root.join("empty")).unwrap();
+    for (i, len) in sizes.iter().enumerate() {
+        fs::write(
+            root.join(format!("deep/f{i}.dat")),
+            intact_sample::bytes(*len, i as u64),
+        )
+        .unwrap();
+    }
+    fs::write(root.join("deep/er/est/ünï cödé.txt"), "hello").unwrap();
+    fs::set_permissions(root.join("deep/f1.dat"), fs::Permissions::from_mode(0o640)).unwrap();
+    std::os::unix::fs::symlink("deep/f2.dat", root.join("link")).unwrap();
+    std::os::unix::fs::symlink("/nonexistent/target", root.join("dangling")).unwrap();
+    let t = filetime(1_600_000_000, 123_456_789);
+    set_mtime(&root.join("deep/f3.dat"), t);
+}
+
+fn filetime(sec: i64, nsec: i64) -> libc::timespec {
+    libc::timespec {
+        tv_sec: sec,
+        tv_nsec: nsec,
+    }
+}
+
+fn set_mtime(p: &Path, t: libc::timespec) {
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    let times = [t, t];
+    // SAFETY: valid C string and two timespecs.
+    assert_eq!(
+        unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), times.as_ptr(), 0) },
+        0
+    );
+}
+
+/// Asserts that `b` is an exact copy of `a`: contents, kinds, link
+/// targets, permission bits and file mtimes; and no partial files.
+fn assert_same_tree(a: &Path, b: &Path) {
+    let list = |root: &Path| -> Vec<PathBuf> {
+        let mut v: Vec<PathBuf> = walkdir::WalkDir::new(root)
+            .into_iter()
+            .map(|e| e.unwrap().path().strip_prefix(root).unwrap().to_path_buf())
+            .collect();
+        v.sort();
+        v
+    };
+    let (la, lb) = (list(a), list(b));
+    assert_eq!(la, lb, "same entries");
+    for rel in la {
+        let (pa, pb) = (a.join(&rel), b.join(&rel));
+        let (ma, mb) = (
+            fs::symlink_metadata(&pa).unwrap(),
+            fs::symlink_metadata(&pb).unwrap(),
+        );
+        assert_eq!(ma.file_type(), mb.file_type(), "{rel:?}");
+        if ma.file_type().is_symlink() {
+            assert_eq!(fs::read_link(&pa).unwrap(), fs::read_link(&pb).unwrap());
+            continue;
+        }
+        assert_eq!(ma.mode() & 0o7777, mb.mode() & 0o7777, "mode of {rel:?}");
+        if ma.is_file() {
+            assert_eq!(fs::read(&pa).unwrap(), fs::read(&pb).unwrap(), "{rel:?}");
+            assert_eq!(
+                (ma.mtime(), ma.mtime_nsec()),
+                (mb.mtime(), mb.mtime_nsec()),
+                "{rel:?}"
+            );
+        }
+    }
+}
+
+fn no_partials(root: &Path) -> bool {
+    walkdir::WalkDir::new(root).into_iter().all(|e| {
+        !e.unwrap()
+            .file_name()
+            .to_string_lossy()
+            .starts_with(".intact-partial-")
+    })
+}
+
+fn run(src: &Path, dst: &Path, o: &CopyOptions) -> CopyReport {
+    copy(&[src.to_path_buf()], dst, o, &|_| {}).unwrap()
+}
+
+#[test]
+fn every_mode_copies_the_tree_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    make_tree(&src);
+    for mode in VerifyMode::ALL {
+        let dst = dir.path().join(format!("dst-{mode}"));
+        let r = run(&src, &dst, &opts(mode));
+        assert_eq!(
+            r.failed,
+            0,
+            "{mode}: {:?}",
+            r.files
+                .iter()
+                .filter_map(|f| f.error.as_ref())
+                .collect::<Vec<_>>()
+        );
+        assert_same_tree(&src, &dst.join("src"));
+        assert!(no_partials(&dst));
+        for f in r.files.iter().filter(|f| f.kind == "file") {
+            assert_eq!(f.level, Some(mode.level()), "{mode} {}", f.path);
+            assert_eq!(f.blocks_resent, 0);
+            assert_eq!(f.digest.is_some(), mode != VerifyMode::None);
+        }
+        assert_eq!(r.bytes_sent, r.bytes, "{mode}: nothing resent");
+    }
+    // Copying again over an existing copy replaces it cleanly.
+    let dst = dir.path().join("dst-fiver");
+    fs::write(src.join("deep/f0.dat"), b"changed").unwrap();
+    let r = run(&src, &dst, &opts(VerifyMode::Fiver));
+    assert_eq!(r.failed, 0);
+    assert_same_tree(&src, &dst.join("src"));
+}
+
+#[test]
+fn the_whole_file_digest_is_blake3_of_the_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("one.dat");
+    let data = intact_sample::bytes(5 * BS + 3, 9);
+    fs::write(&src, &data).unwrap();
+    let r = run(&src, &dir.path().join("d"), &opts(VerifyMode::Block));
+    assert_eq!(
+        r.files[0].digest.as_deref(),
+        Some(blake3::hash(&data).to_hex().as_str())
+    );
+}
+
+/// A link that flips a bit in block 1 of every file, `times` times per file.
+fn flaky_link(times: u32) -> (intact_transfer::LinkFault, Arc<AtomicU32>) {
+    let hits = Arc::new(AtomicU32::new(0));
+    let seen = Arc::new(std::sync::Mutex::new(std::collections::HashMap::<
+        String,
+        u32,
+    >::new()));
+    let h = Arc::clone(&hits);
+    let fault: intact_transfer::LinkFault =
+        Arc::new(move |path: &str, index: u64, data: &mut [u8]| {
+            if index != 1 {
+                return;
+            }
+            let mut seen = seen.lock().unwrap();
+            let n = seen.entry(path.to_string()).or_default();
+            if *n < times {
+                *n += 1;
+                data[100] ^= 0x10;
+                h.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+    (fault, hits)
+}
+
+#[test]
+fn a_corrupted_block_is_detected_and_resent_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("big.dat");
+    let data = intact_sample::bytes(8 * BS, 1);
+    fs::write(&src, &data).unwrap();
+    for mode in [
+        VerifyMode::Fiver,
+        VerifyMode::Block,
+        VerifyMode::Sequential,
+        VerifyMode::File,
+    ] {
+        let (fault, hits) = flaky_link(1);
+        let o = CopyOptions {
+            link_fault: Some(fault),
+            ..opts(mode)
+        };
+        let dst = dir.path().join(format!("d-{mode}"));
+        let r = run(&src, &dst, &o);
+        assert_eq!(
+            hits.load(Ordering::Relaxed),
+            1,
+            "{mode}: the fault was injected"
+        );
+        assert_eq!(r.failed, 0, "{mode}: {:?}", r.files[0].error);
+        assert_eq!(r.files[0].blocks_resent, 1, "{mode}");
+        // Recovery cost one block, not the file.
+        assert_eq!(r.bytes_sent, data.len() as u64 + BS as u64, "{mode}");
+        assert_eq!(fs::read(dst.join("big.dat")).unwrap(), data, "{mode}");
+    }
+    // Without verification the same fault lands on disk: the injector is real.
+    let (fault, hits) = flaky_link(1);
+    let o = CopyOptions {
+        link_fault: Some(fault),
+        ..opts(VerifyMode::None)
+    };
+    let dst = dir.path().join("d-none");
+    let r = run(&src, &dst, &o);
+    assert_eq!(hits.load(Ordering::Relaxed), 1);
+    assert_eq!(r.failed, 0);
+    assert_eq!(r.files[0].level, Some(VerifyLevel::None));
+    assert_ne!(
+        fs::read(dst.join("big.dat")).unwrap(),
+        data,
+        "unverified copy keeps the corruption"
+    );
+}
+
+#[test]
+fn a_block_that_keeps_failing_fails_its_file_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("tree");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("bad.dat"), intact_sample::bytes(4 * BS, 2)).unwrap();
+    fs::write(src.join("good.dat"), intact_sample::bytes(BS / 2, 3)).unwrap();
+    for mode in [
+        VerifyMode::Fiver,
+        VerifyMode::Block,
+        VerifyMode::Sequential,
+        VerifyMode::File,
+    ] {
+        let (fault, _) = flaky_link(u32::MAX);
+        let o = CopyOptions {
+            link_fault: Some(fault),
+            ..opts(mode)
+        };
+        let dst = dir.path().join(format!("d-{mode}"));
+        let r = run(&src, &dst, &o);
+        assert_eq!(r.failed, 1, "{mode}");
+        let bad = r.files.iter().find(|f| f.path == "tree/bad.dat").unwrap();
+        assert!(
+            bad.error
+                .as_ref()
+                .unwrap()
+                .contains("block 1 failed verification"),
+            "{mode}: {:?}",
+            bad.error
+        );
+        assert!(bad.level.is_none());
+        assert!(
+            !dst.join("tree/bad.dat").exists(),
+            "{mode}: an unverified file has no final name"
+        );
+        assert_eq!(
+            fs::read(dst.join("tree/good.dat")).unwrap(),
+            intact_sample::bytes(BS / 2, 3)
+        );
+    }
+}
+
+#[test]
+fn a_source_that_changes_during_the_transfer_is_not_committed() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("growing.dat");
+    fs::write(&src, intact_sample::bytes(4 * BS, 4)).unwrap();
+    let target = src.clone();
+    let fault: intact_transfer::LinkFault = Arc::new(move |_: &str, index: u64, _: &mut [u8]| {
+        if index == 2 {
+            use std::io::Write;
+            let mut f = fs::OpenOptions::new().append(true).open(&target).unwrap();
+            f.write_all(b"more").unwrap();
+        }
+    });
+    let o = CopyOptions {
+        link_fault: Some(fault),
+        ..opts(VerifyMode::Fiver)
+    };
+    let dst = dir.path().join("d");
+    let r = run(&src, &dst, &o);
+    assert_eq!(r.failed, 1);
+    assert!(
+        r.files[0]
+            .error
+            .as_ref()
+            .unwrap()
+            .contains("changed while being sent"),
+        "{:?}",
+        r.files[0].error
+    );
+    assert!(!dst.join("growing.dat").exists());
+}
+
+#[test]
+fn destination_paths_never_pass_through_a_symlink() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("tree");
+    fs::create_dir_all(src.join("sub")).unwrap();
+    fs::write(src.join("sub/x.dat"), b"payload").unwrap();
+    // The destination already holds tree/sub as a symlink pointing outside.
+    let outside = dir.path().join("outside");
+    fs::create_dir_all(&outside).unwrap();
+    let dst = dir.path().join("dst");
+    fs::create_dir_all(dst.join("tree")).unwrap();
+    std::os::unix::fs::symlink(&outside, dst.join("tree/sub")).unwrap();
+    let r = run(&src, &dst, &opts(VerifyMode::Block));
+    assert!(r.failed >= 1);
+    let errs: Vec<_> = r.files.iter().filter_map(|f| f.error.clone()).collect();
+    assert!(
+        errs.iter()
+            .any(|e| e.contains("symlinks are never followed")),
+        "{errs:?}"
+    );
+    assert_eq!(
+        fs::read_dir(&outside).unwrap().count(),
+        0,
+        "nothing was written outside the root"
+    );
+}

@@ -1,0 +1,92 @@
+//! `intact copy` as a real binary.
+
+use std::fs;
+use std::process::Command;
+
+fn intact(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_intact"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn copies_a_tree_and_reports_in_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("data");
+    fs::create_dir_all(src.join("a/b")).unwrap();
+    fs::write(src.join("a/b/x.dat"), intact_sample::bytes(300_000, 1)).unwrap();
+    fs::write(src.join("empty.dat"), b"").unwrap();
+    let dst = dir.path().join("out");
+    let (s, d) = (src.to_str().unwrap(), dst.to_str().unwrap());
+    let out = intact(&[
+        "copy",
+        "--json",
+        "--block-size",
+        "64KiB",
+        "--verify",
+        "fiver",
+        s,
+        d,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["failed"], 0);
+    assert_eq!(v["bytes"], 300_000);
+    let x = v["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["path"] == "data/a/b/x.dat")
+        .unwrap();
+    assert_eq!(x["blocks"], 5);
+    assert_eq!(x["level"], "network");
+    assert_eq!(x["verify"], "fiver");
+    assert_eq!(
+        fs::read(dst.join("data/a/b/x.dat")).unwrap(),
+        intact_sample::bytes(300_000, 1)
+    );
+
+    // Human summary by default.
+    let out = intact(&["copy", s, d]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("verify block: level cache"), "{text}");
+}
+
+#[test]
+fn failures_and_usage_errors_have_their_exit_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().join("out");
+    let good = dir.path().join("good.dat");
+    fs::write(&good, b"x").unwrap();
+    let out = intact(&[
+        "copy",
+        "/nonexistent/source",
+        good.to_str().unwrap(),
+        d.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/source"));
+    assert_eq!(
+        fs::read(d.join("good.dat")).unwrap(),
+        b"x",
+        "the good source is still copied"
+    );
+
+    let out = intact(&[
+        "copy",
+        "--verify",
+        "riva",
+        good.to_str().unwrap(),
+        d.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not built yet"));
+    let out = intact(&["copy", good.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+}
