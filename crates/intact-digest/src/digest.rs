@@ -29,6 +29,12 @@ impl Digest {
         Digest { algorithm, bytes }
     }
 
+    /// A digest of `algorithm` from its raw bytes (e.g. from the wire);
+    /// `None` if the length is not the algorithm's.
+    pub fn from_bytes(algorithm: Algorithm, raw: &[u8]) -> Option<Digest> {
+        (raw.len() == algorithm.digest_len()).then(|| Digest::from_raw(algorithm, raw))
+    }
+
     /// Parses the hex form (either case) of a digest of `algorithm`.
     pub fn from_hex(algorithm: Algorithm, text: &str) -> Result<Digest, DigestError> {
         let len = algorithm.digest_len();

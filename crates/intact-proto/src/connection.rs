@@ -35,6 +35,12 @@ impl<S: Read + Write> Connection<S> {
         &self.stream
     }
 
+    /// Whether a whole message is already buffered (so reading it will not
+    /// block). Replies can be batched until this turns false.
+    pub fn has_buffered_message(&self) -> bool {
+        matches!(frame_len(&self.buf[self.start..self.end]), Ok(Some(_)))
+    }
+
     /// Reads the next message. `Ok(None)` when the peer closed the stream
     /// cleanly between frames; a close inside a frame is an error. A bad
     /// frame is an error too, and the caller must drop the connection: the

@@ -50,6 +50,8 @@ pub struct Entry {
     pub block_size: u32,
     /// Digest algorithm of blocks and the whole file (intact's algorithm id).
     pub algorithm: u8,
+    /// How the receiver must verify this file (intact's verify-mode id).
+    pub verify: u8,
 }
 
 /// One block of a file, with the digest the sender computed.
@@ -206,6 +208,7 @@ impl Message {
                 w.u64(e.size);
                 w.u32(e.block_size);
                 w.u8(e.algorithm);
+                w.u8(e.verify);
             }
             Message::Block(b) => {
                 w.u8(BLOCK);
@@ -295,6 +298,7 @@ impl Message {
                     size: r.u64()?,
                     block_size: r.u32()?,
                     algorithm: r.u8()?,
+                    verify: r.u8()?,
                 })
             }
             BLOCK => Message::Block(Block {

@@ -43,11 +43,17 @@ fn arb_message() -> impl Strategy<Value = Message> {
                 any::<u32>(),
                 any::<u64>(),
                 any::<u32>(),
+                any::<u8>(),
                 any::<u8>()
             )
         )
             .prop_map(
-                |(file, path, kind, (mode, mtime_sec, mtime_nsec, size, block_size, algorithm))| {
+                |(
+                    file,
+                    path,
+                    kind,
+                    (mode, mtime_sec, mtime_nsec, size, block_size, algorithm, verify),
+                )| {
                     Message::Entry(Entry {
                         file,
                         path,
@@ -58,6 +64,7 @@ fn arb_message() -> impl Strategy<Value = Message> {
                         size,
                         block_size,
                         algorithm,
+                        verify,
                     })
                 }
             ),
@@ -174,6 +181,7 @@ fn impossible_lengths_are_refused_before_buffering() {
         size: 0,
         block_size: 4096,
         algorithm: 0,
+        verify: 0,
     })
     .encode(&mut frame);
     let pos = frame.windows(4).position(|w| w == b"safe").unwrap();

@@ -123,7 +123,7 @@ pub fn copy(
             SourceKind::Symlink(t) => dest.make_symlink(&e.rel, t, e.mtime),
             SourceKind::File => continue,
         };
-        reports[i] = Some(simple_report(e, opts, r.err()));
+        reports[i] = Some(simple_report(e, opts.verify, r.err()));
     }
 
     let files: Vec<usize> = (0..scanned.entries.len())
@@ -163,7 +163,7 @@ pub fn copy(
     for (i, e) in scanned.entries.iter().enumerate().rev() {
         if e.kind == SourceKind::Dir {
             if let Err(err) = dest.finish_dir(&e.rel, e.mode, e.mtime) {
-                reports[i] = Some(simple_report(e, opts, Some(err)));
+                reports[i] = Some(simple_report(e, opts.verify, Some(err)));
             }
         }
     }
@@ -187,7 +187,11 @@ pub fn copy(
     })
 }
 
-fn simple_report(e: &SourceEntry, opts: &CopyOptions, err: Option<TransferError>) -> FileReport {
+pub(crate) fn simple_report(
+    e: &SourceEntry,
+    verify: VerifyMode,
+    err: Option<TransferError>,
+) -> FileReport {
     FileReport {
         path: e.rel.to_string(),
         kind: match e.kind {
@@ -199,8 +203,8 @@ fn simple_report(e: &SourceEntry, opts: &CopyOptions, err: Option<TransferError>
         digest: None,
         blocks: 0,
         blocks_resent: 0,
-        verify: opts.verify,
-        level: (err.is_none() && e.kind == SourceKind::File).then_some(opts.verify.level()),
+        verify,
+        level: (err.is_none() && e.kind == SourceKind::File).then_some(verify.level()),
         transfer_seconds: 0.0,
         checksum_seconds: 0.0,
         error: err.map(|e| e.to_string()),
@@ -316,7 +320,7 @@ impl<'a, 'ctx> Stream<'a, 'ctx> {
         let ctx = self.ctx;
         let opts = ctx.opts;
         let mode = opts.verify;
-        let mut report = simple_report(e, opts, None);
+        let mut report = simple_report(e, opts.verify, None);
         let fail = |report: &FileReport, err: TransferError| (report.clone(), err);
         let source = File::open(&e.abs).map_err(|err| {
             fail(
@@ -444,7 +448,7 @@ impl<'a, 'ctx> Stream<'a, 'ctx> {
     }
 }
 
-fn source_read_error(e: &SourceEntry, err: std::io::Error) -> TransferError {
+pub(crate) fn source_read_error(e: &SourceEntry, err: std::io::Error) -> TransferError {
     if err.kind() == std::io::ErrorKind::UnexpectedEof {
         TransferError::SourceChanged {
             path: e.abs.clone(),
@@ -458,7 +462,7 @@ fn source_read_error(e: &SourceEntry, err: std::io::Error) -> TransferError {
     }
 }
 
-fn check_unchanged(source: &File, e: &SourceEntry) -> Result<(), TransferError> {
+pub(crate) fn check_unchanged(source: &File, e: &SourceEntry) -> Result<(), TransferError> {
     let m = source.metadata().map_err(|err| TransferError::Source {
         path: e.abs.clone(),
         source: err,

@@ -57,7 +57,16 @@ pub enum TransferError {
         /// What changed.
         what: &'static str,
     },
-    /// A path could not be expressed on the wire.
+    /// The server could not be reached.
+    #[error("cannot connect to {addr}: {}", intact_digest::io_reason(source))]
+    Connect {
+        /// host:port.
+        addr: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A path could not be expressed on the wire, or the protocol failed.
     #[error(transparent)]
     Path(#[from] intact_proto::ProtoError),
 }

@@ -9,17 +9,24 @@
 //! destination with any [`VerifyMode`] and reports, per file, the
 //! [`VerifyLevel`] it really reached.
 //!
-//! Not here yet (issue 3 continues): the network path (serve/send over
-//! intact-proto), the resume journal, and the device-level modes.
+//! [`serve`] and [`send`] run the same pipeline across TCP (intact-proto),
+//! several streams at once.
+//!
+//! Not here yet: the resume journal and the device-level modes.
 
 mod copy;
 mod dest;
 mod error;
+mod net;
 mod source;
 mod verify;
 
 pub use copy::{copy, CopyOptions, CopyReport, FileReport, LinkFault, Progress};
 pub use dest::{partial_name, Destination, Mtime, PartialFile};
 pub use error::TransferError;
+pub use net::{
+    receive, send, serve, wake, SendOptions, ServerConfig, SessionSummary, MAX_BYTES_IN_FLIGHT,
+    MAX_FILES_IN_FLIGHT,
+};
 pub use source::{scan, Scan, SourceEntry, SourceKind};
 pub use verify::{VerifyLevel, VerifyMode};

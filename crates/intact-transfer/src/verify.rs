@@ -42,6 +42,22 @@ impl VerifyMode {
         }
     }
 
+    /// The mode's id on the wire.
+    pub fn wire_id(self) -> u8 {
+        match self {
+            VerifyMode::None => 0,
+            VerifyMode::Sequential => 1,
+            VerifyMode::File => 2,
+            VerifyMode::Block => 3,
+            VerifyMode::Fiver => 4,
+        }
+    }
+
+    /// The mode with wire id `id`.
+    pub fn from_wire_id(id: u8) -> Option<VerifyMode> {
+        VerifyMode::ALL.into_iter().find(|m| m.wire_id() == id)
+    }
+
     /// The level a file verified in this mode reaches.
     pub fn level(self) -> VerifyLevel {
         match self {
@@ -49,6 +65,20 @@ impl VerifyMode {
             VerifyMode::Fiver => VerifyLevel::Network,
             VerifyMode::Sequential | VerifyMode::File | VerifyMode::Block => VerifyLevel::Cache,
         }
+    }
+}
+
+impl VerifyLevel {
+    /// The level's id on the wire.
+    pub fn wire_id(self) -> u8 {
+        self as u8
+    }
+
+    /// The level with wire id `id`.
+    pub fn from_wire_id(id: u8) -> Option<VerifyLevel> {
+        [VerifyLevel::None, VerifyLevel::Network, VerifyLevel::Cache]
+            .into_iter()
+            .find(|l| l.wire_id() == id)
     }
 }
 

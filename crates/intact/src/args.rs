@@ -19,6 +19,12 @@ pub enum Command {
     /// Copy files and trees locally through the verified block pipeline.
     #[command(long_about = COPY_ABOUT)]
     Copy(CopyArgs),
+    /// Receive transfers: the daemon that `intact send` talks to.
+    #[command(long_about = SERVE_ABOUT)]
+    Serve(ServeArgs),
+    /// Send files and trees to an `intact serve` over TCP.
+    #[command(long_about = SEND_ABOUT)]
+    Send(SendArgs),
     /// Print or check file digests, in the formats of sha256sum, b3sum and xxhsum.
     #[command(long_about = SUM_ABOUT)]
     Sum(SumArgs),
@@ -141,7 +147,8 @@ fn parse_system(s: &str) -> Result<intact_reliability::System, String> {
 }
 
 const COPY_ABOUT: &str = "\
-Copy files and trees locally through intact's block pipeline.
+Copy files and trees locally through intact's block pipeline (the same
+one `intact send` and `intact serve` run across the network).
 
 Each SRC goes into the directory DST (created if missing) under its own
 name, like `cp -r SRC... DST/`. Files are cut into blocks; every block is
@@ -166,6 +173,31 @@ riva, is not built yet).
 Exit status: 0 if every entry was copied and verified; 1 if any failed
 (the others are still copied); 2 for usage errors.";
 
+const SERVE_ABOUT: &str = "\
+Receive transfers from `intact send` and write them under --root, and only
+there: every path from the wire is relative and normalised, and is resolved
+without following symlinks. Each block is checked against the digest that
+travels with it and asked for again if it fails; a file gets its final name
+only once verified and fsynced (see `intact copy --help` for the modes).
+
+With --key-file, clients must prove they hold the same key (mutual
+challenge-response over keyed BLAKE3; the key never crosses the wire).
+Without a key, only loopback clients are served. --listen 127.0.0.1:0
+picks a free port; the first line printed says which. SIGINT or SIGTERM
+stop the server: new connections are refused, transfers in progress keep
+their partial data hidden, nothing unverified is ever given its final name.";
+
+const SEND_ABOUT: &str = "\
+Send files and trees to `intact serve` at HOST:PORT, optionally into a
+subdirectory of its root (HOST:PORT:/subdir). Each SRC arrives under its
+own name, as with `intact copy`. Several TCP streams (--streams) carry
+many files at once; blocks and results flow both ways without waiting for
+round trips. A block that fails verification is resent alone, up to
+--retries times; then that file fails and the others go on.
+
+Exit status: 0 if everything arrived verified; 1 if anything failed;
+2 for usage errors.";
+
 const SUM_ABOUT: &str = "\
 Print or check file digests.
 
@@ -184,11 +216,45 @@ Exit status: 0 if every file was hashed (and, with --check, matched);
 line was malformed; 2 for usage errors.";
 
 #[derive(Debug, Args)]
-pub struct CopyArgs {
-    /// Sources, then the destination directory.
-    #[arg(value_name = "SRC... DST", num_args = 2.., required = true)]
+pub struct ServeArgs {
+    /// The directory everything is received under (created if missing).
+    #[arg(long, value_name = "DIR")]
+    pub root: PathBuf,
+
+    /// Address to listen on (port 0: any free port, printed at start).
+    #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:4750")]
+    pub listen: String,
+
+    /// Pre-shared key file (mode 600); clients must hold the same key.
+    #[arg(long, value_name = "F")]
+    pub key_file: Option<PathBuf>,
+
+    /// Connections served at once; more are refused with a reason.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub max_connections: usize,
+
+    /// Seconds a client may stay silent before it is dropped.
+    #[arg(long, value_name = "SECS", default_value_t = 300)]
+    pub idle_timeout: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct SendArgs {
+    /// Sources, then the server as HOST:PORT or HOST:PORT:/subdir.
+    #[arg(value_name = "SRC... HOST:PORT", num_args = 2.., required = true)]
     pub paths: Vec<PathBuf>,
 
+    /// Pre-shared key file (mode 600), the same as the server's.
+    #[arg(long, value_name = "F")]
+    pub key_file: Option<PathBuf>,
+
+    #[command(flatten)]
+    pub pipeline: PipelineArgs,
+}
+
+/// Options shared by `copy` and `send`.
+#[derive(Debug, Args)]
+pub struct PipelineArgs {
     /// Verification mode: none, sequential, file, block, fiver.
     #[arg(long, value_name = "MODE", default_value = "block", value_parser = parse_verify)]
     pub verify: intact_transfer::VerifyMode,
@@ -197,7 +263,7 @@ pub struct CopyArgs {
     #[arg(long, value_name = "SIZE", default_value = "4MiB", value_parser = parse_size)]
     pub block_size: usize,
 
-    /// Files in flight at once.
+    /// Files in flight at once (streams).
     #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub streams: u16,
 
@@ -212,6 +278,16 @@ pub struct CopyArgs {
     /// Print every entry as it is done.
     #[arg(short, long)]
     pub verbose: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct CopyArgs {
+    /// Sources, then the destination directory.
+    #[arg(value_name = "SRC... DST", num_args = 2.., required = true)]
+    pub paths: Vec<PathBuf>,
+
+    #[command(flatten)]
+    pub pipeline: PipelineArgs,
 }
 
 fn parse_verify(s: &str) -> Result<intact_transfer::VerifyMode, String> {

@@ -1,32 +1,90 @@
-//! `intact copy`: local copies through the verified block pipeline.
+//! `intact copy` and `intact send`: the block pipeline, locally or to a
+//! server, with the same report.
 
 use std::process::ExitCode;
 
-use intact_transfer::{copy, CopyOptions};
+use intact_transfer::{copy, send, CopyOptions, CopyReport, SendOptions};
 
-use crate::args::CopyArgs;
+use crate::args::{CopyArgs, PipelineArgs, SendArgs};
 use crate::hashing::{print_err, progress_bar};
 
 pub fn run(args: &CopyArgs) -> anyhow::Result<ExitCode> {
     let (dest, sources) = args.paths.split_last().expect("clap requires two paths");
-    let total: u64 = sources.iter().map(|s| walk_size(s)).sum();
-    let pb = progress_bar(total);
+    let p = &args.pipeline;
+    let pb = progress_bar(total_size(sources));
     let opts = CopyOptions {
-        verify: args.verify,
-        block_size: args.block_size,
-        streams: usize::from(args.streams),
-        retries: args.retries,
+        verify: p.verify,
+        block_size: p.block_size,
+        streams: usize::from(p.streams),
+        retries: p.retries,
         link_fault: None,
     };
     let report = copy(sources, dest, &opts, &|sent| pb.set_position(sent))?;
     pb.finish_and_clear();
+    finish(&report, p, &pb)
+}
+
+pub fn run_send(args: &SendArgs) -> anyhow::Result<ExitCode> {
+    let (target, sources) = args.paths.split_last().expect("clap requires two paths");
+    let target = target
+        .to_str()
+        .ok_or_else(|| anyhow::anyhow!("the server address is not UTF-8"))?;
+    let (addr, subdir) = parse_target(target)?;
+    let key = match &args.key_file {
+        Some(f) => Some(intact_proto::Key::from_file(f)?),
+        None => None,
+    };
+    let p = &args.pipeline;
+    let pb = progress_bar(total_size(sources));
+    let opts = SendOptions {
+        verify: p.verify,
+        block_size: p.block_size,
+        streams: usize::from(p.streams),
+        retries: p.retries,
+        key,
+        subdir,
+    };
+    let report = send(sources, &addr, &opts, &|sent| pb.set_position(sent))?;
+    pb.finish_and_clear();
+    finish(&report, p, &pb)
+}
+
+/// Splits HOST:PORT[:/subdir] (HOST may be [IPv6]).
+fn parse_target(t: &str) -> anyhow::Result<(String, Option<intact_proto::WirePath>)> {
+    let usage = || anyhow::anyhow!("'{t}' is not HOST:PORT or HOST:PORT:/subdir");
+    let host_end = if t.starts_with('[') {
+        t.find(']').ok_or_else(usage)? + 1
+    } else {
+        t.find(':').ok_or_else(usage)?
+    };
+    let (host, rest) = t.split_at(host_end);
+    let rest = rest.strip_prefix(':').ok_or_else(usage)?;
+    let (port, sub) = match rest.split_once(':') {
+        Some((p, s)) => (p, Some(s)),
+        None => (rest, None),
+    };
+    port.parse::<u16>().map_err(|_| usage())?;
+    let subdir = match sub.map(|s| s.trim_start_matches('/')) {
+        None | Some("") => None,
+        Some(s) => Some(intact_proto::WirePath::parse(
+            s.trim_end_matches('/').as_bytes(),
+        )?),
+    };
+    Ok((format!("{host}:{port}"), subdir))
+}
+
+fn finish(
+    report: &CopyReport,
+    p: &PipelineArgs,
+    pb: &indicatif::ProgressBar,
+) -> anyhow::Result<ExitCode> {
     for e in &report.errors {
-        print_err(&pb, e);
+        print_err(pb, e);
     }
     for f in &report.files {
         match &f.error {
-            Some(e) => print_err(&pb, e),
-            None if args.verbose && !args.json => {
+            Some(e) => print_err(pb, e),
+            None if p.verbose && !p.json => {
                 let level = f
                     .level
                     .map_or("-".into(), |l| format!("{l:?}").to_lowercase());
@@ -39,21 +97,21 @@ pub fn run(args: &CopyArgs) -> anyhow::Result<ExitCode> {
         }
     }
     for s in &report.skipped {
-        print_err(&pb, &format!("skipped special file {s}"));
+        print_err(pb, &format!("skipped special file {s}"));
     }
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+    if p.json {
+        println!("{}", serde_json::to_string_pretty(report)?);
     } else {
         let ok = report.files.iter().filter(|f| f.error.is_none()).count();
         let resent: u64 = report.files.iter().map(|f| f.blocks_resent).sum();
         let mib = report.bytes as f64 / (1 << 20) as f64;
         println!(
-            "copied {ok} of {} entries ({mib:.1} MiB) in {:.2} s ({:.0} MiB/s); verify {}: level {}; {resent} blocks resent; {} failed",
+            "{ok} of {} entries ({mib:.1} MiB) in {:.2} s ({:.0} MiB/s); verify {}: level {}; {resent} blocks resent; {} failed",
             report.files.len(),
             report.seconds,
             mib / report.seconds.max(1e-9),
-            args.verify,
-            format!("{:?}", args.verify.level()).to_lowercase(),
+            p.verify,
+            format!("{:?}", p.verify.level()).to_lowercase(),
             report.failed
         );
     }
@@ -64,13 +122,32 @@ pub fn run(args: &CopyArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
-/// Bytes of regular files under `path`, for the progress bar.
-fn walk_size(path: &std::path::Path) -> u64 {
-    walkdir::WalkDir::new(path)
-        .into_iter()
-        .filter_map(Result::ok)
+/// Bytes of regular files under the sources, for the progress bar.
+fn total_size(sources: &[std::path::PathBuf]) -> u64 {
+    sources
+        .iter()
+        .flat_map(|s| walkdir::WalkDir::new(s).into_iter().filter_map(Result::ok))
         .filter(|e| e.file_type().is_file())
         .filter_map(|e| e.metadata().ok())
         .map(|m| m.len())
         .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_target;
+
+    #[test]
+    fn targets_parse() {
+        assert_eq!(parse_target("localhost:4750").unwrap().0, "localhost:4750");
+        let (a, s) = parse_target("127.0.0.1:9:/in/box/").unwrap();
+        assert_eq!(
+            (a.as_str(), s.unwrap().to_string()),
+            ("127.0.0.1:9", "in/box".to_string())
+        );
+        assert_eq!(parse_target("[::1]:80").unwrap().0, "[::1]:80");
+        for bad in ["host", "host:x", "host:99999", "h:1:/../x", "[::1"] {
+            assert!(parse_target(bad).is_err(), "{bad}");
+        }
+    }
 }

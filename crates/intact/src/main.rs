@@ -8,6 +8,7 @@ mod demo;
 mod hashing;
 mod ordered;
 mod reliability;
+mod serve;
 mod sum;
 
 use std::process::ExitCode;
@@ -20,6 +21,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match &cli.command {
         Command::Copy(a) => copy::run(a),
+        Command::Serve(a) => serve::run(a),
+        Command::Send(a) => copy::run_send(a),
         Command::Sum(a) if a.check => check::run(a),
         Command::Sum(a) => sum::run(a),
         Command::Demo(a) => demo::run(a),

@@ -1,0 +1,10 @@
+//! The network path: a receiving server and a sending client over
+//! intact-proto.
+
+mod receiver;
+mod sender;
+mod server;
+
+pub use receiver::{receive, SessionSummary};
+pub use sender::{send, SendOptions, MAX_BYTES_IN_FLIGHT, MAX_FILES_IN_FLIGHT};
+pub use server::{serve, wake, ServerConfig};

@@ -1,0 +1,517 @@
+//! `intact send`: the sending side, over several TCP streams.
+//!
+//! Each stream is one authenticated connection with a reader thread, so
+//! results flow back while blocks flow out and nothing waits on a round
+//! trip per block or per file. Entries (files and symlinks) are taken from
+//! a shared queue; each stream keeps at most [`MAX_FILES_IN_FLIGHT`] files
+//! and [`MAX_BYTES_IN_FLIGHT`] bytes unacknowledged, so memory stays
+//! bounded whatever the dataset. Directories go last, on one stream, so
+//! that their times are set after their contents.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::net::TcpStream;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{mpsc, Mutex};
+use std::time::Instant;
+
+use intact_digest::{defaults, hash, AlignedBuf, Hasher};
+use intact_proto::{
+    client_handshake, Block, Connection, Entry, EntryKind, FileStatus, Key, Message, ProtoError,
+    WirePath,
+};
+
+use crate::copy::{
+    check_unchanged, simple_report, source_read_error, CopyReport, FileReport, Progress,
+};
+use crate::net::receiver::block_algorithm_id;
+use crate::source::{scan, SourceEntry, SourceKind};
+use crate::verify::{VerifyLevel, VerifyMode};
+use crate::TransferError;
+
+/// Files one stream keeps unacknowledged at most.
+pub const MAX_FILES_IN_FLIGHT: usize = 64;
+/// Bytes one stream keeps unacknowledged at most (the receiver's window).
+pub const MAX_BYTES_IN_FLIGHT: u64 = 64 << 20;
+
+/// How to send.
+#[derive(Clone)]
+pub struct SendOptions {
+    /// Verification mode.
+    pub verify: VerifyMode,
+    /// Block size in bytes.
+    pub block_size: usize,
+    /// TCP streams.
+    pub streams: usize,
+    /// Resends of one block before its file fails.
+    pub retries: u32,
+    /// Pre-shared key.
+    pub key: Option<Key>,
+    /// Directory under the server's root to send into.
+    pub subdir: Option<WirePath>,
+}
+
+fn conn_err(e: impl Into<ProtoError>) -> TransferError {
+    TransferError::Path(e.into())
+}
+
+/// Connects and authenticates one stream.
+fn connect(addr: &str, key: Option<&Key>) -> Result<Connection<TcpStream>, TransferError> {
+    let stream = TcpStream::connect(addr).map_err(|e| TransferError::Connect {
+        addr: addr.to_string(),
+        source: e,
+    })?;
+    stream.set_nodelay(true).map_err(conn_err)?;
+    let mut conn = Connection::new(stream);
+    client_handshake(&mut conn, key)?;
+    Ok(conn)
+}
+
+/// Sends `sources` to the server at `addr` (host:port).
+pub fn send(
+    sources: &[PathBuf],
+    addr: &str,
+    opts: &SendOptions,
+    progress: Progress<'_>,
+) -> Result<CopyReport, TransferError> {
+    let start = Instant::now();
+    let mut scanned = scan(sources);
+    if let Some(sub) = &opts.subdir {
+        for e in &mut scanned.entries {
+            let mut joined = sub.as_bytes().to_vec();
+            joined.push(b'/');
+            joined.extend_from_slice(e.rel.as_bytes());
+            e.rel = WirePath::parse(&joined)?;
+        }
+    }
+    // Every stream is connected and authenticated before any data moves,
+    // so a wrong key or an unreachable server fails the whole run at once.
+    let mut conns = Vec::new();
+    for _ in 0..opts.streams.max(1) {
+        conns.push(connect(addr, opts.key.as_ref())?);
+    }
+    let entries = &scanned.entries;
+    let (first, dirs): (Vec<usize>, Vec<usize>) =
+        (0..entries.len()).partition(|&i| entries[i].kind != SourceKind::Dir);
+    let next = AtomicUsize::new(0);
+    let sent = AtomicU64::new(0);
+    let reports = Mutex::new(vec![None; entries.len()]);
+    let ctx = Ctx {
+        opts,
+        entries,
+        sent: &sent,
+        progress,
+        reports: &reports,
+    };
+
+    std::thread::scope(|s| -> Result<(), TransferError> {
+        let mut handles = Vec::new();
+        for (n, conn) in conns.into_iter().enumerate() {
+            let (ctx, first, next) = (&ctx, &first, &next);
+            handles.push(s.spawn(move || {
+                let mut stream = Stream::start(conn, ctx)?;
+                stream.run(|| first.get(next.fetch_add(1, Ordering::Relaxed)).copied());
+                // Directories once all files are in: stream 0 after the others.
+                Ok::<_, TransferError>((n, stream))
+            }));
+        }
+        let mut streams = Vec::new();
+        for h in handles {
+            streams.push(h.join().expect("stream thread panicked")?);
+        }
+        streams.sort_by_key(|(n, _)| *n);
+        if let Some((_, s0)) = streams.first_mut() {
+            let mut it = dirs.iter().copied();
+            s0.run(|| it.next());
+        }
+        for (_, st) in streams {
+            st.finish();
+        }
+        Ok(())
+    })?;
+
+    let mut files: Vec<FileReport> = Vec::with_capacity(entries.len());
+    for (i, r) in reports
+        .into_inner()
+        .expect("threads joined")
+        .into_iter()
+        .enumerate()
+    {
+        files.push(r.unwrap_or_else(|| {
+            let mut r = simple_report(
+                &entries[i],
+                opts.verify,
+                Some(TransferError::Verification {
+                    path: entries[i].rel.to_string(),
+                    what: "no result from the server (connection lost)".into(),
+                }),
+            );
+            r.level = None;
+            r
+        }));
+    }
+    let failed = files.iter().filter(|f| f.error.is_some()).count() + scanned.errors.len();
+    Ok(CopyReport {
+        bytes: entries.iter().map(|e| e.size).sum(),
+        bytes_sent: sent.load(Ordering::Relaxed),
+        failed: failed as u64,
+        files,
+        errors: scanned.errors.iter().map(|e| e.to_string()).collect(),
+        skipped: scanned
+            .skipped
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect(),
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+struct Ctx<'a> {
+    opts: &'a SendOptions,
+    entries: &'a [SourceEntry],
+    sent: &'a AtomicU64,
+    progress: Progress<'a>,
+    reports: &'a Mutex<Vec<Option<FileReport>>>,
+}
+
+/// A file or link sent and not yet acknowledged.
+struct Outgoing {
+    source: Option<File>,
+    pending: u64,
+    attempts: HashMap<u64, u32>,
+    gave_up: Option<u64>,
+    ended: bool,
+    bytes: u64,
+    report: FileReport,
+    started: Instant,
+}
+
+struct Stream<'a> {
+    ctx: &'a Ctx<'a>,
+    conn: Connection<TcpStream>,
+    events: mpsc::Receiver<Result<Message, ProtoError>>,
+    reader: std::thread::JoinHandle<()>,
+    out: HashMap<u64, Outgoing>,
+    in_flight: u64,
+    buf: AlignedBuf,
+    broken: Option<String>,
+}
+
+impl<'a> Stream<'a> {
+    fn start(conn: Connection<TcpStream>, ctx: &'a Ctx<'a>) -> Result<Stream<'a>, TransferError> {
+        let read_half = conn.get_ref().try_clone().map_err(conn_err)?;
+        let (tx, rx) = mpsc::channel();
+        let reader = std::thread::spawn(move || {
+            let mut r = Connection::new(read_half);
+            loop {
+                let m = r.read_message();
+                let stop = !matches!(m, Ok(Some(ref msg)) if *msg != Message::Bye);
+                let ev = match m {
+                    Ok(Some(msg)) => Ok(msg),
+                    Ok(None) => Err(ProtoError::Closed),
+                    Err(e) => Err(e),
+                };
+                if tx.send(ev).is_err() || stop {
+                    return;
+                }
+            }
+        });
+        Ok(Stream {
+            ctx,
+            conn,
+            events: rx,
+            reader,
+            out: HashMap::new(),
+            in_flight: 0,
+            buf: AlignedBuf::new(ctx.opts.block_size),
+            broken: None,
+        })
+    }
+
+    /// Sends every entry `next` yields and waits for all their results.
+    fn run(&mut self, mut next: impl FnMut() -> Option<usize>) {
+        let mut exhausted = false;
+        loop {
+            while self.broken.is_none()
+                && !exhausted
+                && self.out.len() < MAX_FILES_IN_FLIGHT
+                && self.in_flight < MAX_BYTES_IN_FLIGHT
+            {
+                match next() {
+                    Some(i) => self.begin(i),
+                    None => exhausted = true,
+                }
+                self.drain(false);
+            }
+            if self.out.is_empty() && (exhausted || self.broken.is_some()) {
+                break;
+            }
+            if self.broken.is_some() {
+                self.fail_all();
+                break;
+            }
+            self.drain(true);
+        }
+    }
+
+    /// Handles pending events; with `wait`, blocks for at least one.
+    fn drain(&mut self, wait: bool) {
+        if let Err(e) = self.conn.flush() {
+            self.broken = Some(e.to_string());
+            return;
+        }
+        let first = if wait {
+            match self.events.recv() {
+                Ok(ev) => Some(ev),
+                Err(_) => Some(Err(ProtoError::Closed)),
+            }
+        } else {
+            self.events.try_recv().ok()
+        };
+        let mut ev = first;
+        while let Some(e) = ev {
+            match e {
+                Ok(msg) => self.handle(msg),
+                Err(e) => {
+                    self.broken = Some(e.to_string());
+                    return;
+                }
+            }
+            ev = self.events.try_recv().ok();
+        }
+    }
+
+    fn report_done(&self, id: u64, report: FileReport) {
+        self.ctx.reports.lock().expect("no panics hold it")[id as usize] = Some(report);
+    }
+
+    fn begin(&mut self, i: usize) {
+        let e = &self.ctx.entries[i];
+        let opts = self.ctx.opts;
+        let id = i as u64;
+        let report = simple_report(e, opts.verify, None);
+        let (kind, source) = match &e.kind {
+            SourceKind::Dir => (EntryKind::Dir, None),
+            SourceKind::Symlink(t) => (EntryKind::Symlink(t.clone()), None),
+            SourceKind::File => match File::open(&e.abs)
+                .map_err(|err| TransferError::Source {
+                    path: e.abs.clone(),
+                    source: err,
+                })
+                .and_then(|f| check_unchanged(&f, e).map(|()| f))
+            {
+                Ok(f) => (EntryKind::File, Some(f)),
+                Err(err) => {
+                    let mut r = report;
+                    r.level = None;
+                    r.error = Some(err.to_string());
+                    self.report_done(id, r);
+                    return;
+                }
+            },
+        };
+        let entry = Entry {
+            file: id,
+            path: e.rel.clone(),
+            kind,
+            mode: e.mode,
+            mtime_sec: e.mtime.sec,
+            mtime_nsec: e.mtime.nsec,
+            size: e.size,
+            block_size: opts.block_size as u32,
+            algorithm: block_algorithm_id(),
+            verify: opts.verify.wire_id(),
+        };
+        if let Err(err) = self.conn.write_message(&Message::Entry(entry)) {
+            self.broken = Some(err.to_string());
+            return;
+        }
+        let mut o = Outgoing {
+            pending: 0,
+            attempts: HashMap::new(),
+            gave_up: None,
+            ended: source.is_none(),
+            bytes: 0,
+            report,
+            started: Instant::now(),
+            source,
+        };
+        if o.source.is_some() {
+            let blocks = e.size.div_ceil(opts.block_size as u64);
+            o.report.blocks = blocks;
+            let mut whole =
+                (opts.verify != VerifyMode::None).then(|| Hasher::new(defaults::FILE_ALGORITHM));
+            for index in 0..blocks {
+                if let Err(err) = self.send_block(&mut o, id, index, whole.as_mut()) {
+                    o.report.error = Some(err.to_string());
+                    break;
+                }
+            }
+            o.report.digest = whole.map(|w| w.finalize().to_hex());
+            if o.report.error.is_some() {
+                // Nothing more for this file; the receiver keeps the partial
+                // data hidden. Its pending results are ignored.
+                o.report.level = None;
+                self.in_flight -= o.bytes.min(self.in_flight);
+                self.report_done(id, o.report);
+                return;
+            }
+            if blocks == 0 {
+                self.end_file(id, &mut o);
+            }
+        }
+        self.out.insert(id, o);
+    }
+
+    /// Reads block `index` of entry `id` and sends it with its digest.
+    fn send_block(
+        &mut self,
+        o: &mut Outgoing,
+        id: u64,
+        index: u64,
+        whole: Option<&mut Hasher>,
+    ) -> Result<(), TransferError> {
+        let e = &self.ctx.entries[id as usize];
+        let bs = self.ctx.opts.block_size as u64;
+        let offset = index * bs;
+        let len = (e.size - offset).min(bs) as usize;
+        let data = &mut self.buf[..len];
+        let source = o.source.as_ref().expect("files have a source");
+        source
+            .read_exact_at(data, offset)
+            .map_err(|err| source_read_error(e, err))?;
+        let t = Instant::now();
+        let digest = match self.ctx.opts.verify {
+            VerifyMode::None => Vec::new(),
+            _ => hash(defaults::BLOCK_ALGORITHM, data).as_bytes().to_vec(),
+        };
+        if let Some(w) = whole {
+            w.update(data);
+        }
+        o.report.checksum_seconds += t.elapsed().as_secs_f64();
+        let msg = Message::Block(Block {
+            file: id,
+            index,
+            digest,
+            data: data.to_vec(),
+        });
+        self.conn.write_message(&msg).map_err(TransferError::Path)?;
+        o.pending += 1;
+        o.bytes += len as u64;
+        self.in_flight += len as u64;
+        let total = self.ctx.sent.fetch_add(len as u64, Ordering::Relaxed) + len as u64;
+        (self.ctx.progress)(total);
+        Ok(())
+    }
+
+    fn end_file(&mut self, id: u64, o: &mut Outgoing) {
+        let e = &self.ctx.entries[id as usize];
+        if let Some(src) = &o.source {
+            if let Err(err) = check_unchanged(src, e) {
+                o.report.error = Some(err.to_string());
+                o.gave_up = Some(u64::MAX);
+            }
+        }
+        let msg = Message::FileEnd {
+            file: id,
+            blocks: o.report.blocks,
+            digest: Vec::new(),
+        };
+        if let Err(err) = self.conn.write_message(&msg) {
+            self.broken = Some(err.to_string());
+        }
+        o.ended = true;
+    }
+
+    fn handle(&mut self, msg: Message) {
+        match msg {
+            Message::BlockResult { file, index, ok } => {
+                let Some(mut o) = self.out.remove(&file) else {
+                    return;
+                };
+                let bs = self.ctx.opts.block_size as u64;
+                let len = (self.ctx.entries[file as usize].size - index * bs).min(bs);
+                if o.pending > 0 {
+                    o.pending -= 1;
+                }
+                if ok {
+                    self.in_flight -= len.min(self.in_flight);
+                } else {
+                    o.ended = false;
+                    let n = o.attempts.entry(index).or_insert(0);
+                    *n += 1;
+                    if *n > self.ctx.opts.retries {
+                        o.gave_up.get_or_insert(index);
+                    } else {
+                        o.report.blocks_resent += 1;
+                        if let Err(err) = self.send_block(&mut o, file, index, None) {
+                            o.report.error = Some(err.to_string());
+                            o.gave_up.get_or_insert(index);
+                        }
+                    }
+                }
+                if o.pending == 0 && !o.ended {
+                    self.end_file(file, &mut o);
+                }
+                self.out.insert(file, o);
+            }
+            Message::FileResult(r) => {
+                let Some(mut o) = self.out.remove(&r.file) else {
+                    return;
+                };
+                self.in_flight -= o.bytes.min(self.in_flight);
+                let secs = o.started.elapsed().as_secs_f64();
+                o.report.transfer_seconds = (secs - o.report.checksum_seconds).max(0.0);
+                match (r.status, o.gave_up, o.report.error.is_some()) {
+                    (FileStatus::Verified, None, false) => {
+                        o.report.level = if o.source.is_some() {
+                            VerifyLevel::from_wire_id(r.level)
+                        } else {
+                            None
+                        };
+                    }
+                    _ => {
+                        o.report.level = None;
+                        if o.report.error.is_none() {
+                            o.report.error = Some(match o.gave_up {
+                                Some(index) => format!(
+                                    "{}: block {index} failed verification {} times",
+                                    o.report.path,
+                                    self.ctx.opts.retries + 1
+                                ),
+                                None => format!("{}: {}", o.report.path, r.message),
+                            });
+                        }
+                    }
+                }
+                self.report_done(r.file, o.report);
+            }
+            Message::Refused { reason } => self.broken = Some(format!("server refused: {reason}")),
+            other => self.broken = Some(format!("unexpected {} from the server", other.name())),
+        }
+    }
+
+    fn fail_all(&mut self) {
+        let why = self.broken.clone().unwrap_or_default();
+        for (id, mut o) in std::mem::take(&mut self.out) {
+            o.report.level = None;
+            o.report.error = Some(format!("{}: connection lost: {why}", o.report.path));
+            self.report_done(id, o.report);
+        }
+    }
+
+    /// Says Bye and waits for the server's Bye, so its last writes are done.
+    fn finish(mut self) {
+        if self.broken.is_none() && self.conn.send(&Message::Bye).is_ok() {
+            while let Ok(Ok(m)) = self.events.recv() {
+                if m == Message::Bye {
+                    break;
+                }
+            }
+        }
+        let _ = self.conn.get_ref().shutdown(std::net::Shutdown::Both);
+        let _ = self.reader.join();
+    }
+}

@@ -1,0 +1,56 @@
+//! `intact serve`: the receiving daemon.
+
+use std::io::Write;
+use std::net::TcpListener;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use intact_transfer::{serve, wake, ServerConfig};
+use signal_hook::consts::{SIGINT, SIGTERM};
+
+use crate::args::ServeArgs;
+
+pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
+    let key = match &args.key_file {
+        Some(f) => Some(intact_proto::Key::from_file(f)?),
+        None => None,
+    };
+    let listener = TcpListener::bind(&args.listen)
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
+    let addr = listener.local_addr()?;
+    let shutdown = Arc::new(AtomicBool::new(false));
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])?;
+    let flag = Arc::clone(&shutdown);
+    std::thread::spawn(move || {
+        if let Some(sig) = signals.forever().next() {
+            eprintln!("intact serve: signal {sig}, shutting down");
+            flag.store(true, Ordering::SeqCst);
+            wake(addr);
+        }
+    });
+    println!(
+        "intact serve: listening on {addr}, root {}, {}",
+        args.root.display(),
+        if key.is_some() {
+            "key required"
+        } else {
+            "no key: loopback clients only"
+        }
+    );
+    std::io::stdout().flush()?;
+    let cfg = ServerConfig {
+        root: args.root.clone(),
+        key,
+        max_connections: args.max_connections.max(1),
+        idle_timeout: Duration::from_secs(args.idle_timeout.max(1)),
+    };
+    serve(
+        listener,
+        cfg,
+        shutdown,
+        Arc::new(|line| eprintln!("intact serve: {line}")),
+    )?;
+    Ok(ExitCode::SUCCESS)
+}

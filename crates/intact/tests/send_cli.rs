@@ -1,0 +1,346 @@
+//! `intact serve` and `intact send` as real processes over loopback.
+
+use std::fs;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+
+use intact_proto::{client_handshake, Connection, Entry, EntryKind, Message, WirePath};
+
+/// A running `intact serve`, stopped with SIGTERM when dropped.
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Server {
+    fn start(root: &Path, key: Option<&Path>) -> Server {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_intact"));
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--root"])
+            .arg(root);
+        if let Some(k) = key {
+            cmd.arg("--key-file").arg(k);
+        }
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = line
+            .split("127.0.0.1:")
+            .nth(1)
+            .and_then(|s| s.split(',').next())
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("no port in {line:?}"));
+        Server { child, port }
+    }
+
+    fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    fn terminate(&mut self) -> std::process::ExitStatus {
+        // SAFETY: signalling our own child process.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn send(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_intact"))
+        .arg("send")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn tree(root: &Path) -> PathBuf {
+    let src = root.join("data");
+    fs::create_dir_all(src.join("nested/deeper")).unwrap();
+    fs::create_dir_all(src.join("empty")).unwrap();
+    for (i, len) in [0usize, 1, 65535, 65536, 65537, 300_000]
+        .into_iter()
+        .enumerate()
+    {
+        fs::write(
+            src.join(format!("nested/f{i}")),
+            intact_sample::bytes(len, i as u64),
+        )
+        .unwrap();
+    }
+    fs::write(src.join("nested/deeper/ünïcödé.txt"), "x").unwrap();
+    std::os::unix::fs::symlink("nested/f1", src.join("link")).unwrap();
+    src
+}
+
+/// Same entries, kinds, contents and link targets.
+fn same_tree(a: &Path, b: &Path) -> bool {
+    let list = |r: &Path| {
+        let mut v: Vec<_> = walkdir::WalkDir::new(r)
+            .into_iter()
+            .map(|e| e.unwrap().path().strip_prefix(r).unwrap().to_path_buf())
+            .collect();
+        v.sort();
+        v
+    };
+    list(a) == list(b)
+        && list(a).iter().all(|rel| {
+            let (pa, pb) = (a.join(rel), b.join(rel));
+            let (ma, mb) = (
+                fs::symlink_metadata(&pa).unwrap(),
+                fs::symlink_metadata(&pb).unwrap(),
+            );
+            ma.file_type() == mb.file_type()
+                && (!ma.is_file() || fs::read(&pa).unwrap() == fs::read(&pb).unwrap())
+                && (!ma.file_type().is_symlink()
+                    || fs::read_link(&pa).unwrap() == fs::read_link(&pb).unwrap())
+        })
+}
+
+#[test]
+fn every_mode_delivers_the_tree_and_sigterm_stops_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = tree(dir.path());
+    let recv = dir.path().join("recv");
+    let mut server = Server::start(&recv, None);
+    for mode in ["none", "sequential", "file", "block", "fiver"] {
+        let target = format!("{}:/{mode}", server.addr());
+        let out = send(&[
+            "--verify",
+            mode,
+            "--block-size",
+            "64KiB",
+            "--streams",
+            "3",
+            "--json",
+            src.to_str().unwrap(),
+            &target,
+        ]);
+        assert!(
+            out.status.success(),
+            "{mode}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["failed"], 0, "{mode}");
+        assert!(same_tree(&src, &recv.join(mode).join("data")), "{mode}");
+        let f = v["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["path"] == format!("{mode}/data/nested/f5"))
+            .unwrap();
+        let level = match mode {
+            "none" => "none",
+            "fiver" => "network",
+            _ => "cache",
+        };
+        assert_eq!(f["level"], level, "{mode}");
+    }
+    let status = server.terminate();
+    assert!(status.success(), "serve exits 0 on SIGTERM: {status}");
+}
+
+fn key_file(dir: &Path, name: &str, secret: &str) -> PathBuf {
+    let p = dir.join(name);
+    fs::write(&p, secret).unwrap();
+    fs::set_permissions(&p, fs::Permissions::from_mode(0o600)).unwrap();
+    p
+}
+
+#[test]
+fn keys_are_checked_both_ways() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = tree(dir.path());
+    let good = key_file(dir.path(), "good", "a shared secret for this test");
+    let bad = key_file(dir.path(), "bad", "some other secret entirely!!");
+    let server = Server::start(&dir.path().join("recv"), Some(&good));
+    let s = src.to_str().unwrap();
+    let out = send(&["--key-file", good.to_str().unwrap(), s, &server.addr()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = send(&["--key-file", bad.to_str().unwrap(), s, &server.addr()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("authentication failed"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = send(&[s, &server.addr()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("requires a key"));
+}
+
+#[test]
+fn hostile_clients_are_cut_off_and_others_still_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = tree(dir.path());
+    let recv = dir.path().join("recv");
+    let outside = dir.path().join("outside");
+    fs::create_dir_all(&outside).unwrap();
+    fs::create_dir_all(&recv).unwrap();
+    std::os::unix::fs::symlink(&outside, recv.join("evil")).unwrap();
+    let server = Server::start(&recv, None);
+
+    // A peer that connects and says nothing holds no one up.
+    let _silent = TcpStream::connect(server.addr()).unwrap();
+    let mut half = TcpStream::connect(server.addr()).unwrap();
+    half.write_all(&[0, 0, 0, 50, 1]).unwrap();
+
+    // Paths that escape, encoded by hand past WirePath's checks.
+    for bad in [&b"../../escape"[..], b"/etc/intact-test", b"a\0b"] {
+        let mut conn = Connection::new(TcpStream::connect(server.addr()).unwrap());
+        client_handshake(&mut conn, None).unwrap();
+        let mut frame = Vec::new();
+        let placeholder = vec![b'p'; bad.len()];
+        Message::Entry(Entry {
+            file: 0,
+            path: WirePath::parse(&placeholder).unwrap(),
+            kind: EntryKind::File,
+            mode: 0o644,
+            mtime_sec: 0,
+            mtime_nsec: 0,
+            size: 4,
+            block_size: 4096,
+            algorithm: 2,
+            verify: 4,
+        })
+        .encode(&mut frame);
+        let at = frame
+            .windows(placeholder.len())
+            .position(|w| w == placeholder.as_slice())
+            .unwrap();
+        frame[at..at + bad.len()].copy_from_slice(bad);
+        conn.get_ref().write_all(&frame).unwrap();
+        // The server drops the connection: EOF or reset, never a reply.
+        let mut rest = Vec::new();
+        let _ = conn.get_ref().try_clone().unwrap().read_to_end(&mut rest);
+        assert!(rest.is_empty(), "no answer to a bad path");
+    }
+    assert!(!dir.path().join("escape").exists());
+    assert!(!Path::new("/etc/intact-test").exists());
+
+    // A destination through a symlink planted in the root is refused.
+    let out = send(&[src.to_str().unwrap(), &format!("{}:/evil", server.addr())]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("symlinks are never followed"));
+    assert_eq!(fs::read_dir(&outside).unwrap().count(), 0);
+
+    // And an honest client is still served.
+    let out = send(&[src.to_str().unwrap(), &server.addr()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(same_tree(&src, &recv.join("data")));
+}
+
+/// A TCP proxy that flips one bit at byte `at` of the client→server stream.
+fn flipping_proxy(server: String, at: usize) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(client) = client else { return };
+            let upstream = TcpStream::connect(&server).unwrap();
+            let (mut c_read, mut u_write) =
+                (client.try_clone().unwrap(), upstream.try_clone().unwrap());
+            let (mut u_read, mut c_write) = (upstream, client);
+            std::thread::spawn(move || {
+                let mut seen = 0usize;
+                let mut buf = [0u8; 16384];
+                loop {
+                    let n = match c_read.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => n,
+                    };
+                    if (seen..seen + n).contains(&at) {
+                        buf[at - seen] ^= 0x04;
+                    }
+                    seen += n;
+                    if u_write.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+                let _ = u_write.shutdown(std::net::Shutdown::Write);
+            });
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut u_read, &mut c_write);
+            });
+        }
+    });
+    port
+}
+
+#[test]
+fn a_block_corrupted_in_flight_is_resent_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("big.dat");
+    let data = intact_sample::bytes(1 << 20, 42);
+    fs::write(&file, &data).unwrap();
+    let recv = dir.path().join("recv");
+    let server = Server::start(&recv, None);
+    // 200,000 bytes in: well past the handshake and headers, inside block 1.
+    let port = flipping_proxy(server.addr(), 200_000);
+    let out = send(&[
+        "--json",
+        "--streams",
+        "1",
+        "--verify",
+        "fiver",
+        "--block-size",
+        "128KiB",
+        file.to_str().unwrap(),
+        &format!("127.0.0.1:{port}"),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["files"][0]["blocks_resent"], 1, "{v}");
+    assert_eq!(
+        v["bytes_sent"],
+        (1 << 20) + (128 << 10),
+        "one block of recovery, not the file"
+    );
+    assert_eq!(fs::read(recv.join("big.dat")).unwrap(), data);
+}
+
+#[test]
+fn an_unreachable_server_is_a_clear_error() {
+    let free = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("x");
+    fs::write(&f, b"x").unwrap();
+    let out = send(&[f.to_str().unwrap(), &free.to_string()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cannot connect") && err.contains("refused"),
+        "{err}"
+    );
+    let out = send(&[f.to_str().unwrap(), "no-port-here"]);
+    assert_eq!(out.status.code(), Some(1));
+}
