@@ -3,7 +3,7 @@
 use std::process::Command;
 
 #[test]
-fn demo_verifies_its_sample_and_reports() {
+fn demo_sends_its_sample_through_a_server_and_verifies_it() {
     let out = Command::new(env!("CARGO_BIN_EXE_intact"))
         .args(["demo", "--json", "--large-mib", "8"])
         .output()
@@ -15,19 +15,17 @@ fn demo_verifies_its_sample_and_reports() {
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["verified"], true);
-    let phases = v["phases"].as_array().unwrap();
-    assert_eq!(phases.len(), 3);
-    // 1 large + 200 + 1000 + empty + non-ASCII = 1203 files, all hashed and verified.
-    for p in phases {
-        assert_eq!(p["files"], 1203, "{p}");
-        assert_eq!(p["failed"], 0, "{p}");
-    }
+    // 1 large + 200 + 1000 + empty + non-ASCII = 1203 files.
+    assert_eq!(v["dataset_files"], 1203);
     let bytes = (8 + 200) * (1u64 << 20) + 1000 * 4096 + 1234;
-    assert_eq!(phases[2]["bytes"], bytes);
-    // The temporary dataset is gone.
-    let dataset = v["dataset"].as_str().unwrap();
-    assert!(
-        !std::path::Path::new(dataset).exists(),
-        "{dataset} left behind"
-    );
+    assert_eq!(v["dataset_bytes"], bytes);
+    assert_eq!(v["transfer"]["failed"], 0);
+    assert_eq!(v["transfer"]["bytes_sent"], bytes);
+    assert_eq!(v["independent_check"]["files_compared"], 1203);
+    assert_eq!(v["independent_check"]["mismatched"], 0);
+    let files = v["transfer"]["files"].as_array().unwrap();
+    assert!(files
+        .iter()
+        .filter(|f| f["kind"] == "file")
+        .all(|f| f["level"] == "cache"));
 }
