@@ -21,7 +21,7 @@ pub use auth::{client_handshake, server_handshake, Key, VERSION};
 pub use connection::Connection;
 pub use error::ProtoError;
 pub use message::{
-    frame_len, Block, Entry, EntryKind, FileResult, FileStatus, Message, HEADER_LEN, MAX_BLOCK,
-    MAX_DIGEST, MAX_FRAME, MAX_TEXT,
+    frame_len, Block, Entry, EntryKind, FileEnd, FileResult, FileStatus, Holding, Message,
+    HEADER_LEN, MAX_BLOCK, MAX_DIGEST, MAX_FRAME, MAX_STATUS_BLOCKS, MAX_TEXT,
 };
 pub use path::{WirePath, MAX_PATH_LEN};

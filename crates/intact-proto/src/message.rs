@@ -52,6 +52,24 @@ pub struct Entry {
     pub algorithm: u8,
     /// How the receiver must verify this file (intact's verify-mode id).
     pub verify: u8,
+    /// [`Entry::REVERIFY`] and future flags.
+    pub flags: u8,
+}
+
+impl Entry {
+    /// Flag: re-check a file the receiver already holds instead of
+    /// trusting its journal.
+    pub const REVERIFY: u8 = 1;
+}
+
+/// What the receiver already holds of a file just announced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Holding {
+    /// Nothing usable: send every block.
+    Nothing,
+    /// These blocks are on its disk and still match these digests. The
+    /// sender skips a block only if its own copy has the same digest.
+    Blocks(Vec<(u64, Vec<u8>)>),
 }
 
 /// One block of a file, with the digest the sender computed.
@@ -87,6 +105,15 @@ pub struct FileResult {
     pub level: u8,
     /// Why it failed, or notes.
     pub message: String,
+}
+
+/// Values of [`Message::FileEnd`] fields.
+pub struct FileEnd;
+
+impl FileEnd {
+    /// `blocks` value by which a sender abandons a file (its source changed
+    /// or could not be read): the receiver must not give it its final name.
+    pub const ABANDON: u64 = u64::MAX;
 }
 
 /// A protocol message.
@@ -129,7 +156,8 @@ pub enum Message {
     FileEnd {
         /// The entry's id.
         file: u64,
-        /// How many blocks were sent.
+        /// How many blocks the file has; the receiver commits only if this
+        /// matches its own count ([`FileEnd::ABANDON`] never does).
         blocks: u64,
         /// Digest of the whole file.
         digest: Vec<u8>,
@@ -138,6 +166,14 @@ pub enum Message {
     FileResult(FileResult),
     /// Nothing more will be sent.
     Bye,
+    /// The receiver's answer to a file's Entry: what it already holds.
+    /// (A file it holds whole and unchanged is answered by a FileResult.)
+    Status {
+        /// The entry's id.
+        file: u64,
+        /// What it holds.
+        holding: Holding,
+    },
 }
 
 const HELLO: u8 = 1;
@@ -149,6 +185,10 @@ const BLOCK_RESULT: u8 = 6;
 const FILE_END: u8 = 7;
 const FILE_RESULT: u8 = 8;
 const BYE: u8 = 9;
+const STATUS: u8 = 10;
+
+/// Most blocks one Status may list (keeps the frame under the limit).
+pub const MAX_STATUS_BLOCKS: usize = (MAX_FRAME - 64) / (8 + 4 + MAX_DIGEST);
 
 impl Message {
     /// The message's name, for errors.
@@ -163,6 +203,7 @@ impl Message {
             Message::FileEnd { .. } => "FileEnd",
             Message::FileResult(_) => "FileResult",
             Message::Bye => "Bye",
+            Message::Status { .. } => "Status",
         }
     }
 
@@ -209,6 +250,7 @@ impl Message {
                 w.u32(e.block_size);
                 w.u8(e.algorithm);
                 w.u8(e.verify);
+                w.u8(e.flags);
             }
             Message::Block(b) => {
                 w.u8(BLOCK);
@@ -244,6 +286,22 @@ impl Message {
                 w.bytes(truncate_text(&r.message).as_bytes());
             }
             Message::Bye => w.u8(BYE),
+            Message::Status { file, holding } => {
+                w.u8(STATUS);
+                w.u64(*file);
+                match holding {
+                    Holding::Nothing => w.u8(0),
+                    Holding::Blocks(b) => {
+                        w.u8(1);
+                        let b = &b[..b.len().min(MAX_STATUS_BLOCKS)];
+                        w.u32(b.len() as u32);
+                        for (i, d) in b {
+                            w.u64(*i);
+                            w.bytes(&d[..d.len().min(MAX_DIGEST)]);
+                        }
+                    }
+                }
+            }
         }
         let body = (out.len() - start - HEADER_LEN) as u32;
         out[start..start + HEADER_LEN].copy_from_slice(&body.to_be_bytes());
@@ -262,6 +320,7 @@ impl Message {
             FILE_END => "FileEnd",
             FILE_RESULT => "FileResult",
             BYE => "Bye",
+            STATUS => "Status",
             other => return Err(ProtoError::UnknownType(other)),
         };
         let mut r = Reader { buf: rest, name };
@@ -299,6 +358,7 @@ impl Message {
                     block_size: r.u32()?,
                     algorithm: r.u8()?,
                     verify: r.u8()?,
+                    flags: r.u8()?,
                 })
             }
             BLOCK => Message::Block(Block {
@@ -327,6 +387,25 @@ impl Message {
                 level: r.u8()?,
                 message: r.text()?,
             }),
+            STATUS => {
+                let file = r.u64()?;
+                let holding = match r.u8()? {
+                    0 => Holding::Nothing,
+                    1 => {
+                        let n = r.u32()? as usize;
+                        if n > MAX_STATUS_BLOCKS || n * 12 > r.buf.len() {
+                            return Err(r.bad("block list longer than the frame"));
+                        }
+                        let mut list = Vec::with_capacity(n);
+                        for _ in 0..n {
+                            list.push((r.u64()?, r.bytes(MAX_DIGEST)?.to_vec()));
+                        }
+                        Holding::Blocks(list)
+                    }
+                    _ => return Err(r.bad("unknown holding")),
+                };
+                Message::Status { file, holding }
+            }
             _ => Message::Bye,
         };
         if !r.buf.is_empty() {

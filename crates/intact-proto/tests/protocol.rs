@@ -44,6 +44,7 @@ fn arb_message() -> impl Strategy<Value = Message> {
                 any::<u64>(),
                 any::<u32>(),
                 any::<u8>(),
+                any::<u8>(),
                 any::<u8>()
             )
         )
@@ -52,7 +53,7 @@ fn arb_message() -> impl Strategy<Value = Message> {
                     file,
                     path,
                     kind,
-                    (mode, mtime_sec, mtime_nsec, size, block_size, algorithm, verify),
+                    (mode, mtime_sec, mtime_nsec, size, block_size, algorithm, verify, flags),
                 )| {
                     Message::Entry(Entry {
                         file,
@@ -65,6 +66,7 @@ fn arb_message() -> impl Strategy<Value = Message> {
                         block_size,
                         algorithm,
                         verify,
+                        flags,
                     })
                 }
             ),
@@ -107,6 +109,20 @@ fn arb_message() -> impl Strategy<Value = Message> {
             }
         ),
         Just(Message::Bye),
+        (
+            any::<u64>(),
+            proptest::option::of(proptest::collection::vec(
+                (any::<u64>(), proptest::collection::vec(any::<u8>(), 0..64)),
+                0..50
+            ))
+        )
+            .prop_map(|(file, b)| Message::Status {
+                file,
+                holding: b.map_or(
+                    intact_proto::Holding::Nothing,
+                    intact_proto::Holding::Blocks
+                ),
+            }),
     ]
 }
 
@@ -182,6 +198,7 @@ fn impossible_lengths_are_refused_before_buffering() {
         block_size: 4096,
         algorithm: 0,
         verify: 0,
+        flags: 0,
     })
     .encode(&mut frame);
     let pos = frame.windows(4).position(|w| w == b"safe").unwrap();

@@ -67,6 +67,13 @@ pub struct FileReport {
     pub blocks: u64,
     /// Blocks sent again after failing verification.
     pub blocks_resent: u64,
+    /// Blocks not sent because the receiver already held them verified
+    /// (resume after an interruption).
+    pub blocks_skipped: u64,
+    /// Bytes in those blocks.
+    pub bytes_skipped: u64,
+    /// The receiver already held the file whole and unchanged; nothing was sent.
+    pub unchanged: bool,
     /// The verification mode.
     pub verify: VerifyMode,
     /// The level really reached (files only; absent when the file failed).
@@ -203,6 +210,9 @@ pub(crate) fn simple_report(
         digest: None,
         blocks: 0,
         blocks_resent: 0,
+        blocks_skipped: 0,
+        bytes_skipped: 0,
+        unchanged: false,
         verify,
         level: (err.is_none() && e.kind == SourceKind::File).then_some(verify.level()),
         transfer_seconds: 0.0,

@@ -80,6 +80,15 @@ impl Destination {
     /// missing directories (mode 0755) when `create` is set.
     fn parent(&self, path: &WirePath, create: bool) -> Result<(OwnedFd, OsString), TransferError> {
         let comps: Vec<&OsStr> = path.components().collect();
+        let reserved = comps
+            .first()
+            .is_some_and(|c| c.as_bytes() == crate::journal::STATE_DIR.as_bytes())
+            || comps
+                .iter()
+                .any(|c| c.as_bytes().starts_with(b".intact-partial-"));
+        if reserved {
+            return Err(TransferError::Reserved(path.to_string()));
+        }
         let (last, dirs) = comps.split_last().expect("a WirePath is never empty");
         let mut dir = rfs::openat(
             &self.root,
@@ -135,6 +144,22 @@ impl Destination {
             file,
             path: path.clone(),
         })
+    }
+
+    /// Opens the file at `path` (its final name) for reading, never
+    /// through a symlink; `None` if it is not there as a regular file.
+    pub fn open_final(&self, path: &WirePath) -> Option<File> {
+        let (dir, name) = self.parent(path, false).ok()?;
+        let fd = rfs::openat(
+            &dir,
+            &name,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .ok()?;
+        let st = rfs::fstat(&fd).ok()?;
+        (rfs::FileType::from_raw_mode(st.st_mode) == rfs::FileType::RegularFile)
+            .then(|| File::from(fd))
     }
 
     /// Makes `path` a directory (an existing directory is kept). Its mode

@@ -57,6 +57,12 @@ pub enum TransferError {
         /// What changed.
         what: &'static str,
     },
+    /// The receiver's journal failed.
+    #[error("journal: {0}")]
+    Journal(String),
+    /// The path names intact's own state under the root.
+    #[error("{0}: refused, names under .intact and .intact-partial-* are reserved for intact")]
+    Reserved(String),
     /// The server could not be reached.
     #[error("cannot connect to {addr}: {}", intact_digest::io_reason(source))]
     Connect {

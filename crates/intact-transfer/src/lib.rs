@@ -17,6 +17,8 @@
 mod copy;
 mod dest;
 mod error;
+pub mod fault;
+mod journal;
 mod net;
 mod source;
 mod verify;
@@ -24,6 +26,7 @@ mod verify;
 pub use copy::{copy, CopyOptions, CopyReport, FileReport, LinkFault, Progress};
 pub use dest::{partial_name, Destination, Mtime, PartialFile};
 pub use error::TransferError;
+pub use journal::{FileRow, Journal, STATE_DIR};
 pub use net::{
     receive, send, serve, wake, SendOptions, ServerConfig, SessionSummary, MAX_BYTES_IN_FLIGHT,
     MAX_FILES_IN_FLIGHT,

@@ -327,3 +327,20 @@ fn destination_paths_never_pass_through_a_symlink() {
         "nothing was written outside the root"
     );
 }
+
+#[test]
+fn intact_state_names_are_reserved_at_the_destination() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join(".intact");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("journal.sqlite"), b"not a journal").unwrap();
+    let sneaky = dir.path().join("tree");
+    fs::create_dir_all(&sneaky).unwrap();
+    fs::write(sneaky.join(".intact-partial-0123"), b"x").unwrap();
+    let dst = dir.path().join("dst");
+    let r = copy(&[src, sneaky], &dst, &opts(VerifyMode::Block), &|_| {}).unwrap();
+    let errs: Vec<_> = r.files.iter().filter_map(|f| f.error.clone()).collect();
+    assert!(errs.iter().any(|e| e.contains(".intact/journal.sqlite") && e.contains("reserved")), "{errs:?}");
+    assert!(errs.iter().any(|e| e.contains(".intact-partial-0123") && e.contains("reserved")), "{errs:?}");
+    assert!(!dst.join(".intact/journal.sqlite").exists());
+}

@@ -195,6 +195,13 @@ many files at once; blocks and results flow both ways without waiting for
 round trips. A block that fails verification is resent alone, up to
 --retries times; then that file fails and the others go on.
 
+Resume: the server keeps a journal of verified blocks (SQLite, in
+ROOT/.intact/). Running the same send again after either side was
+interrupted sends only the blocks not yet verified (they are re-hashed on
+the server first, not trusted), and a file the server already holds whole
+and unchanged (same size and mtime, recorded as verified) is not sent at
+all, like rsync's quick check; --reverify re-reads those instead.
+
 Exit status: 0 if everything arrived verified; 1 if anything failed;
 2 for usage errors.";
 
@@ -247,6 +254,11 @@ pub struct SendArgs {
     /// Pre-shared key file (mode 600), the same as the server's.
     #[arg(long, value_name = "F")]
     pub key_file: Option<PathBuf>,
+
+    /// Re-check files the server already holds (by re-reading them) instead
+    /// of trusting its journal's record of them.
+    #[arg(long)]
+    pub reverify: bool,
 
     #[command(flatten)]
     pub pipeline: PipelineArgs,

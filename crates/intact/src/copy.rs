@@ -43,6 +43,7 @@ pub fn run_send(args: &SendArgs) -> anyhow::Result<ExitCode> {
         retries: p.retries,
         key,
         subdir,
+        reverify: args.reverify,
     };
     let report = send(sources, &addr, &opts, &|sent| pb.set_position(sent))?;
     pb.finish_and_clear();

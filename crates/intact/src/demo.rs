@@ -80,6 +80,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<ExitCode> {
         retries: 3,
         key: None,
         subdir: None,
+        reverify: false,
     };
     let transfer = send(
         std::slice::from_ref(&src),

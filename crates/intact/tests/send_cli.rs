@@ -220,6 +220,7 @@ fn hostile_clients_are_cut_off_and_others_still_served() {
             block_size: 4096,
             algorithm: 2,
             verify: 4,
+            flags: 0,
         })
         .encode(&mut frame);
         let at = frame

@@ -13,15 +13,21 @@ use std::os::unix::fs::FileExt;
 
 use intact_digest::{defaults, hash, Algorithm, AlignedBuf, Digest};
 use intact_proto::{
-    Connection, Entry, EntryKind, FileResult, FileStatus, Message, ProtoError, WirePath,
+    Connection, Entry, EntryKind, FileResult, FileStatus, Holding, Message, ProtoError, WirePath,
 };
 
 use crate::dest::{Destination, Mtime, PartialFile};
+use crate::journal::Journal;
 use crate::verify::{VerifyLevel, VerifyMode};
 use crate::TransferError;
 
 /// How many times one file may come back for re-verification rounds.
 const MAX_ROUNDS: u32 = 16;
+
+/// Verified-but-unjournaled data after which the partial file is
+/// fdatasynced and its blocks recorded, in bytes: what a server crash can
+/// cost a file in resent data, against one fdatasync per batch.
+const JOURNAL_BATCH: u64 = 8 << 20;
 
 /// What one session did, for the server's log.
 #[derive(Debug, Default, Clone, Copy)]
@@ -43,6 +49,31 @@ struct Incoming {
     /// Per block: the digest it verified against, once it has.
     verified: Vec<Option<Digest>>,
     rounds: u32,
+    /// The file's journal row.
+    row: i64,
+    /// Verified blocks not yet in the journal, and their bytes.
+    unjournaled: Vec<(u64, Vec<u8>)>,
+    unjournaled_bytes: u64,
+}
+
+impl Incoming {
+    /// Makes the verified data durable, then records it.
+    fn journal(&mut self, journal: &mut Journal) -> Result<(), TransferError> {
+        if self.unjournaled.is_empty() {
+            return Ok(());
+        }
+        self.partial
+            .file()
+            .sync_data()
+            .map_err(|e| TransferError::Destination {
+                path: self.entry.path.to_string(),
+                source: e,
+            })?;
+        journal.add_blocks(self.row, &self.unjournaled)?;
+        self.unjournaled.clear();
+        self.unjournaled_bytes = 0;
+        Ok(())
+    }
 }
 
 /// The algorithm id of intact's block digest on the wire.
@@ -59,8 +90,23 @@ pub(crate) fn block_algorithm_id() -> u8 {
 pub fn receive<S: Read + Write>(
     conn: &mut Connection<S>,
     dest: &Destination,
+    journal: &mut Journal,
 ) -> Result<SessionSummary, TransferError> {
     let mut files: HashMap<u64, Incoming> = HashMap::new();
+    let result = session(conn, dest, journal, &mut files);
+    // However the session ended, keep what verified for the next attempt.
+    for f in files.values_mut() {
+        let _ = f.journal(journal);
+    }
+    result
+}
+
+fn session<S: Read + Write>(
+    conn: &mut Connection<S>,
+    dest: &Destination,
+    journal: &mut Journal,
+    files: &mut HashMap<u64, Incoming>,
+) -> Result<SessionSummary, TransferError> {
     let mut dirs: Vec<(WirePath, u32, Mtime)> = Vec::new();
     let mut summary = SessionSummary::default();
     let mut buf = AlignedBuf::new(0);
@@ -73,13 +119,16 @@ pub fn receive<S: Read + Write>(
         };
         match msg {
             Message::Entry(e) => {
-                let result = begin(dest, e, &mut files, &mut dirs);
-                if let Some(r) = result {
-                    if r.status == FileStatus::Failed {
-                        summary.failed += 1;
+                let reply = begin(dest, journal, e, files, &mut dirs, &mut buf);
+                if let Message::FileResult(r) = &reply {
+                    match r.status {
+                        FileStatus::Failed => summary.failed += 1,
+                        FileStatus::Verified => {
+                            summary.verified += u64::from(!r.message.is_empty())
+                        }
                     }
-                    conn.write_message(&Message::FileResult(r))?;
                 }
+                conn.write_message(&reply)?;
             }
             Message::Block(b) => {
                 let Some(f) = files.get_mut(&b.file) else {
@@ -87,7 +136,15 @@ pub fn receive<S: Read + Write>(
                     continue;
                 };
                 let ok = accept_block(f, b.index, &b.digest, &b.data, &mut buf)?;
+                if ok && f.mode != VerifyMode::None {
+                    f.unjournaled.push((b.index, b.digest.clone()));
+                    f.unjournaled_bytes += b.data.len() as u64;
+                    if f.unjournaled_bytes >= JOURNAL_BATCH {
+                        f.journal(journal)?;
+                    }
+                }
                 summary.bytes += b.data.len() as u64;
+                crate::fault::maybe_kill(summary.bytes);
                 summary.blocks_rejected += u64::from(!ok);
                 conn.write_message(&Message::BlockResult {
                     file: b.file,
@@ -95,10 +152,18 @@ pub fn receive<S: Read + Write>(
                     ok,
                 })?;
             }
-            Message::FileEnd { file, .. } => {
+            Message::FileEnd { file, blocks, .. } => {
                 let Some(mut f) = files.remove(&file) else {
                     continue;
                 };
+                if blocks != f.verified.len() as u64 {
+                    // Abandoned (the source changed or failed) or inconsistent:
+                    // keep what verified for a later attempt, name nothing.
+                    f.journal(journal)?;
+                    summary.failed += 1;
+                    conn.write_message(&failed(file, "the sender abandoned the file"))?;
+                    continue;
+                }
                 match end_file(&mut f, &mut buf) {
                     Ok(bad) if !bad.is_empty() && f.rounds < MAX_ROUNDS => {
                         f.rounds += 1;
@@ -126,7 +191,14 @@ pub fn receive<S: Read + Write>(
                             sec: f.entry.mtime_sec,
                             nsec: f.entry.mtime_nsec,
                         };
-                        let r = match f.partial.commit(f.entry.mode, mtime) {
+                        let row = f.row;
+                        let blocks = std::mem::take(&mut f.unjournaled);
+                        let committed = f
+                            .partial
+                            .commit(f.entry.mode, mtime)
+                            .and_then(|()| journal.add_blocks(row, &blocks))
+                            .and_then(|()| journal.done(row, level.wire_id()));
+                        let r = match committed {
                             Ok(()) => {
                                 summary.verified += 1;
                                 verified(file, level)
@@ -166,11 +238,15 @@ pub fn receive<S: Read + Write>(
 }
 
 fn verified(file: u64, level: VerifyLevel) -> Message {
+    verified_because(file, level.wire_id(), "")
+}
+
+fn verified_because(file: u64, level: u8, why: &str) -> Message {
     Message::FileResult(FileResult {
         file,
         status: FileStatus::Verified,
-        level: level.wire_id(),
-        message: String::new(),
+        level,
+        message: why.to_string(),
     })
 }
 
@@ -183,30 +259,20 @@ fn failed(file: u64, why: &str) -> Message {
     })
 }
 
-/// Handles an Entry; returns its result unless it is a file (whose result
-/// comes at FileEnd).
+/// Handles an Entry: the FileResult of a directory, a symlink or a file
+/// already held whole, or the Status of a file whose blocks must come.
 fn begin(
     dest: &Destination,
+    journal: &mut Journal,
     e: Entry,
     files: &mut HashMap<u64, Incoming>,
     dirs: &mut Vec<(WirePath, u32, Mtime)>,
-) -> Option<FileResult> {
+    buf: &mut AlignedBuf,
+) -> Message {
     let id = e.file;
-    let result = |r: Result<(), TransferError>| {
-        Some(match r {
-            Ok(()) => FileResult {
-                file: id,
-                status: FileStatus::Verified,
-                level: 0,
-                message: String::new(),
-            },
-            Err(err) => FileResult {
-                file: id,
-                status: FileStatus::Failed,
-                level: 0,
-                message: err.to_string(),
-            },
-        })
+    let result = |r: Result<(), TransferError>| match r {
+        Ok(()) => verified_because(id, 0, ""),
+        Err(err) => failed(id, &err.to_string()),
     };
     let mtime = Mtime {
         sec: e.mtime_sec,
@@ -221,38 +287,139 @@ fn begin(
             result(r)
         }
         EntryKind::Symlink(target) => result(dest.make_symlink(&e.path, target, mtime)),
-        EntryKind::File => {
-            let Some(mode) = VerifyMode::from_wire_id(e.verify) else {
-                return result(Err(TransferError::Verification {
-                    path: e.path.to_string(),
-                    what: format!("unknown verification mode id {}", e.verify),
-                }));
-            };
-            if e.algorithm != block_algorithm_id() || e.block_size == 0 {
-                return result(Err(TransferError::Verification {
-                    path: e.path.to_string(),
-                    what: "unsupported block algorithm or block size".into(),
-                }));
+        EntryKind::File => match begin_file(dest, journal, e, files, buf) {
+            Ok(m) => m,
+            Err(err) => failed(id, &err.to_string()),
+        },
+    }
+}
+
+fn begin_file(
+    dest: &Destination,
+    journal: &mut Journal,
+    e: Entry,
+    files: &mut HashMap<u64, Incoming>,
+    buf: &mut AlignedBuf,
+) -> Result<Message, TransferError> {
+    let id = e.file;
+    let Some(mode) = VerifyMode::from_wire_id(e.verify) else {
+        return Err(TransferError::Verification {
+            path: e.path.to_string(),
+            what: format!("unknown verification mode id {}", e.verify),
+        });
+    };
+    if e.algorithm != block_algorithm_id() || e.block_size == 0 {
+        return Err(TransferError::Verification {
+            path: e.path.to_string(),
+            what: "unsupported block algorithm or block size".into(),
+        });
+    }
+    let blocks = e.size.div_ceil(u64::from(e.block_size)) as usize;
+    let same = |r: &crate::journal::FileRow| {
+        r.size == e.size
+            && r.mtime_sec == e.mtime_sec
+            && r.mtime_nsec == e.mtime_nsec
+            && r.block_size == e.block_size
+    };
+    let row = journal.lookup(e.path.as_bytes())?.filter(same);
+    // Held whole, unchanged since: the quick check (re-read on --reverify).
+    if let Some(r) = row.as_ref().filter(|r| r.done) {
+        if let Some(file) = dest.open_final(&e.path) {
+            let meta = file.metadata().ok();
+            let unchanged = meta.is_some_and(|m| {
+                use std::os::unix::fs::MetadataExt;
+                m.len() == e.size
+                    && m.mtime() == e.mtime_sec
+                    && m.mtime_nsec() as u32 == e.mtime_nsec
+            });
+            if unchanged && e.flags & Entry::REVERIFY == 0 {
+                return Ok(verified_because(id, r.level, "unchanged"));
             }
-            match dest.partial(&e.path, e.size) {
-                Ok(partial) => {
-                    let blocks = e.size.div_ceil(u64::from(e.block_size)) as usize;
-                    files.insert(
+            if unchanged && mode != VerifyMode::None {
+                let good = recorded_blocks_that_match(journal, r.id, &file, &e, buf)?;
+                if good.len() == blocks {
+                    return Ok(verified_because(
                         id,
-                        Incoming {
-                            verified: vec![None; blocks],
-                            entry: e,
-                            mode,
-                            partial,
-                            rounds: 0,
-                        },
-                    );
-                    None
+                        VerifyLevel::Cache.wire_id(),
+                        "reverified",
+                    ));
                 }
-                Err(err) => result(Err(err)),
             }
         }
     }
+    let partial = dest.partial(&e.path, e.size)?;
+    let mut verified = vec![None; blocks];
+    let (row_id, holding) = match row.filter(|r| !r.done) {
+        Some(r) => {
+            let good = recorded_blocks_that_match(journal, r.id, partial.file(), &e, buf)?;
+            for (i, d) in &good {
+                verified[*i as usize] = Some(*d);
+            }
+            let list: Vec<(u64, Vec<u8>)> = good
+                .iter()
+                .map(|(i, d)| (*i, d.as_bytes().to_vec()))
+                .collect();
+            (
+                r.id,
+                if list.is_empty() {
+                    Holding::Nothing
+                } else {
+                    Holding::Blocks(list)
+                },
+            )
+        }
+        None => {
+            let row = journal.start(
+                e.path.as_bytes(),
+                e.size,
+                (e.mtime_sec, e.mtime_nsec),
+                e.block_size,
+            )?;
+            (row, Holding::Nothing)
+        }
+    };
+    journal.reopen(row_id)?;
+    files.insert(
+        id,
+        Incoming {
+            verified,
+            entry: e,
+            mode,
+            partial,
+            rounds: 0,
+            row: row_id,
+            unjournaled: Vec::new(),
+            unjournaled_bytes: 0,
+        },
+    );
+    Ok(Message::Status { file: id, holding })
+}
+
+/// The journaled blocks of row `id` whose bytes in `file` still hash to
+/// their recorded digest.
+fn recorded_blocks_that_match(
+    journal: &Journal,
+    id: i64,
+    file: &std::fs::File,
+    e: &Entry,
+    buf: &mut AlignedBuf,
+) -> Result<Vec<(u64, Digest)>, TransferError> {
+    let bs = u64::from(e.block_size);
+    let mut good = Vec::new();
+    for (idx, raw) in journal.blocks(id)? {
+        let offset = idx * bs;
+        let Some(d) = Digest::from_bytes(defaults::BLOCK_ALGORITHM, &raw) else {
+            continue;
+        };
+        if offset >= e.size {
+            continue;
+        }
+        let len = (e.size - offset).min(bs) as usize;
+        if reread_matches(file, offset, len, &d, buf).unwrap_or(false) {
+            good.push((idx, d));
+        }
+    }
+    Ok(good)
 }
 
 /// Checks, writes and (block mode) re-reads one block; returns whether it verified.

@@ -19,8 +19,8 @@ use std::time::Instant;
 
 use intact_digest::{defaults, hash, AlignedBuf, Hasher};
 use intact_proto::{
-    client_handshake, Block, Connection, Entry, EntryKind, FileStatus, Key, Message, ProtoError,
-    WirePath,
+    client_handshake, Block, Connection, Entry, EntryKind, FileEnd, FileStatus, Holding, Key,
+    Message, ProtoError, WirePath,
 };
 
 use crate::copy::{
@@ -33,8 +33,9 @@ use crate::TransferError;
 
 /// Files one stream keeps unacknowledged at most.
 pub const MAX_FILES_IN_FLIGHT: usize = 64;
-/// Bytes one stream keeps unacknowledged at most (the receiver's window).
-pub const MAX_BYTES_IN_FLIGHT: u64 = 64 << 20;
+/// Bytes one stream keeps unacknowledged at most (with 4 streams, 64 MiB
+/// in flight: enough for 10 Gbit/s at 50 ms round trip).
+pub const MAX_BYTES_IN_FLIGHT: u64 = 16 << 20;
 
 /// How to send.
 #[derive(Clone)]
@@ -51,6 +52,8 @@ pub struct SendOptions {
     pub key: Option<Key>,
     /// Directory under the server's root to send into.
     pub subdir: Option<WirePath>,
+    /// Re-check files the server already holds instead of trusting its journal.
+    pub reverify: bool,
 }
 
 fn conn_err(e: impl Into<ProtoError>) -> TransferError {
@@ -183,7 +186,6 @@ struct Outgoing {
     attempts: HashMap<u64, u32>,
     gave_up: Option<u64>,
     ended: bool,
-    bytes: u64,
     report: FileReport,
     started: Instant,
 }
@@ -323,46 +325,94 @@ impl<'a> Stream<'a> {
             block_size: opts.block_size as u32,
             algorithm: block_algorithm_id(),
             verify: opts.verify.wire_id(),
+            flags: if opts.reverify { Entry::REVERIFY } else { 0 },
         };
         if let Err(err) = self.conn.write_message(&Message::Entry(entry)) {
             self.broken = Some(err.to_string());
             return;
         }
+        // A file holds its whole size against the stream's window until its
+        // result arrives, so admission is bounded by bytes even while its
+        // blocks wait for the receiver's Status.
+        self.in_flight += e.size;
         let mut o = Outgoing {
             pending: 0,
             attempts: HashMap::new(),
             gave_up: None,
             ended: source.is_none(),
-            bytes: 0,
+
             report,
             started: Instant::now(),
             source,
         };
         if o.source.is_some() {
-            let blocks = e.size.div_ceil(opts.block_size as u64);
-            o.report.blocks = blocks;
-            let mut whole =
-                (opts.verify != VerifyMode::None).then(|| Hasher::new(defaults::FILE_ALGORITHM));
-            for index in 0..blocks {
-                if let Err(err) = self.send_block(&mut o, id, index, whole.as_mut()) {
-                    o.report.error = Some(err.to_string());
-                    break;
-                }
-            }
-            o.report.digest = whole.map(|w| w.finalize().to_hex());
-            if o.report.error.is_some() {
-                // Nothing more for this file; the receiver keeps the partial
-                // data hidden. Its pending results are ignored.
-                o.report.level = None;
-                self.in_flight -= o.bytes.min(self.in_flight);
-                self.report_done(id, o.report);
-                return;
-            }
-            if blocks == 0 {
-                self.end_file(id, &mut o);
-            }
+            o.report.blocks = e.size.div_ceil(opts.block_size as u64);
+            // Blocks go out once the receiver says what it already holds.
+            o.ended = false;
         }
         self.out.insert(id, o);
+    }
+
+    /// The receiver's Status: sends every block it does not hold, and every
+    /// block it holds with a digest other than the source's own (checked
+    /// by reading the source here, which costs no network).
+    fn send_missing(&mut self, id: u64, o: &mut Outgoing, holding: Holding) {
+        let held: HashMap<u64, Vec<u8>> = match holding {
+            Holding::Nothing => HashMap::new(),
+            Holding::Blocks(b) => b.into_iter().collect(),
+        };
+        let blocks = o.report.blocks;
+        let bs = self.ctx.opts.block_size as u64;
+        let size = self.ctx.entries[id as usize].size;
+        // The whole-file digest needs every block read; a resumed file has none.
+        let mut whole = (held.is_empty() && self.ctx.opts.verify != VerifyMode::None)
+            .then(|| Hasher::new(defaults::FILE_ALGORITHM));
+        for index in 0..blocks {
+            if let Some(theirs) = held.get(&index) {
+                match self.source_block_matches(o, id, index, theirs) {
+                    Ok(true) => {
+                        o.report.blocks_skipped += 1;
+                        o.report.bytes_skipped += (size - index * bs).min(bs);
+                        continue;
+                    }
+                    Ok(false) => {}
+                    Err(err) => {
+                        o.report.error = Some(err.to_string());
+                        o.gave_up.get_or_insert(index);
+                        break;
+                    }
+                }
+            }
+            if let Err(err) = self.send_block(o, id, index, whole.as_mut()) {
+                o.report.error = Some(err.to_string());
+                o.gave_up.get_or_insert(index);
+                break;
+            }
+        }
+        o.report.digest = whole.map(|w| w.finalize().to_hex());
+        if o.pending == 0 {
+            self.end_file(id, o);
+        }
+    }
+
+    /// Whether block `index` of the source hashes to `theirs`.
+    fn source_block_matches(
+        &mut self,
+        o: &Outgoing,
+        id: u64,
+        index: u64,
+        theirs: &[u8],
+    ) -> Result<bool, TransferError> {
+        let e = &self.ctx.entries[id as usize];
+        let bs = self.ctx.opts.block_size as u64;
+        let offset = index * bs;
+        let len = (e.size - offset).min(bs) as usize;
+        let data = &mut self.buf[..len];
+        let source = o.source.as_ref().expect("files have a source");
+        source
+            .read_exact_at(data, offset)
+            .map_err(|err| source_read_error(e, err))?;
+        Ok(hash(defaults::BLOCK_ALGORITHM, data).as_bytes() == theirs)
     }
 
     /// Reads block `index` of entry `id` and sends it with its digest.
@@ -399,10 +449,9 @@ impl<'a> Stream<'a> {
         });
         self.conn.write_message(&msg).map_err(TransferError::Path)?;
         o.pending += 1;
-        o.bytes += len as u64;
-        self.in_flight += len as u64;
         let total = self.ctx.sent.fetch_add(len as u64, Ordering::Relaxed) + len as u64;
         (self.ctx.progress)(total);
+        crate::fault::maybe_kill(total);
         Ok(())
     }
 
@@ -414,9 +463,15 @@ impl<'a> Stream<'a> {
                 o.gave_up = Some(u64::MAX);
             }
         }
+        // A file the sender gave up on must never get its final name.
+        let blocks = if o.gave_up.is_some() || o.report.error.is_some() {
+            FileEnd::ABANDON
+        } else {
+            o.report.blocks
+        };
         let msg = Message::FileEnd {
             file: id,
-            blocks: o.report.blocks,
+            blocks,
             digest: Vec::new(),
         };
         if let Err(err) = self.conn.write_message(&msg) {
@@ -431,14 +486,10 @@ impl<'a> Stream<'a> {
                 let Some(mut o) = self.out.remove(&file) else {
                     return;
                 };
-                let bs = self.ctx.opts.block_size as u64;
-                let len = (self.ctx.entries[file as usize].size - index * bs).min(bs);
                 if o.pending > 0 {
                     o.pending -= 1;
                 }
-                if ok {
-                    self.in_flight -= len.min(self.in_flight);
-                } else {
+                if !ok {
                     o.ended = false;
                     let n = o.attempts.entry(index).or_insert(0);
                     *n += 1;
@@ -457,11 +508,19 @@ impl<'a> Stream<'a> {
                 }
                 self.out.insert(file, o);
             }
+            Message::Status { file, holding } => {
+                let Some(mut o) = self.out.remove(&file) else {
+                    return;
+                };
+                self.send_missing(file, &mut o, holding);
+                self.out.insert(file, o);
+            }
             Message::FileResult(r) => {
                 let Some(mut o) = self.out.remove(&r.file) else {
                     return;
                 };
-                self.in_flight -= o.bytes.min(self.in_flight);
+                o.report.unchanged = r.message == "unchanged" || r.message == "reverified";
+                self.release(r.file);
                 let secs = o.started.elapsed().as_secs_f64();
                 o.report.transfer_seconds = (secs - o.report.checksum_seconds).max(0.0);
                 match (r.status, o.gave_up, o.report.error.is_some()) {
@@ -491,6 +550,12 @@ impl<'a> Stream<'a> {
             Message::Refused { reason } => self.broken = Some(format!("server refused: {reason}")),
             other => self.broken = Some(format!("unexpected {} from the server", other.name())),
         }
+    }
+
+    /// Gives back a finished file's share of the window.
+    fn release(&mut self, id: u64) {
+        let size = self.ctx.entries[id as usize].size;
+        self.in_flight -= size.min(self.in_flight);
     }
 
     fn fail_all(&mut self) {

@@ -91,7 +91,8 @@ fn session(
     let mut conn = Connection::new(stream);
     server_handshake(&mut conn, cfg.key.as_ref(), loopback)?;
     let dest = Destination::open(&cfg.root)?;
-    receive(&mut conn, &dest)
+    let mut journal = crate::journal::Journal::open(&cfg.root)?;
+    receive(&mut conn, &dest, &mut journal)
 }
 
 fn io(e: std::io::Error) -> TransferError {

@@ -1,0 +1,194 @@
+//! The receiver's journal of verified blocks: an SQLite database in
+//! `ROOT/.intact/journal.sqlite`.
+//!
+//! A block is recorded only after it verified *and* the partial file's
+//! data was fdatasynced, so the journal never claims more than the disk
+//! holds. It is still only advice: on resume every recorded block is
+//! re-read from the partial file and re-hashed, and only blocks that match
+//! their recorded digest are skipped. A file that reached its final name is
+//! recorded as done, with its size, mtime and level, for the quick check
+//! that lets a repeated send move almost nothing.
+
+use std::path::Path;
+
+use rusqlite::{params, Connection, OptionalExtension};
+
+use crate::TransferError;
+
+/// Directory under the root that holds intact's own state; paths from the
+/// wire may not enter it.
+pub const STATE_DIR: &str = ".intact";
+
+/// One file's row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileRow {
+    /// Row id.
+    pub id: i64,
+    /// Size in bytes.
+    pub size: u64,
+    /// Modification time, seconds.
+    pub mtime_sec: i64,
+    /// Modification time, nanoseconds.
+    pub mtime_nsec: u32,
+    /// Block size in bytes.
+    pub block_size: u32,
+    /// Whether the file reached its final name.
+    pub done: bool,
+    /// The verification level it reached (wire id), when done.
+    pub level: u8,
+}
+
+/// The journal of one receiving root.
+pub struct Journal {
+    db: Connection,
+}
+
+fn db_err(e: rusqlite::Error) -> TransferError {
+    TransferError::Journal(e.to_string())
+}
+
+impl Journal {
+    /// Opens (creating it if needed) the journal of `root`.
+    pub fn open(root: &Path) -> Result<Journal, TransferError> {
+        let dir = root.join(STATE_DIR);
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| TransferError::Journal(format!("{}: {e}", dir.display())))?;
+        let db = Connection::open(dir.join("journal.sqlite")).map_err(db_err)?;
+        // Several sessions write at once: WAL lets readers go on, and a
+        // writer waits for another instead of failing.
+        db.busy_timeout(std::time::Duration::from_secs(30))
+            .map_err(db_err)?;
+        db.pragma_update(None, "journal_mode", "WAL")
+            .map_err(db_err)?;
+        db.pragma_update(None, "synchronous", "FULL")
+            .map_err(db_err)?;
+        db.execute_batch(
+            "CREATE TABLE IF NOT EXISTS files (
+                 id INTEGER PRIMARY KEY,
+                 path BLOB NOT NULL UNIQUE,
+                 size INTEGER NOT NULL,
+                 mtime_sec INTEGER NOT NULL,
+                 mtime_nsec INTEGER NOT NULL,
+                 block_size INTEGER NOT NULL,
+                 done INTEGER NOT NULL DEFAULT 0,
+                 level INTEGER NOT NULL DEFAULT 0
+             );
+             CREATE TABLE IF NOT EXISTS blocks (
+                 file INTEGER NOT NULL REFERENCES files(id) ON DELETE CASCADE,
+                 idx INTEGER NOT NULL,
+                 digest BLOB NOT NULL,
+                 PRIMARY KEY (file, idx)
+             );",
+        )
+        .map_err(db_err)?;
+        Ok(Journal { db })
+    }
+
+    /// The row for `path`, if any.
+    pub fn lookup(&self, path: &[u8]) -> Result<Option<FileRow>, TransferError> {
+        self.db
+            .query_row(
+                "SELECT id, size, mtime_sec, mtime_nsec, block_size, done, level FROM files WHERE path = ?1",
+                params![path],
+                |r| {
+                    Ok(FileRow {
+                        id: r.get(0)?,
+                        size: r.get::<_, i64>(1)? as u64,
+                        mtime_sec: r.get(2)?,
+                        mtime_nsec: r.get::<_, i64>(3)? as u32,
+                        block_size: r.get::<_, i64>(4)? as u32,
+                        done: r.get(5)?,
+                        level: r.get::<_, i64>(6)? as u8,
+                    })
+                },
+            )
+            .optional()
+            .map_err(db_err)
+    }
+
+    /// Starts `path` afresh (forgetting any blocks recorded for it).
+    pub fn start(
+        &mut self,
+        path: &[u8],
+        size: u64,
+        mtime: (i64, u32),
+        block_size: u32,
+    ) -> Result<i64, TransferError> {
+        let tx = self.db.transaction().map_err(db_err)?;
+        tx.execute(
+            "DELETE FROM blocks WHERE file IN (SELECT id FROM files WHERE path = ?1)",
+            params![path],
+        )
+        .map_err(db_err)?;
+        tx.execute(
+            "INSERT INTO files (path, size, mtime_sec, mtime_nsec, block_size, done, level)
+             VALUES (?1, ?2, ?3, ?4, ?5, 0, 0)
+             ON CONFLICT(path) DO UPDATE SET size = ?2, mtime_sec = ?3, mtime_nsec = ?4,
+                 block_size = ?5, done = 0, level = 0",
+            params![
+                path,
+                size as i64,
+                mtime.0,
+                i64::from(mtime.1),
+                i64::from(block_size)
+            ],
+        )
+        .map_err(db_err)?;
+        let id = tx
+            .query_row("SELECT id FROM files WHERE path = ?1", params![path], |r| {
+                r.get(0)
+            })
+            .map_err(db_err)?;
+        tx.commit().map_err(db_err)?;
+        Ok(id)
+    }
+
+    /// Marks the file unfinished again (its recorded blocks stay).
+    pub fn reopen(&self, id: i64) -> Result<(), TransferError> {
+        self.db
+            .execute("UPDATE files SET done = 0 WHERE id = ?1", params![id])
+            .map_err(db_err)?;
+        Ok(())
+    }
+
+    /// The blocks recorded for file `id`, with their digests.
+    pub fn blocks(&self, id: i64) -> Result<Vec<(u64, Vec<u8>)>, TransferError> {
+        let mut st = self
+            .db
+            .prepare("SELECT idx, digest FROM blocks WHERE file = ?1 ORDER BY idx")
+            .map_err(db_err)?;
+        let rows = st
+            .query_map(params![id], |r| Ok((r.get::<_, i64>(0)? as u64, r.get(1)?)))
+            .map_err(db_err)?;
+        rows.collect::<Result<_, _>>().map_err(db_err)
+    }
+
+    /// Records verified blocks (the caller has fdatasynced their data).
+    pub fn add_blocks(&mut self, id: i64, blocks: &[(u64, Vec<u8>)]) -> Result<(), TransferError> {
+        if blocks.is_empty() {
+            return Ok(());
+        }
+        let tx = self.db.transaction().map_err(db_err)?;
+        {
+            let mut st = tx
+                .prepare("INSERT OR REPLACE INTO blocks (file, idx, digest) VALUES (?1, ?2, ?3)")
+                .map_err(db_err)?;
+            for (idx, digest) in blocks {
+                st.execute(params![id, *idx as i64, digest])
+                    .map_err(db_err)?;
+            }
+        }
+        tx.commit().map_err(db_err)
+    }
+
+    /// Records that file `id` reached its final name at `level`.
+    pub fn done(&self, id: i64, level: u8) -> Result<(), TransferError> {
+        self.db
+            .execute(
+                "UPDATE files SET done = 1, level = ?2 WHERE id = ?1",
+                params![id, i64::from(level)],
+            )
+            .map_err(db_err)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,260 @@
+//! Resume: after either side is SIGKILLed mid-transfer, the same send
+//! moves only what was not yet verified; a repeated send of a complete
+//! dataset moves nothing; --reverify re-reads instead of trusting.
+
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+const MIB: u64 = 1 << 20;
+
+struct Server {
+    child: Child,
+    port: u16,
+    log: std::sync::mpsc::Receiver<String>,
+}
+
+impl Server {
+    /// Waits until the server has logged the end of `n` sessions, so that
+    /// what those sessions verified is in its journal.
+    fn wait_sessions_ended(&self, n: usize) {
+        for _ in 0..n {
+            let line = self.log.recv().expect("the server logs each session's end");
+            assert!(
+                line.contains("session ended") || line.contains("verified"),
+                "{line}"
+            );
+        }
+    }
+
+    fn start(root: &Path, kill_after: Option<u64>) -> Server {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_intact"));
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--root"])
+            .arg(root);
+        if let Some(n) = kill_after {
+            cmd.env("INTACT_FAULT_KILL_AFTER_BYTES", n.to_string());
+        }
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = line
+            .split("127.0.0.1:")
+            .nth(1)
+            .and_then(|s| s.split(',').next())
+            .unwrap()
+            .parse()
+            .unwrap();
+        let (tx, log) = std::sync::mpsc::channel();
+        let stderr = BufReader::new(child.stderr.take().unwrap());
+        std::thread::spawn(move || {
+            for l in stderr.lines().map_while(Result::ok) {
+                let _ = tx.send(l);
+            }
+        });
+        Server { child, port, log }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn dataset(root: &Path) -> (PathBuf, u64) {
+    let src = root.join("data");
+    fs::create_dir_all(src.join("many")).unwrap();
+    let mut total = 0;
+    for i in 0..24 {
+        let len = 256 * 1024 + i * 1000;
+        fs::write(
+            src.join(format!("many/f{i:02}")),
+            intact_sample::bytes(len as usize, i),
+        )
+        .unwrap();
+        total += len;
+    }
+    fs::write(
+        src.join("large.dat"),
+        intact_sample::bytes(40 * MIB as usize, 99),
+    )
+    .unwrap();
+    (src, total + 40 * MIB)
+}
+
+fn send(
+    src: &Path,
+    port: u16,
+    extra: &[&str],
+    kill_after: Option<u64>,
+) -> (std::process::ExitStatus, Option<serde_json::Value>) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_intact"));
+    cmd.args(["send", "--json", "--block-size", "64KiB"])
+        .args(extra)
+        .arg(src)
+        .arg(format!("127.0.0.1:{port}"));
+    if let Some(n) = kill_after {
+        cmd.env("INTACT_FAULT_KILL_AFTER_BYTES", n.to_string());
+    }
+    let out = cmd.output().unwrap();
+    (out.status, serde_json::from_slice(&out.stdout).ok())
+}
+
+/// Every file that carries its final name is complete and correct, and
+/// no hidden partial file pretends otherwise.
+fn final_names_are_all_verified(src: &Path, recv: &Path) {
+    for e in walkdir::WalkDir::new(recv)
+        .into_iter()
+        .filter_map(Result::ok)
+    {
+        let name = e.file_name().to_string_lossy();
+        if !e.file_type().is_file()
+            || name.starts_with(".intact")
+            || e.path().components().any(|c| c.as_os_str() == ".intact")
+        {
+            continue;
+        }
+        let rel = e.path().strip_prefix(recv.join("data")).unwrap();
+        assert_eq!(
+            fs::read(e.path()).unwrap(),
+            fs::read(src.join(rel)).unwrap(),
+            "{rel:?} carries its final name but is wrong"
+        );
+    }
+}
+
+fn same_data(src: &Path, dst: &Path) {
+    for e in walkdir::WalkDir::new(src)
+        .into_iter()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_file())
+    {
+        let rel = e.path().strip_prefix(src).unwrap();
+        assert_eq!(
+            fs::read(e.path()).unwrap(),
+            fs::read(dst.join(rel)).unwrap(),
+            "{rel:?}"
+        );
+    }
+}
+
+#[test]
+fn resume_after_the_sender_is_killed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, total) = dataset(dir.path());
+    let recv = dir.path().join("recv");
+    let server = Server::start(&recv, None);
+
+    let (status, _) = send(&src, server.port, &["--streams", "2"], Some(20 * MIB));
+    assert_eq!(
+        status.signal(),
+        Some(libc::SIGKILL),
+        "the sender died mid-transfer"
+    );
+    server.wait_sessions_ended(2);
+    final_names_are_all_verified(&src, &recv);
+
+    let (status, report) = send(&src, server.port, &["--streams", "2"], None);
+    assert!(status.success());
+    assert_resumed(&report.unwrap(), total);
+    same_data(&src, &recv.join("data"));
+}
+
+/// The resumed send moved only what was missing: every byte of the dataset
+/// was either sent now, skipped as already verified, or in a file the
+/// server already held whole; and something was not sent.
+fn assert_resumed(r: &serde_json::Value, total: u64) {
+    let files = r["files"].as_array().unwrap();
+    let skipped: u64 = files
+        .iter()
+        .map(|f| f["bytes_skipped"].as_u64().unwrap())
+        .sum();
+    let held: u64 = files
+        .iter()
+        .filter(|f| f["unchanged"] == true)
+        .map(|f| f["size"].as_u64().unwrap())
+        .sum();
+    let sent = r["bytes_sent"].as_u64().unwrap();
+    assert_eq!(sent + skipped + held, total, "{r}");
+    assert!(skipped + held > 0, "nothing was resumed: {r}");
+    assert_eq!(r["failed"], 0);
+}
+
+#[test]
+fn resume_after_the_server_is_killed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, total) = dataset(dir.path());
+    let recv = dir.path().join("recv");
+    // Each session dies at 30 MiB received: the 40 MiB file's stream has
+    // journaled at least 24 MiB by then (batches of 8 MiB).
+    let mut server = Server::start(&recv, Some(30 * MIB));
+    let (status, _) = send(&src, server.port, &["--streams", "2"], None);
+    assert_eq!(
+        status.code(),
+        Some(1),
+        "the send fails when the server dies"
+    );
+    let died = server.child.wait().unwrap();
+    assert_eq!(died.signal(), Some(libc::SIGKILL));
+    final_names_are_all_verified(&src, &recv);
+
+    let server = Server::start(&recv, None);
+    let (status, report) = send(&src, server.port, &["--streams", "2"], None);
+    assert!(status.success());
+    assert_resumed(&report.unwrap(), total);
+    same_data(&src, &recv.join("data"));
+}
+
+#[test]
+fn a_complete_dataset_is_not_sent_again_unless_reverified() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, total) = dataset(dir.path());
+    let recv = dir.path().join("recv");
+    let server = Server::start(&recv, None);
+    let (status, r) = send(&src, server.port, &[], None);
+    assert!(status.success());
+    assert_eq!(r.unwrap()["bytes_sent"], total);
+
+    let (status, r) = send(&src, server.port, &[], None);
+    assert!(status.success());
+    let r = r.unwrap();
+    assert_eq!(r["bytes_sent"], 0, "quick check: nothing moves");
+    assert!(r["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["kind"] == "file")
+        .all(|f| f["unchanged"] == true));
+
+    // Silent damage to a received file (same size, same mtime): the quick
+    // check cannot see it, --reverify can, and resends only that file.
+    let victim = recv.join("data/many/f03");
+    let meta = fs::metadata(&victim).unwrap();
+    let mut bytes = fs::read(&victim).unwrap();
+    bytes[1000] ^= 1;
+    fs::write(&victim, &bytes).unwrap();
+    fs::File::options()
+        .write(true)
+        .open(&victim)
+        .unwrap()
+        .set_modified(meta.modified().unwrap())
+        .unwrap();
+    let (status, r) = send(&src, server.port, &[], None);
+    assert!(status.success());
+    assert_eq!(r.unwrap()["bytes_sent"], 0);
+    let (status, r) = send(&src, server.port, &["--reverify"], None);
+    assert!(status.success());
+    let r = r.unwrap();
+    let f03 = fs::metadata(src.join("many/f03")).unwrap().len();
+    assert_eq!(r["bytes_sent"], f03, "only the damaged file moved: {r}");
+    same_data(&src, &recv.join("data"));
+}
