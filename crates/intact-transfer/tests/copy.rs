@@ -340,7 +340,15 @@ fn intact_state_names_are_reserved_at_the_destination() {
     let dst = dir.path().join("dst");
     let r = copy(&[src, sneaky], &dst, &opts(VerifyMode::Block), &|_| {}).unwrap();
     let errs: Vec<_> = r.files.iter().filter_map(|f| f.error.clone()).collect();
-    assert!(errs.iter().any(|e| e.contains(".intact/journal.sqlite") && e.contains("reserved")), "{errs:?}");
-    assert!(errs.iter().any(|e| e.contains(".intact-partial-0123") && e.contains("reserved")), "{errs:?}");
+    assert!(
+        errs.iter()
+            .any(|e| e.contains(".intact/journal.sqlite") && e.contains("reserved")),
+        "{errs:?}"
+    );
+    assert!(
+        errs.iter()
+            .any(|e| e.contains(".intact-partial-0123") && e.contains("reserved")),
+        "{errs:?}"
+    );
     assert!(!dst.join(".intact/journal.sqlite").exists());
 }

@@ -135,14 +135,31 @@ fn session<S: Read + Write>(
                     // A file that already failed: drop its blocks.
                     continue;
                 };
-                let ok = accept_block(f, b.index, &b.digest, &b.data, &mut buf)?;
-                if ok && f.mode != VerifyMode::None {
-                    f.unjournaled.push((b.index, b.digest.clone()));
-                    f.unjournaled_bytes += b.data.len() as u64;
-                    if f.unjournaled_bytes >= JOURNAL_BATCH {
-                        f.journal(journal)?;
+                let accepted =
+                    accept_block(f, b.index, &b.digest, &b.data, &mut buf).and_then(|ok| {
+                        if ok && f.mode != VerifyMode::None {
+                            f.unjournaled.push((b.index, b.digest.clone()));
+                            f.unjournaled_bytes += b.data.len() as u64;
+                            if f.unjournaled_bytes >= JOURNAL_BATCH {
+                                f.journal(journal)?;
+                            }
+                        }
+                        Ok(ok)
+                    });
+                let ok = match accepted {
+                    Ok(ok) => ok,
+                    // The destination failed this file (disk full, I/O
+                    // error): it fails alone; what verified stays journaled
+                    // for a later attempt, and the session goes on.
+                    Err(e @ (TransferError::Destination { .. } | TransferError::Journal(_))) => {
+                        let mut f = files.remove(&b.file).expect("looked up above");
+                        let _ = f.journal(journal);
+                        summary.failed += 1;
+                        conn.write_message(&failed(b.file, &e.to_string()))?;
+                        continue;
                     }
-                }
+                    Err(e) => return Err(e),
+                };
                 summary.bytes += b.data.len() as u64;
                 crate::fault::maybe_kill(summary.bytes);
                 summary.blocks_rejected += u64::from(!ok);
