@@ -5,6 +5,7 @@
 
 mod hash;
 mod runner;
+mod transfer;
 
 use clap::{Parser, Subcommand};
 
@@ -19,10 +20,13 @@ struct Cli {
 enum Bench {
     /// Hash one file in /dev/shm with intact and with the best public tool per algorithm.
     Hash(hash::HashArgs),
+    /// Transfer datasets with intact and with cp, rsync, rsync over ssh and a raw TCP pipe.
+    Transfer(transfer::TransferArgs),
 }
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().bench {
         Bench::Hash(a) => hash::run(&a),
+        Bench::Transfer(a) => transfer::run(&a),
     }
 }
