@@ -49,19 +49,38 @@ pub fn run(a: &TransferArgs) -> anyhow::Result<()> {
         }
     }
     let all = [
-        Dataset { name: "large", files: 1, file_size: ((4096.0 * a.scale) as u64).max(1) * MIB },
-        Dataset { name: "medium", files: ((2000.0 * a.scale) as u64).max(1), file_size: MIB },
-        Dataset { name: "small", files: ((20000.0 * a.scale) as u64).max(1), file_size: 16 * 1024 },
+        Dataset {
+            name: "large",
+            files: 1,
+            file_size: ((4096.0 * a.scale) as u64).max(1) * MIB,
+        },
+        Dataset {
+            name: "medium",
+            files: ((2000.0 * a.scale) as u64).max(1),
+            file_size: MIB,
+        },
+        Dataset {
+            name: "small",
+            files: ((20000.0 * a.scale) as u64).max(1),
+            file_size: 16 * 1024,
+        },
     ];
     std::fs::create_dir_all(&a.dir)?;
-    let ssh = if a.no_ssh { None } else { Some(Sshd::start(&a.dir.join("sshd"))?) };
+    let ssh = if a.no_ssh {
+        None
+    } else {
+        Some(Sshd::start(&a.dir.join("sshd"))?)
+    };
     let can_drop = drop_caches();
     println!(
         "intact-bench transfer: median of {} runs, page cache {}, each run ends with sync; MiB/s (higher is better)",
         a.runs,
         if can_drop { "dropped before each run" } else { "NOT dropped (not root)" }
     );
-    for d in all.iter().filter(|d| a.datasets.is_empty() || a.datasets.iter().any(|n| n == d.name)) {
+    for d in all
+        .iter()
+        .filter(|d| a.datasets.is_empty() || a.datasets.iter().any(|n| n == d.name))
+    {
         let src_parent = a.dir.join(format!("src-{}", d.name));
         let src = src_parent.join("data");
         make_dataset(&src, d)?;
@@ -77,15 +96,58 @@ pub fn run(a: &TransferArgs) -> anyhow::Result<()> {
         println!("|---|---:|---:|---:|---:|");
         let dst = a.dir.join("dst");
         let mut tools: Vec<(&str, Box<dyn Fn() -> anyhow::Result<f64> + '_>)> = vec![
-            ("intact send --verify none", Box::new(|| intact_send(&intact, &src, &dst, "none"))),
-            ("intact send --verify fiver", Box::new(|| intact_send(&intact, &src, &dst, "fiver"))),
-            ("intact copy --verify none", Box::new(|| timed(&dst, || run_cmd(Command::new(&intact).args(["copy", "--verify", "none"]).arg(&src).arg(&dst))))),
-            ("raw TCP pipe (tar | socket | tar)", Box::new(|| tar_pipe(&src, &dst))),
-            ("cp -r", Box::new(|| timed(&dst, || run_cmd(Command::new("cp").arg("-r").arg(&src).arg(&dst))))),
-            ("rsync -a", Box::new(|| timed(&dst, || run_cmd(Command::new("rsync").arg("-a").arg(&src).arg(format!("{}/", dst.display())))))),
+            (
+                "intact send --verify none",
+                Box::new(|| intact_send(&intact, &src, &dst, "none")),
+            ),
+            (
+                "intact send --verify fiver",
+                Box::new(|| intact_send(&intact, &src, &dst, "fiver")),
+            ),
+            (
+                "intact copy --verify none",
+                Box::new(|| {
+                    timed(&dst, || {
+                        run_cmd(
+                            Command::new(&intact)
+                                .args(["copy", "--verify", "none"])
+                                .arg(&src)
+                                .arg(&dst),
+                        )
+                    })
+                }),
+            ),
+            (
+                "raw TCP pipe (tar | socket | tar)",
+                Box::new(|| tar_pipe(&src, &dst)),
+            ),
+            (
+                "cp -r",
+                Box::new(|| {
+                    timed(&dst, || {
+                        run_cmd(Command::new("cp").arg("-r").arg(&src).arg(&dst))
+                    })
+                }),
+            ),
+            (
+                "rsync -a",
+                Box::new(|| {
+                    timed(&dst, || {
+                        run_cmd(
+                            Command::new("rsync")
+                                .arg("-a")
+                                .arg(&src)
+                                .arg(format!("{}/", dst.display())),
+                        )
+                    })
+                }),
+            ),
         ];
         if let Some(s) = &ssh {
-            tools.push(("rsync -a -e ssh (127.0.0.1)", Box::new(|| timed(&dst, || s.rsync(&src, &dst)))));
+            tools.push((
+                "rsync -a -e ssh (127.0.0.1)",
+                Box::new(|| timed(&dst, || s.rsync(&src, &dst))),
+            ));
         }
         let mut results = Vec::new();
         for (name, f) in &tools {
@@ -98,11 +160,17 @@ pub fn run(a: &TransferArgs) -> anyhow::Result<()> {
             results.push((name.to_string(), median(times)));
         }
         fresh(&dst)?;
-        let find = |prefix: &str| results.iter().find(|(n, _)| n.starts_with(prefix)).map(|r| r.1);
+        let find = |prefix: &str| {
+            results
+                .iter()
+                .find(|(n, _)| n.starts_with(prefix))
+                .map(|r| r.1)
+        };
         let pipe = find("raw TCP pipe");
         let rsync_ssh = find("rsync -a -e ssh");
         for (name, t) in &results {
-            let ratio = |other: Option<f64>| other.map_or("–".into(), |o| format!("{:.2}", o / t));
+            let ratio =
+                |other: Option<f64>| other.map_or("–".into(), |o| format!("{:.2}", o / t));
             println!(
                 "| {name} | {t:.2} | {:.0} | {} | {} |",
                 bytes as f64 / MIB as f64 / t,
@@ -179,7 +247,14 @@ fn intact_send(intact: &Path, src: &Path, dst: &Path, verify: &str) -> anyhow::R
         .and_then(|s| s.split(',').next())
         .context("no address from intact serve")?
         .to_string();
-    let t = timed(dst, || run_cmd(Command::new(intact).args(["send", "--verify", verify]).arg(src).arg(&addr)));
+    let t = timed(dst, || {
+        run_cmd(
+            Command::new(intact)
+                .args(["send", "--verify", verify])
+                .arg(src)
+                .arg(&addr),
+        )
+    });
     let _ = server.kill();
     let _ = server.wait();
     t
@@ -190,7 +265,11 @@ fn tar_pipe(src: &Path, dst: &Path) -> anyhow::Result<f64> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let addr = listener.local_addr()?;
     let t = Instant::now();
-    let mut untar = Command::new("tar").args(["-xf", "-", "-C"]).arg(dst).stdin(Stdio::piped()).spawn()?;
+    let mut untar = Command::new("tar")
+        .args(["-xf", "-", "-C"])
+        .arg(dst)
+        .stdin(Stdio::piped())
+        .spawn()?;
     let mut untar_in = untar.stdin.take().expect("piped");
     let receiver = std::thread::spawn(move || -> std::io::Result<u64> {
         let (mut sock, _) = listener.accept()?;
@@ -225,13 +304,21 @@ struct Sshd {
 
 impl Sshd {
     fn start(dir: &Path) -> anyhow::Result<Sshd> {
-        let sshd = ["/usr/sbin/sshd", "/usr/bin/sshd"].into_iter().find(|p| Path::new(p).exists());
-        let Some(sshd) = sshd else { bail!("sshd is not installed: run scripts/setup --bench (or pass --no-ssh)") };
+        let sshd = ["/usr/sbin/sshd", "/usr/bin/sshd"]
+            .into_iter()
+            .find(|p| Path::new(p).exists());
+        let Some(sshd) = sshd else {
+            bail!("sshd is not installed: run scripts/setup --bench (or pass --no-ssh)")
+        };
         let _ = std::fs::remove_dir_all(dir);
         std::fs::create_dir_all(dir)?;
         std::fs::create_dir_all("/run/sshd")?;
         for name in ["host", "client"] {
-            run_cmd(Command::new("ssh-keygen").args(["-q", "-t", "ed25519", "-N", "", "-f"]).arg(dir.join(name)))?;
+            run_cmd(
+                Command::new("ssh-keygen")
+                    .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+                    .arg(dir.join(name)),
+            )?;
         }
         std::fs::copy(dir.join("client.pub"), dir.join("authorized_keys"))?;
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
@@ -246,11 +333,26 @@ impl Sshd {
                 dir.join("sshd.pid").display()
             ),
         )?;
-        let child = Command::new(sshd).arg("-D").arg("-e").arg("-f").arg(&config).stderr(Stdio::null()).spawn()?;
-        let s = Sshd { child, port, key: dir.join("client") };
+        let child = Command::new(sshd)
+            .arg("-D")
+            .arg("-e")
+            .arg("-f")
+            .arg(&config)
+            .stderr(Stdio::null())
+            .spawn()?;
+        let s = Sshd {
+            child,
+            port,
+            key: dir.join("client"),
+        };
         // Ready when a command runs through it.
         for _ in 0..50 {
-            if s.ssh_command().arg("127.0.0.1").arg("true").status()?.success() {
+            if s.ssh_command()
+                .arg("127.0.0.1")
+                .arg("true")
+                .status()?
+                .success()
+            {
                 return Ok(s);
             }
             std::thread::sleep(std::time::Duration::from_millis(100));
@@ -275,7 +377,12 @@ impl Sshd {
     }
 
     fn rsync(&self, src: &Path, dst: &Path) -> anyhow::Result<()> {
-        run_cmd(Command::new("rsync").args(["-a", "-e", &self.ssh_args()]).arg(src).arg(format!("127.0.0.1:{}/", dst.display())))
+        run_cmd(
+            Command::new("rsync")
+                .args(["-a", "-e", &self.ssh_args()])
+                .arg(src)
+                .arg(format!("127.0.0.1:{}/", dst.display())),
+        )
     }
 }
 

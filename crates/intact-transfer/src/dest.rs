@@ -221,6 +221,77 @@ impl Destination {
     }
 }
 
+impl Destination {
+    /// Commits many verified files at once, for many small files: sets each
+    /// one's mode and time, makes all their data durable with one syncfs
+    /// (one fsync when there is a single file), renames each to its final
+    /// name, and fsyncs each distinct directory once. Returns one result
+    /// per file, in order; a file's result is Ok only after its data, its
+    /// name and its directory are durable.
+    pub fn commit_batch(
+        &self,
+        batch: Vec<(PartialFile, u32, Mtime)>,
+    ) -> Vec<Result<(), TransferError>> {
+        let mut results: Vec<Result<(), TransferError>> = Vec::with_capacity(batch.len());
+        for (f, mode, mtime) in &batch {
+            let p = &f.path;
+            results.push(
+                rfs::fchmod(&f.file, Mode::from_raw_mode(mode & 0o7777))
+                    .and_then(|()| rfs::futimens(&f.file, &mtime.timestamps()))
+                    .map_err(|e| dest_err(p, e)),
+            );
+        }
+        let synced = if batch.len() == 1 {
+            batch[0]
+                .0
+                .file
+                .sync_all()
+                .map_err(|e| dest_err(&batch[0].0.path, e))
+        } else {
+            rfs::syncfs(&self.root).map_err(|e| TransferError::Destination {
+                path: "(file system)".into(),
+                source: e.into(),
+            })
+        };
+        let mut dirs: Vec<(u64, u64, &OwnedFd)> = Vec::new();
+        for (r, (f, _, _)) in results.iter_mut().zip(&batch) {
+            if r.is_ok() {
+                if let Err(e) = &synced {
+                    *r = Err(dest_err(&f.path, std::io::Error::other(e.to_string())));
+                    continue;
+                }
+                *r = f.rename_into_place();
+                if r.is_ok() {
+                    if let Ok(st) = rfs::fstat(&f.dir) {
+                        let key = (st.st_dev, st.st_ino);
+                        if !dirs.iter().any(|d| (d.0, d.1) == key) {
+                            dirs.push((key.0, key.1, &f.dir));
+                        }
+                    }
+                }
+            }
+        }
+        let mut dir_errors = Vec::new();
+        for (dev, ino, fd) in &dirs {
+            if let Err(e) = rfs::fsync(fd) {
+                dir_errors.push(((*dev, *ino), e));
+            }
+        }
+        if !dir_errors.is_empty() {
+            for (r, (f, _, _)) in results.iter_mut().zip(&batch) {
+                let Ok(st) = rfs::fstat(&f.dir) else { continue };
+                if let Some((_, e)) = dir_errors
+                    .iter()
+                    .find(|(k, _)| *k == (st.st_dev, st.st_ino))
+                {
+                    *r = Err(dest_err(&f.path, *e));
+                }
+            }
+        }
+        results
+    }
+}
+
 /// A file being received under its hidden partial name.
 pub struct PartialFile {
     dir: OwnedFd,
@@ -249,12 +320,19 @@ impl PartialFile {
         rfs::fchmod(&self.file, Mode::from_raw_mode(mode & 0o7777)).map_err(|e| dest_err(p, e))?;
         rfs::futimens(&self.file, &mtime.timestamps()).map_err(|e| dest_err(p, e))?;
         self.file.sync_all().map_err(|e| dest_err(p, e))?;
+        self.rename_into_place()?;
+        rfs::fsync(self.dir.as_fd()).map_err(|e| dest_err(p, e))
+    }
+
+    /// Renames the partial file to its final name (refusing to replace a
+    /// directory). The caller makes the directory durable.
+    fn rename_into_place(&self) -> Result<(), TransferError> {
+        let p = &self.path;
         if let Ok(st) = rfs::statat(&self.dir, &self.name, AtFlags::SYMLINK_NOFOLLOW) {
             if rfs::FileType::from_raw_mode(st.st_mode) == rfs::FileType::Directory {
                 return Err(dest_err(p, Errno::ISDIR));
             }
         }
-        rfs::renameat(&self.dir, &self.tmp, &self.dir, &self.name).map_err(|e| dest_err(p, e))?;
-        rfs::fsync(self.dir.as_fd()).map_err(|e| dest_err(p, e))
+        rfs::renameat(&self.dir, &self.tmp, &self.dir, &self.name).map_err(|e| dest_err(p, e))
     }
 }

@@ -181,14 +181,29 @@ impl Journal {
         tx.commit().map_err(db_err)
     }
 
-    /// Records that file `id` reached its final name at `level`.
-    pub fn done(&self, id: i64, level: u8) -> Result<(), TransferError> {
-        self.db
-            .execute(
-                "UPDATE files SET done = 1, level = ?2 WHERE id = ?1",
-                params![id, i64::from(level)],
-            )
-            .map_err(db_err)?;
-        Ok(())
+    /// Records, in one transaction, files that reached their final names:
+    /// (row, blocks verified since the last record, level).
+    pub fn done_batch(
+        &mut self,
+        files: &[(i64, Vec<(u64, Vec<u8>)>, u8)],
+    ) -> Result<(), TransferError> {
+        let tx = self.db.transaction().map_err(db_err)?;
+        {
+            let mut add = tx
+                .prepare("INSERT OR REPLACE INTO blocks (file, idx, digest) VALUES (?1, ?2, ?3)")
+                .map_err(db_err)?;
+            let mut done = tx
+                .prepare("UPDATE files SET done = 1, level = ?2 WHERE id = ?1")
+                .map_err(db_err)?;
+            for (id, blocks, level) in files {
+                for (idx, digest) in blocks {
+                    add.execute(params![id, *idx as i64, digest])
+                        .map_err(db_err)?;
+                }
+                done.execute(params![id, i64::from(*level)])
+                    .map_err(db_err)?;
+            }
+        }
+        tx.commit().map_err(db_err)
     }
 }

@@ -24,6 +24,10 @@ use crate::TransferError;
 /// How many times one file may come back for re-verification rounds.
 const MAX_ROUNDS: u32 = 16;
 
+/// Verified files committed together at most (one syncfs, one fsync per
+/// directory, one journal transaction).
+const GROUP_COMMIT_FILES: usize = 256;
+
 /// Verified-but-unjournaled data after which the partial file is
 /// fdatasynced and its blocks recorded, in bytes: what a server crash can
 /// cost a file in resent data, against one fdatasync per batch.
@@ -93,8 +97,12 @@ pub fn receive<S: Read + Write>(
     journal: &mut Journal,
 ) -> Result<SessionSummary, TransferError> {
     let mut files: HashMap<u64, Incoming> = HashMap::new();
-    let result = session(conn, dest, journal, &mut files);
-    // However the session ended, keep what verified for the next attempt.
+    let mut ready: Vec<(u64, Incoming)> = Vec::new();
+    let result = session(conn, dest, journal, &mut files, &mut ready);
+    // However the session ended, keep what verified for the next attempt
+    // (files still waiting for the group commit included: they stay
+    // partial, every block journaled, and the next send only ends them).
+    files.extend(ready);
     for f in files.values_mut() {
         let _ = f.journal(journal);
     }
@@ -106,12 +114,16 @@ fn session<S: Read + Write>(
     dest: &Destination,
     journal: &mut Journal,
     files: &mut HashMap<u64, Incoming>,
+    ready: &mut Vec<(u64, Incoming)>,
 ) -> Result<SessionSummary, TransferError> {
     let mut dirs: Vec<(WirePath, u32, Mtime)> = Vec::new();
     let mut summary = SessionSummary::default();
     let mut buf = AlignedBuf::new(0);
     loop {
         if !conn.has_buffered_message() {
+            // About to wait for the sender: commit what is ready first, so
+            // its results go out now and small files share their fsyncs.
+            commit_ready(conn, dest, journal, ready, &mut summary)?;
             conn.flush()?;
         }
         let Some(msg) = conn.read_message()? else {
@@ -203,29 +215,10 @@ fn session<S: Read + Write>(
                         ))?;
                     }
                     Ok(_) => {
-                        let level = f.mode.level();
-                        let mtime = Mtime {
-                            sec: f.entry.mtime_sec,
-                            nsec: f.entry.mtime_nsec,
-                        };
-                        let row = f.row;
-                        let blocks = std::mem::take(&mut f.unjournaled);
-                        let committed = f
-                            .partial
-                            .commit(f.entry.mode, mtime)
-                            .and_then(|()| journal.add_blocks(row, &blocks))
-                            .and_then(|()| journal.done(row, level.wire_id()));
-                        let r = match committed {
-                            Ok(()) => {
-                                summary.verified += 1;
-                                verified(file, level)
-                            }
-                            Err(e) => {
-                                summary.failed += 1;
-                                failed(file, &e.to_string())
-                            }
-                        };
-                        conn.write_message(&r)?;
+                        ready.push((file, f));
+                        if ready.len() >= GROUP_COMMIT_FILES {
+                            commit_ready(conn, dest, journal, ready, &mut summary)?;
+                        }
                     }
                     Err(e) => {
                         summary.failed += 1;
@@ -234,6 +227,7 @@ fn session<S: Read + Write>(
                 }
             }
             Message::Bye => {
+                commit_ready(conn, dest, journal, ready, &mut summary)?;
                 for (path, mode, mtime) in dirs.iter().rev() {
                     // A directory whose entry succeeded but whose final
                     // metadata cannot be set is only logged by the sender's
@@ -252,6 +246,58 @@ fn session<S: Read + Write>(
             }
         }
     }
+}
+
+/// Commits the ready files as one group and sends their results.
+fn commit_ready<S: Read + Write>(
+    conn: &mut Connection<S>,
+    dest: &Destination,
+    journal: &mut Journal,
+    ready: &mut Vec<(u64, Incoming)>,
+    summary: &mut SessionSummary,
+) -> Result<(), TransferError> {
+    if ready.is_empty() {
+        return Ok(());
+    }
+    let mut meta = Vec::with_capacity(ready.len());
+    let mut batch = Vec::with_capacity(ready.len());
+    for (id, mut f) in ready.drain(..) {
+        let mtime = Mtime {
+            sec: f.entry.mtime_sec,
+            nsec: f.entry.mtime_nsec,
+        };
+        meta.push((
+            id,
+            f.row,
+            std::mem::take(&mut f.unjournaled),
+            f.mode.level(),
+        ));
+        batch.push((f.partial, f.entry.mode, mtime));
+    }
+    let results = dest.commit_batch(batch);
+    let done: Vec<(i64, Vec<(u64, Vec<u8>)>, u8)> = meta
+        .iter()
+        .zip(&results)
+        .filter(|(_, r)| r.is_ok())
+        .map(|((_, row, blocks, level), _)| (*row, blocks.clone(), level.wire_id()))
+        .collect();
+    // A journal failure does not undo a durable, verified file; it only
+    // means a later send may move it again.
+    let _ = journal.done_batch(&done);
+    for ((id, _, _, level), r) in meta.into_iter().zip(results) {
+        let msg = match r {
+            Ok(()) => {
+                summary.verified += 1;
+                verified(id, level)
+            }
+            Err(e) => {
+                summary.failed += 1;
+                failed(id, &e.to_string())
+            }
+        };
+        conn.write_message(&msg)?;
+    }
+    Ok(())
 }
 
 fn verified(file: u64, level: VerifyLevel) -> Message {
