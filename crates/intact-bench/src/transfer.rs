@@ -41,6 +41,9 @@ struct Dataset {
 
 const MIB: u64 = 1 << 20;
 
+/// A named tool: one timed run from the dataset into a fresh destination.
+type Tool<'a> = (&'a str, Box<dyn Fn() -> anyhow::Result<f64> + 'a>);
+
 pub fn run(a: &TransferArgs) -> anyhow::Result<()> {
     let intact = intact_binary()?;
     for need in ["tar", "cp", "rsync"] {
@@ -95,7 +98,7 @@ pub fn run(a: &TransferArgs) -> anyhow::Result<()> {
         println!("| tool | median s | MiB/s | vs raw TCP pipe | vs rsync over ssh |");
         println!("|---|---:|---:|---:|---:|");
         let dst = a.dir.join("dst");
-        let mut tools: Vec<(&str, Box<dyn Fn() -> anyhow::Result<f64> + '_>)> = vec![
+        let mut tools: Vec<Tool<'_>> = vec![
             (
                 "intact send --verify none",
                 Box::new(|| intact_send(&intact, &src, &dst, "none")),

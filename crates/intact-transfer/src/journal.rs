@@ -19,6 +19,9 @@ use crate::TransferError;
 /// wire may not enter it.
 pub const STATE_DIR: &str = ".intact";
 
+/// Verified blocks of a file: (block number, digest).
+pub type BlockDigests = Vec<(u64, Vec<u8>)>;
+
 /// One file's row.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileRow {
@@ -183,10 +186,7 @@ impl Journal {
 
     /// Records, in one transaction, files that reached their final names:
     /// (row, blocks verified since the last record, level).
-    pub fn done_batch(
-        &mut self,
-        files: &[(i64, Vec<(u64, Vec<u8>)>, u8)],
-    ) -> Result<(), TransferError> {
+    pub fn done_batch(&mut self, files: &[(i64, BlockDigests, u8)]) -> Result<(), TransferError> {
         let tx = self.db.transaction().map_err(db_err)?;
         {
             let mut add = tx

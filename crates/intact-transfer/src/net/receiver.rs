@@ -275,7 +275,7 @@ fn commit_ready<S: Read + Write>(
         batch.push((f.partial, f.entry.mode, mtime));
     }
     let results = dest.commit_batch(batch);
-    let done: Vec<(i64, Vec<(u64, Vec<u8>)>, u8)> = meta
+    let done: Vec<(i64, crate::journal::BlockDigests, u8)> = meta
         .iter()
         .zip(&results)
         .filter(|(_, r)| r.is_ok())
