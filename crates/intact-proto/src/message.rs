@@ -166,6 +166,9 @@ pub enum Message {
     FileResult(FileResult),
     /// Nothing more will be sent.
     Bye,
+    /// The sender will send nothing more until it gets results: the
+    /// receiver should commit what it has verified and answer now.
+    Waiting,
     /// The receiver's answer to a file's Entry: what it already holds.
     /// (A file it holds whole and unchanged is answered by a FileResult.)
     Status {
@@ -186,6 +189,7 @@ const FILE_END: u8 = 7;
 const FILE_RESULT: u8 = 8;
 const BYE: u8 = 9;
 const STATUS: u8 = 10;
+const WAITING: u8 = 11;
 
 /// Most blocks one Status may list (keeps the frame under the limit).
 pub const MAX_STATUS_BLOCKS: usize = (MAX_FRAME - 64) / (8 + 4 + MAX_DIGEST);
@@ -204,6 +208,7 @@ impl Message {
             Message::FileResult(_) => "FileResult",
             Message::Bye => "Bye",
             Message::Status { .. } => "Status",
+            Message::Waiting => "Waiting",
         }
     }
 
@@ -286,6 +291,7 @@ impl Message {
                 w.bytes(truncate_text(&r.message).as_bytes());
             }
             Message::Bye => w.u8(BYE),
+            Message::Waiting => w.u8(WAITING),
             Message::Status { file, holding } => {
                 w.u8(STATUS);
                 w.u64(*file);
@@ -321,6 +327,7 @@ impl Message {
             FILE_RESULT => "FileResult",
             BYE => "Bye",
             STATUS => "Status",
+            WAITING => "Waiting",
             other => return Err(ProtoError::UnknownType(other)),
         };
         let mut r = Reader { buf: rest, name };
@@ -406,6 +413,7 @@ impl Message {
                 };
                 Message::Status { file, holding }
             }
+            WAITING => Message::Waiting,
             _ => Message::Bye,
         };
         if !r.buf.is_empty() {

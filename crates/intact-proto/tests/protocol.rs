@@ -109,6 +109,7 @@ fn arb_message() -> impl Strategy<Value = Message> {
             }
         ),
         Just(Message::Bye),
+        Just(Message::Waiting),
         (
             any::<u64>(),
             proptest::option::of(proptest::collection::vec(

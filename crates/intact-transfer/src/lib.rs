@@ -19,6 +19,7 @@ mod dest;
 mod error;
 pub mod fault;
 mod journal;
+mod limits;
 mod net;
 mod source;
 mod verify;
@@ -27,6 +28,7 @@ pub use copy::{copy, CopyOptions, CopyReport, FileReport, LinkFault, Progress};
 pub use dest::{partial_name, Destination, Mtime, PartialFile};
 pub use error::TransferError;
 pub use journal::{FileRow, Journal, STATE_DIR};
+pub use limits::raise_open_file_limit;
 pub use net::{
     receive, send, serve, wake, SendOptions, ServerConfig, SessionSummary, MAX_BYTES_IN_FLIGHT,
     MAX_FILES_IN_FLIGHT,

@@ -17,6 +17,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
         Some(f) => Some(intact_proto::Key::from_file(f)?),
         None => None,
     };
+    intact_transfer::raise_open_file_limit();
     let listener = TcpListener::bind(&args.listen)
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
     let addr = listener.local_addr()?;

@@ -26,7 +26,7 @@ const MAX_ROUNDS: u32 = 16;
 
 /// Verified files committed together at most (one syncfs, one fsync per
 /// directory, one journal transaction).
-const GROUP_COMMIT_FILES: usize = 256;
+const GROUP_COMMIT_FILES: usize = 1024;
 
 /// Verified-but-unjournaled data after which the partial file is
 /// fdatasynced and its blocks recorded, in bytes: what a server crash can
@@ -62,7 +62,7 @@ struct Incoming {
 
 impl Incoming {
     /// Makes the verified data durable, then records it.
-    fn journal(&mut self, journal: &mut Journal) -> Result<(), TransferError> {
+    fn journal(&mut self, journal: &Journal) -> Result<(), TransferError> {
         if self.unjournaled.is_empty() {
             return Ok(());
         }
@@ -94,7 +94,7 @@ pub(crate) fn block_algorithm_id() -> u8 {
 pub fn receive<S: Read + Write>(
     conn: &mut Connection<S>,
     dest: &Destination,
-    journal: &mut Journal,
+    journal: &Journal,
 ) -> Result<SessionSummary, TransferError> {
     let mut files: HashMap<u64, Incoming> = HashMap::new();
     let mut ready: Vec<(u64, Incoming)> = Vec::new();
@@ -112,7 +112,7 @@ pub fn receive<S: Read + Write>(
 fn session<S: Read + Write>(
     conn: &mut Connection<S>,
     dest: &Destination,
-    journal: &mut Journal,
+    journal: &Journal,
     files: &mut HashMap<u64, Incoming>,
     ready: &mut Vec<(u64, Incoming)>,
 ) -> Result<SessionSummary, TransferError> {
@@ -121,9 +121,6 @@ fn session<S: Read + Write>(
     let mut buf = AlignedBuf::new(0);
     loop {
         if !conn.has_buffered_message() {
-            // About to wait for the sender: commit what is ready first, so
-            // its results go out now and small files share their fsyncs.
-            commit_ready(conn, dest, journal, ready, &mut summary)?;
             conn.flush()?;
         }
         let Some(msg) = conn.read_message()? else {
@@ -226,6 +223,11 @@ fn session<S: Read + Write>(
                     }
                 }
             }
+            Message::Waiting => {
+                // The sender blocks until it hears back: commit the group
+                // now, so small files share one syncfs and their results go.
+                commit_ready(conn, dest, journal, ready, &mut summary)?;
+            }
             Message::Bye => {
                 commit_ready(conn, dest, journal, ready, &mut summary)?;
                 for (path, mode, mtime) in dirs.iter().rev() {
@@ -252,7 +254,7 @@ fn session<S: Read + Write>(
 fn commit_ready<S: Read + Write>(
     conn: &mut Connection<S>,
     dest: &Destination,
-    journal: &mut Journal,
+    journal: &Journal,
     ready: &mut Vec<(u64, Incoming)>,
     summary: &mut SessionSummary,
 ) -> Result<(), TransferError> {
@@ -326,7 +328,7 @@ fn failed(file: u64, why: &str) -> Message {
 /// already held whole, or the Status of a file whose blocks must come.
 fn begin(
     dest: &Destination,
-    journal: &mut Journal,
+    journal: &Journal,
     e: Entry,
     files: &mut HashMap<u64, Incoming>,
     dirs: &mut Vec<(WirePath, u32, Mtime)>,
@@ -359,7 +361,7 @@ fn begin(
 
 fn begin_file(
     dest: &Destination,
-    journal: &mut Journal,
+    journal: &Journal,
     e: Entry,
     files: &mut HashMap<u64, Incoming>,
     buf: &mut AlignedBuf,

@@ -37,6 +37,7 @@ pub fn serve(
     log: Arc<dyn Fn(String) + Send + Sync>,
 ) -> Result<(), TransferError> {
     Destination::open(&cfg.root)?;
+    let journal = Arc::new(crate::journal::Journal::open(&cfg.root)?);
     let active = Arc::new(AtomicUsize::new(0));
     for stream in listener.incoming() {
         if shutdown.load(Ordering::SeqCst) {
@@ -58,12 +59,13 @@ pub fn serve(
         }
         active.fetch_add(1, Ordering::SeqCst);
         let (cfg, log, active) = (cfg.clone(), Arc::clone(&log), Arc::clone(&active));
+        let journal = Arc::clone(&journal);
         std::thread::spawn(move || {
             let peer = stream
                 .peer_addr()
                 .map(|a| a.to_string())
                 .unwrap_or_default();
-            match session(stream, &cfg) {
+            match session(stream, &cfg, &journal) {
                 Ok(s) => log(format!(
                     "{peer}: {} files verified, {} failed, {} blocks asked again, {} bytes",
                     s.verified, s.failed, s.blocks_rejected, s.bytes
@@ -79,6 +81,7 @@ pub fn serve(
 fn session(
     stream: TcpStream,
     cfg: &ServerConfig,
+    journal: &crate::journal::Journal,
 ) -> Result<crate::net::SessionSummary, TransferError> {
     stream
         .set_read_timeout(Some(cfg.idle_timeout))
@@ -91,8 +94,7 @@ fn session(
     let mut conn = Connection::new(stream);
     server_handshake(&mut conn, cfg.key.as_ref(), loopback)?;
     let dest = Destination::open(&cfg.root)?;
-    let mut journal = crate::journal::Journal::open(&cfg.root)?;
-    receive(&mut conn, &dest, &mut journal)
+    receive(&mut conn, &dest, journal)
 }
 
 fn io(e: std::io::Error) -> TransferError {
