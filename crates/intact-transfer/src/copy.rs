@@ -178,20 +178,38 @@ pub fn copy(
         .into_iter()
         .map(|r| r.expect("every entry reported"))
         .collect();
-    let failed = files.iter().filter(|f| f.error.is_some()).count() + scanned.errors.len();
-    Ok(CopyReport {
-        bytes: scanned.entries.iter().map(|e| e.size).sum(),
-        bytes_sent: sent.load(Ordering::Relaxed),
-        failed: failed as u64,
+    Ok(CopyReport::new(
         files,
-        errors: scanned.errors.iter().map(|e| e.to_string()).collect(),
-        skipped: scanned
-            .skipped
-            .iter()
-            .map(|p| p.display().to_string())
-            .collect(),
-        seconds: start.elapsed().as_secs_f64(),
-    })
+        &scanned,
+        sent.load(Ordering::Relaxed),
+        start,
+    ))
+}
+
+impl CopyReport {
+    /// The report of a run: per-entry reports in scan order, the scan's
+    /// own errors and skips, bytes read and sent, and the time since `start`.
+    pub(crate) fn new(
+        files: Vec<FileReport>,
+        scanned: &crate::source::Scan,
+        bytes_sent: u64,
+        start: Instant,
+    ) -> CopyReport {
+        let failed = files.iter().filter(|f| f.error.is_some()).count() + scanned.errors.len();
+        CopyReport {
+            bytes: scanned.entries.iter().map(|e| e.size).sum(),
+            bytes_sent,
+            failed: failed as u64,
+            files,
+            errors: scanned.errors.iter().map(|e| e.to_string()).collect(),
+            skipped: scanned
+                .skipped
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect(),
+            seconds: start.elapsed().as_secs_f64(),
+        }
+    }
 }
 
 pub(crate) fn simple_report(

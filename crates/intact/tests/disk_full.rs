@@ -4,9 +4,8 @@
 //! a small tmpfs); skips loudly otherwise.
 
 use std::fs;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 
 /// A tmpfs of a given size, lazily unmounted on every path out of the test.
 struct SmallFs(PathBuf);
@@ -41,14 +40,8 @@ impl Drop for SmallFs {
     }
 }
 
-struct Server(Child, u16);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+mod common;
+use common::Server;
 
 fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
@@ -70,30 +63,12 @@ fn disk_full_fails_cleanly_and_the_send_completes_after_space_is_freed() {
         fs::write(src.join(format!("f{i}")), intact_sample::bytes(1 << 20, i)).unwrap();
     }
 
-    let mut child = Command::new(env!("CARGO_BIN_EXE_intact"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--root"])
-        .arg(&root)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let port: u16 = line
-        .split("127.0.0.1:")
-        .nth(1)
-        .and_then(|s| s.split(',').next())
-        .unwrap()
-        .parse()
-        .unwrap();
-    let server = Server(child, port);
+    let server = Server::start(&root);
     let send = || {
         Command::new(env!("CARGO_BIN_EXE_intact"))
             .args(["send", "--streams", "1", "--block-size", "256KiB"])
             .arg(&src)
-            .arg(format!("127.0.0.1:{}", server.1))
+            .arg(server.addr())
             .output()
             .unwrap()
     };

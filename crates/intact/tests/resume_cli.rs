@@ -3,71 +3,36 @@
 //! dataset moves nothing; --reverify re-reads instead of trusting.
 
 use std::fs;
-use std::io::{BufRead, BufReader};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 
 const MIB: u64 = 1 << 20;
 
-struct Server {
-    child: Child,
-    port: u16,
-    log: std::sync::mpsc::Receiver<String>,
-}
+mod common;
+use common::Server;
 
-impl Server {
-    /// Waits until the server has logged the end of `n` sessions, so that
-    /// what those sessions verified is in its journal.
-    fn wait_sessions_ended(&self, n: usize) {
-        for _ in 0..n {
-            let line = self.log.recv().expect("the server logs each session's end");
-            assert!(
-                line.contains("session ended") || line.contains("verified"),
-                "{line}"
-            );
-        }
-    }
-
-    fn start(root: &Path, kill_after: Option<u64>) -> Server {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_intact"));
-        cmd.args(["serve", "--listen", "127.0.0.1:0", "--root"])
-            .arg(root);
-        if let Some(n) = kill_after {
-            cmd.env("INTACT_FAULT_KILL_AFTER_BYTES", n.to_string());
-        }
-        let mut child = cmd
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let port = line
-            .split("127.0.0.1:")
-            .nth(1)
-            .and_then(|s| s.split(',').next())
-            .unwrap()
-            .parse()
-            .unwrap();
-        let (tx, log) = std::sync::mpsc::channel();
-        let stderr = BufReader::new(child.stderr.take().unwrap());
-        std::thread::spawn(move || {
-            for l in stderr.lines().map_while(Result::ok) {
-                let _ = tx.send(l);
-            }
-        });
-        Server { child, port, log }
+/// Waits until `server` has logged the end of `n` sessions, so that what
+/// those sessions verified is in its journal.
+fn wait_sessions_ended(server: &Server, n: usize) {
+    for _ in 0..n {
+        let line = server
+            .log
+            .recv()
+            .expect("the server logs each session's end");
+        assert!(
+            line.contains("session ended") || line.contains("verified"),
+            "{line}"
+        );
     }
 }
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+fn start(root: &Path, kill_after: Option<u64>) -> Server {
+    let env: Vec<(&str, String)> = kill_after
+        .map(|n| ("INTACT_FAULT_KILL_AFTER_BYTES", n.to_string()))
+        .into_iter()
+        .collect();
+    Server::start_with(root, &[], &env)
 }
 
 fn dataset(root: &Path) -> (PathBuf, u64) {
@@ -152,7 +117,7 @@ fn resume_after_the_sender_is_killed() {
     let dir = tempfile::tempdir().unwrap();
     let (src, total) = dataset(dir.path());
     let recv = dir.path().join("recv");
-    let server = Server::start(&recv, None);
+    let server = start(&recv, None);
 
     let (status, _) = send(&src, server.port, &["--streams", "2"], Some(20 * MIB));
     assert_eq!(
@@ -160,7 +125,7 @@ fn resume_after_the_sender_is_killed() {
         Some(libc::SIGKILL),
         "the sender died mid-transfer"
     );
-    server.wait_sessions_ended(2);
+    wait_sessions_ended(&server, 2);
     final_names_are_all_verified(&src, &recv);
 
     let (status, report) = send(&src, server.port, &["--streams", "2"], None);
@@ -196,7 +161,7 @@ fn resume_after_the_server_is_killed() {
     let recv = dir.path().join("recv");
     // Each session dies at 30 MiB received: the 40 MiB file's stream has
     // journaled at least 24 MiB by then (batches of 8 MiB).
-    let mut server = Server::start(&recv, Some(30 * MIB));
+    let mut server = start(&recv, Some(30 * MIB));
     let (status, _) = send(&src, server.port, &["--streams", "2"], None);
     assert_eq!(
         status.code(),
@@ -207,7 +172,7 @@ fn resume_after_the_server_is_killed() {
     assert_eq!(died.signal(), Some(libc::SIGKILL));
     final_names_are_all_verified(&src, &recv);
 
-    let server = Server::start(&recv, None);
+    let server = start(&recv, None);
     let (status, report) = send(&src, server.port, &["--streams", "2"], None);
     assert!(status.success());
     assert_resumed(&report.unwrap(), total);
@@ -219,7 +184,7 @@ fn a_complete_dataset_is_not_sent_again_unless_reverified() {
     let dir = tempfile::tempdir().unwrap();
     let (src, total) = dataset(dir.path());
     let recv = dir.path().join("recv");
-    let server = Server::start(&recv, None);
+    let server = start(&recv, None);
     let (status, r) = send(&src, server.port, &[], None);
     assert!(status.success());
     assert_eq!(r.unwrap()["bytes_sent"], total);

@@ -1,62 +1,22 @@
 //! `intact serve` and `intact send` as real processes over loopback.
 
 use std::fs;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 
 use intact_proto::{client_handshake, Connection, Entry, EntryKind, Message, WirePath};
 
-/// A running `intact serve`, stopped with SIGTERM when dropped.
-struct Server {
-    child: Child,
-    port: u16,
-}
+mod common;
+use common::Server;
 
-impl Server {
-    fn start(root: &Path, key: Option<&Path>) -> Server {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_intact"));
-        cmd.args(["serve", "--listen", "127.0.0.1:0", "--root"])
-            .arg(root);
-        if let Some(k) = key {
-            cmd.arg("--key-file").arg(k);
-        }
-        let mut child = cmd
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let port = line
-            .split("127.0.0.1:")
-            .nth(1)
-            .and_then(|s| s.split(',').next())
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("no port in {line:?}"));
-        Server { child, port }
-    }
-
-    fn addr(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
-    }
-
-    fn terminate(&mut self) -> std::process::ExitStatus {
-        // SAFETY: signalling our own child process.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        self.child.wait().unwrap()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Stops `server` with SIGTERM and returns how it exited.
+fn terminate(server: &mut Server) -> std::process::ExitStatus {
+    // SAFETY: signalling our own child process.
+    unsafe { libc::kill(server.child.id() as i32, libc::SIGTERM) };
+    server.child.wait().unwrap()
 }
 
 fn send(args: &[&str]) -> Output {
@@ -115,7 +75,7 @@ fn every_mode_delivers_the_tree_and_sigterm_stops_the_server() {
     let dir = tempfile::tempdir().unwrap();
     let src = tree(dir.path());
     let recv = dir.path().join("recv");
-    let mut server = Server::start(&recv, None);
+    let mut server = Server::start(&recv);
     for mode in ["none", "sequential", "file", "block", "fiver"] {
         let target = format!("{}:/{mode}", server.addr());
         let out = send(&[
@@ -150,7 +110,7 @@ fn every_mode_delivers_the_tree_and_sigterm_stops_the_server() {
         };
         assert_eq!(f["level"], level, "{mode}");
     }
-    let status = server.terminate();
+    let status = terminate(&mut server);
     assert!(status.success(), "serve exits 0 on SIGTERM: {status}");
 }
 
@@ -167,7 +127,11 @@ fn keys_are_checked_both_ways() {
     let src = tree(dir.path());
     let good = key_file(dir.path(), "good", "a shared secret for this test");
     let bad = key_file(dir.path(), "bad", "some other secret entirely!!");
-    let server = Server::start(&dir.path().join("recv"), Some(&good));
+    let server = Server::start_with(
+        &dir.path().join("recv"),
+        &["--key-file", good.to_str().unwrap()],
+        &[],
+    );
     let s = src.to_str().unwrap();
     let out = send(&["--key-file", good.to_str().unwrap(), s, &server.addr()]);
     assert!(
@@ -196,7 +160,7 @@ fn hostile_clients_are_cut_off_and_others_still_served() {
     fs::create_dir_all(&outside).unwrap();
     fs::create_dir_all(&recv).unwrap();
     std::os::unix::fs::symlink(&outside, recv.join("evil")).unwrap();
-    let server = Server::start(&recv, None);
+    let server = Server::start(&recv);
 
     // A peer that connects and says nothing holds no one up.
     let _silent = TcpStream::connect(server.addr()).unwrap();
@@ -297,7 +261,7 @@ fn a_block_corrupted_in_flight_is_resent_alone() {
     let data = intact_sample::bytes(1 << 20, 42);
     fs::write(&file, &data).unwrap();
     let recv = dir.path().join("recv");
-    let server = Server::start(&recv, None);
+    let server = Server::start(&recv);
     // 200,000 bytes in: well past the handshake and headers, inside block 1.
     let port = flipping_proxy(server.addr(), 200_000);
     let out = send(&[

@@ -158,20 +158,12 @@ pub fn send(
             r
         }));
     }
-    let failed = files.iter().filter(|f| f.error.is_some()).count() + scanned.errors.len();
-    Ok(CopyReport {
-        bytes: entries.iter().map(|e| e.size).sum(),
-        bytes_sent: sent.load(Ordering::Relaxed),
-        failed: failed as u64,
+    Ok(CopyReport::new(
         files,
-        errors: scanned.errors.iter().map(|e| e.to_string()).collect(),
-        skipped: scanned
-            .skipped
-            .iter()
-            .map(|p| p.display().to_string())
-            .collect(),
-        seconds: start.elapsed().as_secs_f64(),
-    })
+        &scanned,
+        sent.load(Ordering::Relaxed),
+        start,
+    ))
 }
 
 struct Ctx<'a> {
