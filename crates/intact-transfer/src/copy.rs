@@ -151,9 +151,8 @@ pub fn copy(
                 loop {
                     let n = next.fetch_add(1, Ordering::Relaxed);
                     let Some(&i) = files.get(n) else { break };
-                    if let Some(r) = stream.file(i, &scanned.entries[i]) {
-                        results.lock().expect("no panics hold it").push((i, r));
-                    }
+                    let done = stream.file(i, &scanned.entries[i]);
+                    results.lock().expect("no panics hold it").extend(done);
                 }
                 for (i, r) in stream.finish() {
                     results.lock().expect("no panics hold it").push((i, r));
@@ -280,6 +279,7 @@ struct Stream<'a, 'ctx> {
     wire: Option<AlignedBuf>,
     jobs: Option<mpsc::SyncSender<Job>>,
     done: Option<mpsc::Receiver<(usize, FileReport)>>,
+    group: CommitGroup,
 }
 
 impl<'a, 'ctx> Stream<'a, 'ctx> {
@@ -307,34 +307,40 @@ impl<'a, 'ctx> Stream<'a, 'ctx> {
                 .map(|_| AlignedBuf::new(ctx.opts.block_size)),
             jobs,
             done,
+            group: CommitGroup::default(),
         }
     }
 
-    /// Transfers entry `i`; returns its report unless the verifier will.
-    fn file(&mut self, i: usize, e: &SourceEntry) -> Option<FileReport> {
+    /// Transfers entry `i`; returns the reports that are final now (the
+    /// verifier and the commit group hand over the others later).
+    fn file(&mut self, i: usize, e: &SourceEntry) -> Vec<(usize, FileReport)> {
         let started = Instant::now();
         match self.transfer(i, e, started) {
             Ok(w) if self.ctx.opts.verify == VerifyMode::File => {
                 let jobs = self.jobs.as_ref().expect("file mode has a verifier");
                 jobs.send(Job::File(Box::new(w))).expect("verifier alive");
-                None
+                Vec::new()
             }
-            Ok(w) => Some(finish_file(self.ctx, w, &mut self.buf)),
+            Ok(w) => {
+                let finished = finish_file(self.ctx, w, &mut self.buf);
+                self.group.add(self.ctx.dest, finished)
+            }
             Err((mut report, err)) => {
                 report.error = Some(err.to_string());
                 report.level = None;
-                Some(report)
+                vec![(i, report)]
             }
         }
     }
 
-    /// Reports of files the verifier finished (file mode).
-    fn finish(self) -> Vec<(usize, FileReport)> {
+    /// Commits what is still waiting and collects the verifier's reports.
+    fn finish(mut self) -> Vec<(usize, FileReport)> {
+        let mut reports = self.group.commit(self.ctx.dest);
         drop(self.jobs);
-        match self.done {
-            Some(rx) => rx.into_iter().collect(),
-            None => Vec::new(),
+        if let Some(rx) = self.done {
+            reports.extend(rx);
         }
+        reports
     }
 
     /// Reads, checks, sends and writes every block of `e`.
@@ -514,6 +520,7 @@ pub(crate) fn check_unchanged(source: &File, e: &SourceEntry) -> Result<(), Tran
 fn verifier(ctx: &Ctx<'_>, jobs: mpsc::Receiver<Job>, done: mpsc::Sender<(usize, FileReport)>) {
     let mut buf = AlignedBuf::new(ctx.opts.block_size);
     let mut failed = Vec::new();
+    let mut group = CommitGroup::default();
     for job in jobs {
         match job {
             Job::Block {
@@ -533,16 +540,29 @@ fn verifier(ctx: &Ctx<'_>, jobs: mpsc::Receiver<Job>, done: mpsc::Sender<(usize,
                 let _ = reply.send(std::mem::take(&mut failed));
             }
             Job::File(w) => {
-                let i = w.entry_index;
-                let _ = done.send((i, finish_file(ctx, *w, &mut buf)));
+                for r in group.add(ctx.dest, finish_file(ctx, *w, &mut buf)) {
+                    let _ = done.send(r);
+                }
             }
         }
     }
+    for r in group.commit(ctx.dest) {
+        let _ = done.send(r);
+    }
 }
 
-/// Verifies a written file as its mode says, repairs bad blocks by
-/// resending them, and commits it under its final name.
-fn finish_file(ctx: &Ctx<'_>, mut w: Written, buf: &mut AlignedBuf) -> FileReport {
+/// A verified file waiting for its group commit: (entry index, report,
+/// partial file, mode bits, mtime).
+type Ready = (usize, FileReport, PartialFile, u32, crate::dest::Mtime);
+
+/// Verifies a written file as its mode says and repairs bad blocks by
+/// resending them. Returns it ready to commit, or its failed report.
+#[allow(clippy::result_large_err)]
+fn finish_file(
+    ctx: &Ctx<'_>,
+    mut w: Written,
+    buf: &mut AlignedBuf,
+) -> Result<Ready, (usize, FileReport)> {
     let mode = ctx.opts.verify;
     let started = Instant::now();
     let result = (|| -> Result<(), TransferError> {
@@ -558,13 +578,71 @@ fn finish_file(ctx: &Ctx<'_>, mut w: Written, buf: &mut AlignedBuf) -> FileRepor
         Ok(())
     })();
     w.report.checksum_seconds += started.elapsed().as_secs_f64();
-    let mut report = w.report.clone();
-    let commit = result.and_then(|()| w.partial.commit(w.entry.mode, w.entry.mtime));
-    if let Err(e) = commit {
-        report.error = Some(e.to_string());
-        report.level = None;
+    match result {
+        Ok(()) => Ok((
+            w.entry_index,
+            w.report,
+            w.partial,
+            w.entry.mode,
+            w.entry.mtime,
+        )),
+        Err(e) => {
+            let mut report = w.report;
+            report.error = Some(e.to_string());
+            report.level = None;
+            Err((w.entry_index, report))
+        }
     }
-    report
+}
+
+/// Files committed together at most (one syncfs, one fsync per directory).
+const GROUP_COMMIT_FILES: usize = 256;
+
+/// Verified files waiting to be committed as a group, so that many small
+/// files share their fsyncs; a file's report says verified only after its
+/// data, name and directory are durable.
+#[derive(Default)]
+struct CommitGroup {
+    ready: Vec<Ready>,
+}
+
+impl CommitGroup {
+    /// Adds a finished file; commits the group when it is full. Returns the
+    /// reports that are final now.
+    fn add(
+        &mut self,
+        dest: &Destination,
+        finished: Result<Ready, (usize, FileReport)>,
+    ) -> Vec<(usize, FileReport)> {
+        match finished {
+            Err(failed) => vec![failed],
+            Ok(r) => {
+                self.ready.push(r);
+                if self.ready.len() >= GROUP_COMMIT_FILES {
+                    self.commit(dest)
+                } else {
+                    Vec::new()
+                }
+            }
+        }
+    }
+
+    /// Commits everything waiting; returns their reports.
+    fn commit(&mut self, dest: &Destination) -> Vec<(usize, FileReport)> {
+        let mut reports = Vec::with_capacity(self.ready.len());
+        let mut batch = Vec::with_capacity(self.ready.len());
+        for (i, report, partial, mode, mtime) in self.ready.drain(..) {
+            reports.push((i, report));
+            batch.push((partial, mode, mtime));
+        }
+        for ((_, report), result) in reports.iter_mut().zip(dest.commit_batch(batch)) {
+            if let Err(e) = result {
+                report.error = Some(e.to_string());
+                report.level = None;
+            }
+        }
+        reports
+    }
 }
 
 /// Sequential and file modes: re-reads both copies block by block and

@@ -4,7 +4,7 @@
 
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -310,18 +310,6 @@ impl PartialFile {
     /// The destination path.
     pub fn path(&self) -> &WirePath {
         &self.path
-    }
-
-    /// Sets mode and time, fsyncs the data, renames the file to its final
-    /// name (atomically replacing a previous file or symlink of that name)
-    /// and fsyncs the directory, so the name survives a crash too.
-    pub fn commit(self, mode: u32, mtime: Mtime) -> Result<(), TransferError> {
-        let p = &self.path;
-        rfs::fchmod(&self.file, Mode::from_raw_mode(mode & 0o7777)).map_err(|e| dest_err(p, e))?;
-        rfs::futimens(&self.file, &mtime.timestamps()).map_err(|e| dest_err(p, e))?;
-        self.file.sync_all().map_err(|e| dest_err(p, e))?;
-        self.rename_into_place()?;
-        rfs::fsync(self.dir.as_fd()).map_err(|e| dest_err(p, e))
     }
 
     /// Renames the partial file to its final name (refusing to replace a

@@ -4,7 +4,8 @@
 //! their contents, symlinks as links). [`Destination`] is the receiving
 //! root: every path is resolved under it without following symlinks, a
 //! file is written under a hidden partial name and gets its final name
-//! only through [`PartialFile::commit`] (fsync, rename, directory fsync).
+//! only through [`Destination::commit_batch`] (fsync or syncfs, rename,
+//! directory fsync).
 //! [`copy`] runs the block pipeline between a local source and a local
 //! destination with any [`VerifyMode`] and reports, per file, the
 //! [`VerifyLevel`] it really reached.
