@@ -408,16 +408,22 @@ impl<'a> Stream<'a> {
         index: u64,
         theirs: &[u8],
     ) -> Result<bool, TransferError> {
+        let len = self.read_block(o, id, index)?;
+        Ok(hash(defaults::BLOCK_ALGORITHM, &self.buf[..len]).as_bytes() == theirs)
+    }
+
+    /// Reads block `index` of entry `id` from the source into the stream's
+    /// buffer; returns its length.
+    fn read_block(&mut self, o: &Outgoing, id: u64, index: u64) -> Result<usize, TransferError> {
         let e = &self.ctx.entries[id as usize];
         let bs = self.ctx.opts.block_size as u64;
         let offset = index * bs;
         let len = (e.size - offset).min(bs) as usize;
-        let data = &mut self.buf[..len];
         let source = o.source.as_ref().expect("files have a source");
         source
-            .read_exact_at(data, offset)
+            .read_exact_at(&mut self.buf[..len], offset)
             .map_err(|err| source_read_error(e, err))?;
-        Ok(hash(defaults::BLOCK_ALGORITHM, data).as_bytes() == theirs)
+        Ok(len)
     }
 
     /// Reads block `index` of entry `id` and sends it with its digest.
@@ -428,15 +434,8 @@ impl<'a> Stream<'a> {
         index: u64,
         whole: Option<&mut Hasher>,
     ) -> Result<(), TransferError> {
-        let e = &self.ctx.entries[id as usize];
-        let bs = self.ctx.opts.block_size as u64;
-        let offset = index * bs;
-        let len = (e.size - offset).min(bs) as usize;
-        let data = &mut self.buf[..len];
-        let source = o.source.as_ref().expect("files have a source");
-        source
-            .read_exact_at(data, offset)
-            .map_err(|err| source_read_error(e, err))?;
+        let len = self.read_block(o, id, index)?;
+        let data = &self.buf[..len];
         let t = Instant::now();
         let digest = match self.ctx.opts.verify {
             VerifyMode::None => Vec::new(),
