@@ -1,0 +1,139 @@
+//! Whether a read can reach a device under a file at all.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+
+use crate::CacheError;
+
+/// What lies under a file's page cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case", tag = "kind")]
+pub enum Backing {
+    /// A local block-device file system: an evicted page is read back from
+    /// the device.
+    Device {
+        /// File-system name, for reports.
+        fs: &'static str,
+    },
+    /// No read can be proven to reach a device: the best level is `cache`.
+    CacheOnly {
+        /// File-system name.
+        fs: &'static str,
+        /// Why, in a few words.
+        why: &'static str,
+    },
+}
+
+impl Backing {
+    /// Whether an evicted page is read back from a device.
+    pub fn has_device(self) -> bool {
+        matches!(self, Backing::Device { .. })
+    }
+
+    /// The file system's name.
+    pub fn fs(self) -> &'static str {
+        match self {
+            Backing::Device { fs } | Backing::CacheOnly { fs, .. } => fs,
+        }
+    }
+}
+
+// statfs(2) magic numbers (linux/magic.h and the file systems' own headers).
+const NO_DEVICE: &[(i64, &str)] = &[
+    (0x0102_1994, "tmpfs"),
+    (0x8584_58f6, "ramfs"),
+    (0x6265_6572, "sysfs"),
+    (0x9fa0, "proc"),
+];
+const REMOTE: &[(i64, &str)] = &[
+    (0x6969, "nfs"),
+    (0x6573_5546, "fuse"),
+    (0x517b, "smb"),
+    (0xfe53_4d42, "smb2"),
+    (0xff53_4d42, "cifs"),
+    (0x0102_1997, "9p"),
+    (0x00c3_6400, "ceph"),
+    (0x5346_414f, "afs"),
+    (0x7375_7245, "coda"),
+    (0x0bd0_0bd0, "lustre"),
+    (0x4750_4653, "gpfs"),
+    (0x1983_0326, "beegfs"),
+];
+const OWN_CACHE: &[(i64, &str)] = &[(0x2fc1_2fc1, "zfs")];
+const KNOWN_LOCAL: &[(i64, &str)] = &[
+    (0xef53, "ext4"),
+    (0x5846_5342, "xfs"),
+    (0x9123_683e, "btrfs"),
+    (0xf2f5_2010, "f2fs"),
+    (0x794c_7630, "overlay"),
+    (0x4d44, "vfat"),
+    (0x2011_bab0, "exfat"),
+    (0x3153_464a, "jfs"),
+    (0xe0f5_e1e2, "erofs"),
+    (0x7371_7368, "squashfs"),
+    (0x0116_1970, "gfs2"),
+    (0x7461_636f, "ocfs2"),
+    (0x4244, "hfs"),
+    (0x5346_544e, "ntfs"),
+];
+
+/// What lies under `file`, from `fstatfs`.
+pub fn backing(file: &File) -> Result<Backing, CacheError> {
+    // SAFETY: fstatfs fills the zeroed struct we own.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid fd, valid pointer.
+    if unsafe { libc::fstatfs(file.as_raw_fd(), &mut st) } != 0 {
+        return Err(CacheError::last("fstatfs"));
+    }
+    Ok(classify(st.f_type as i64 & 0xffff_ffff))
+}
+
+fn classify(magic: i64) -> Backing {
+    let find =
+        |table: &[(i64, &'static str)]| table.iter().find(|(m, _)| *m == magic).map(|(_, n)| *n);
+    if let Some(fs) = find(NO_DEVICE) {
+        return Backing::CacheOnly {
+            fs,
+            why: "the file system keeps its data in memory; there is no device to read",
+        };
+    }
+    if let Some(fs) = find(REMOTE) {
+        return Backing::CacheOnly {
+            fs,
+            why: "a network or FUSE file system: eviction only reaches the local cache, not the storage",
+        };
+    }
+    if let Some(fs) = find(OWN_CACHE) {
+        return Backing::CacheOnly {
+            fs,
+            why: "the file system caches data outside the page cache (ZFS ARC), where eviction does not reach",
+        };
+    }
+    Backing::Device {
+        fs: find(KNOWN_LOCAL).unwrap_or("local"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classifies_the_kinds() {
+        assert_eq!(classify(0xef53), Backing::Device { fs: "ext4" });
+        assert!(!classify(0x0102_1994).has_device());
+        assert_eq!(classify(0x6969).fs(), "nfs");
+        assert!(!classify(0x2fc1_2fc1).has_device());
+        assert_eq!(classify(0x1234).fs(), "local");
+    }
+
+    #[test]
+    fn dev_shm_is_cache_only() {
+        let Ok(f) = tempfile::tempfile_in("/dev/shm") else {
+            eprintln!("SKIP dev_shm_is_cache_only: no /dev/shm here");
+            return;
+        };
+        assert_eq!(backing(&f).unwrap().fs(), "tmpfs");
+        assert!(!backing(&f).unwrap().has_device());
+    }
+}

@@ -1,0 +1,178 @@
+//! Evicting a byte range from the page cache, and proving it.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+
+use crate::CacheError;
+
+/// The page size eviction and residency work in, in bytes.
+pub const PAGE: u64 = 4096;
+
+/// Rounds of flush + drop + check before giving up on stubborn pages.
+const MAX_ROUNDS: u32 = 4;
+
+/// The largest page-cache folio (PMD size on x86-64 and arm64 with 4 KiB
+/// pages), in bytes.
+const MAX_FOLIO: u64 = 2 << 20;
+
+/// What one eviction did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Eviction {
+    /// Pages in the range.
+    pub pages: u64,
+    /// Pages `mincore` still found resident after the last round: 0 means
+    /// the next read of the range comes from below the page cache.
+    pub resident: u64,
+    /// Rounds used.
+    pub rounds: u32,
+}
+
+/// The page-aligned range covering `offset..offset + len`.
+fn aligned(offset: u64, len: u64) -> (u64, u64) {
+    let start = offset / PAGE * PAGE;
+    let end = (offset + len).div_ceil(PAGE) * PAGE;
+    (start, end - start)
+}
+
+/// Flushes, drops and confirms the pages of `offset..offset + len` of
+/// `file` (which must be open for reading).
+///
+/// Dirty pages cannot be dropped, so the range is written back and waited
+/// for first (`sync_file_range`, or `fdatasync` where that is refused);
+/// then `POSIX_FADV_DONTNEED`; then `mincore` counts what is still there.
+/// Pages that stay (another process reading the file, a racing write) get
+/// more rounds, up to a bound; the result says how many remained.
+pub fn evict(file: &File, offset: u64, len: u64) -> Result<Eviction, CacheError> {
+    if len == 0 {
+        return Ok(Eviction::default());
+    }
+    let (start, alen) = aligned(offset, len);
+    let mut out = Eviction {
+        pages: alen / PAGE,
+        ..Eviction::default()
+    };
+    while out.rounds < MAX_ROUNDS {
+        out.rounds += 1;
+        // A large folio that straddles the range's ends is not dropped by
+        // DONTNEED on the range (the kernel only drops folios wholly inside
+        // it), so later rounds widen the range to the largest folio size.
+        let (start, alen) = if out.rounds == 1 {
+            (start, alen)
+        } else {
+            let s = start / MAX_FOLIO * MAX_FOLIO;
+            (s, (start + alen).div_ceil(MAX_FOLIO) * MAX_FOLIO - s)
+        };
+        flush(file, start, alen)?;
+        // SAFETY: plain syscall on a valid fd; no memory is passed.
+        let r = unsafe {
+            libc::posix_fadvise(
+                file.as_raw_fd(),
+                start as libc::off_t,
+                alen as libc::off_t,
+                libc::POSIX_FADV_DONTNEED,
+            )
+        };
+        if r != 0 {
+            return Err(CacheError::Io {
+                op: "posix_fadvise(DONTNEED)",
+                source: std::io::Error::from_raw_os_error(r),
+            });
+        }
+        out.resident = resident(file, offset, len)?;
+        if out.resident == 0 {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+/// Writes back the dirty pages of a range and waits for them.
+fn flush(file: &File, start: u64, len: u64) -> Result<(), CacheError> {
+    let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
+        | libc::SYNC_FILE_RANGE_WRITE
+        | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+    // SAFETY: plain syscall on a valid fd.
+    let r = unsafe {
+        libc::sync_file_range(
+            file.as_raw_fd(),
+            start as libc::off64_t,
+            len as libc::off64_t,
+            flags,
+        )
+    };
+    if r == 0 {
+        return Ok(());
+    }
+    match std::io::Error::last_os_error().raw_os_error() {
+        // Not a file system that has it: the whole-file flush does the job.
+        Some(libc::ENOSYS | libc::EINVAL | libc::ESPIPE | libc::EOPNOTSUPP) => {
+            file.sync_data().map_err(|source| CacheError::Io {
+                op: "fdatasync",
+                source,
+            })
+        }
+        _ => Err(CacheError::last("sync_file_range")),
+    }
+}
+
+/// Pages of `offset..offset + len` of `file` now in the page cache, by
+/// `mincore` on a read-only shared mapping of the range. Pages past the
+/// end of the file count as not resident.
+pub fn resident(file: &File, offset: u64, len: u64) -> Result<u64, CacheError> {
+    if len == 0 {
+        return Ok(0);
+    }
+    let (start, alen) = aligned(offset, len);
+    let mut count = 0u64;
+    // Map at most 1 GiB at a time: address space is plenty, but the
+    // residency vector is one byte per page.
+    const CHUNK: u64 = 1 << 30;
+    let mut at = start;
+    while at < start + alen {
+        let n = (start + alen - at).min(CHUNK);
+        count += resident_chunk(file, at, n)?;
+        at += n;
+    }
+    Ok(count)
+}
+
+fn resident_chunk(file: &File, start: u64, len: u64) -> Result<u64, CacheError> {
+    // SAFETY: a fresh read-only shared mapping that nothing dereferences;
+    // it is only passed to mincore and unmapped below.
+    let addr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len as usize,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            start as libc::off_t,
+        )
+    };
+    if addr == libc::MAP_FAILED {
+        return Err(CacheError::last("mmap (for mincore)"));
+    }
+    let mut vec = vec![0u8; (len / PAGE) as usize];
+    // SAFETY: addr..addr+len is our mapping; vec has one byte per page.
+    let r = unsafe { libc::mincore(addr, len as usize, vec.as_mut_ptr()) };
+    let err = (r != 0).then(|| CacheError::last("mincore"));
+    // SAFETY: unmapping exactly what mmap returned.
+    unsafe { libc::munmap(addr, len as usize) };
+    if let Some(e) = err {
+        return Err(e);
+    }
+    Ok(vec.iter().filter(|b| *b & 1 != 0).count() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alignment_covers_partial_pages() {
+        assert_eq!(aligned(0, 1), (0, PAGE));
+        assert_eq!(aligned(4095, 2), (0, 2 * PAGE));
+        assert_eq!(aligned(PAGE, PAGE), (PAGE, PAGE));
+        assert_eq!(aligned(3 * PAGE + 1, PAGE), (3 * PAGE, 2 * PAGE));
+    }
+}

@@ -1,0 +1,207 @@
+//! Verification reads that reach the device, and say whether they did.
+
+use std::fmt;
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use crate::{backing, evict, Backing, CacheError, PAGE};
+
+/// How a verification read reaches the data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReadPath {
+    /// Flush and evict the range (confirmed by `mincore`), then a buffered
+    /// read, which must fetch every page from the device. Works on every
+    /// local file system and proves itself page by page.
+    #[default]
+    Evict,
+    /// `O_DIRECT`: the read bypasses the page cache. Falls back to
+    /// [`ReadPath::Evict`] where the file system refuses it.
+    Direct,
+    /// A plain read, served by the cache when it can be: only for the
+    /// modes that do not claim the device.
+    Cached,
+}
+
+impl ReadPath {
+    /// Name on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReadPath::Evict => "evict",
+            ReadPath::Direct => "direct",
+            ReadPath::Cached => "cached",
+        }
+    }
+}
+
+impl fmt::Display for ReadPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for ReadPath {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        [ReadPath::Evict, ReadPath::Direct, ReadPath::Cached]
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| format!("unknown read path '{s}' (evict, direct, cached)"))
+    }
+}
+
+/// What one read did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ReadOutcome {
+    /// Whether every byte came from the device: a device-backed file system
+    /// and either `O_DIRECT` or an eviction that left no page resident.
+    pub device: bool,
+    /// Pages still resident after eviction (evict path only).
+    pub resident: u64,
+    /// Time spent flushing and evicting.
+    pub evict_time: Duration,
+}
+
+/// Reads ranges of one file by a [`ReadPath`].
+#[derive(Debug)]
+pub struct DeviceReader {
+    path: ReadPath,
+    direct: Option<File>,
+    backing: Backing,
+    fallback: Option<String>,
+}
+
+impl DeviceReader {
+    /// A reader of `file` (open for reading) by `path`. `O_DIRECT` is tried
+    /// here; if the file system refuses it the reader uses evict-then-read
+    /// and [`DeviceReader::fallback`] says why.
+    pub fn new(file: &File, path: ReadPath) -> Result<DeviceReader, CacheError> {
+        let mut r = DeviceReader {
+            path,
+            direct: None,
+            backing: backing(file)?,
+            fallback: None,
+        };
+        if path == ReadPath::Direct {
+            // A second descriptor of the same open file, with O_DIRECT; the
+            // caller's descriptor keeps buffered semantics for its writes.
+            let proc_path = format!("/proc/self/fd/{}", file.as_raw_fd());
+            match OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(&proc_path)
+            {
+                Ok(f) => r.direct = Some(f),
+                Err(e) => r.fall_back(format!("O_DIRECT open refused: {e}")),
+            }
+        }
+        Ok(r)
+    }
+
+    fn fall_back(&mut self, why: String) {
+        self.path = ReadPath::Evict;
+        self.direct = None;
+        self.fallback = Some(why);
+    }
+
+    /// The path reads really take.
+    pub fn path(&self) -> ReadPath {
+        self.path
+    }
+
+    /// What lies under the file.
+    pub fn backing(&self) -> Backing {
+        self.backing
+    }
+
+    /// Why `O_DIRECT` was asked for but is not used.
+    pub fn fallback(&self) -> Option<&str> {
+        self.fallback.as_deref()
+    }
+
+    /// Reads `len` bytes at `offset` of `file` into `buf[..len]`. `buf`
+    /// should start on a page and hold `len` rounded up to a page for the
+    /// direct path; a read that cannot meet `O_DIRECT`'s alignment (an
+    /// unaligned offset, a short buffer) is done by evict-then-read.
+    pub fn read(
+        &mut self,
+        file: &File,
+        offset: u64,
+        len: usize,
+        buf: &mut [u8],
+    ) -> std::io::Result<ReadOutcome> {
+        let device = self.backing.has_device();
+        match self.path {
+            ReadPath::Cached => {
+                file.read_exact_at(&mut buf[..len], offset)?;
+                Ok(ReadOutcome::default())
+            }
+            ReadPath::Direct if direct_fits(offset, len, buf) => {
+                match self.read_direct(offset, len, buf) {
+                    Ok(()) => Ok(ReadOutcome {
+                        device,
+                        ..ReadOutcome::default()
+                    }),
+                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                        self.fall_back(format!("O_DIRECT read refused: {e}"));
+                        self.read_evicted(file, offset, len, buf, device)
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            ReadPath::Direct | ReadPath::Evict => self.read_evicted(file, offset, len, buf, device),
+        }
+    }
+
+    fn read_evicted(
+        &self,
+        file: &File,
+        offset: u64,
+        len: usize,
+        buf: &mut [u8],
+        device: bool,
+    ) -> std::io::Result<ReadOutcome> {
+        let t = Instant::now();
+        let ev = evict(file, offset, len as u64)?;
+        let evict_time = t.elapsed();
+        file.read_exact_at(&mut buf[..len], offset)?;
+        Ok(ReadOutcome {
+            device: device && ev.resident == 0,
+            resident: ev.resident,
+            evict_time,
+        })
+    }
+
+    fn read_direct(&self, offset: u64, len: usize, buf: &mut [u8]) -> std::io::Result<()> {
+        let f = self
+            .direct
+            .as_ref()
+            .expect("direct path has its descriptor");
+        let alen = (len as u64).div_ceil(PAGE) as usize * PAGE as usize;
+        let mut done = 0;
+        while done < len {
+            match f.read_at(&mut buf[done..alen], offset + done as u64) {
+                Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                // The tail: O_DIRECT reads whole pages and stops at the end
+                // of the file, so a short count past `len` is the file's end.
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+            if done < len && done as u64 % PAGE != 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether a read can go through O_DIRECT: page-aligned offset and buffer,
+/// and room for the length rounded up to a page.
+fn direct_fits(offset: u64, len: usize, buf: &[u8]) -> bool {
+    let alen = (len as u64).div_ceil(PAGE) as usize * PAGE as usize;
+    offset % PAGE == 0 && buf.as_ptr() as usize % PAGE as usize == 0 && buf.len() >= alen
+}
