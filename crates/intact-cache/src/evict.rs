@@ -8,8 +8,13 @@ use crate::CacheError;
 /// The page size eviction and residency work in, in bytes.
 pub const PAGE: u64 = 4096;
 
-/// Rounds of flush + drop + check before giving up on stubborn pages.
-const MAX_ROUNDS: u32 = 4;
+/// Rounds of flush + drop + check before giving up on stubborn pages,
+/// and the pause before each (in ms). Pages pinned for a moment (a
+/// writeback or a read another thread started, an LRU batch) usually go on
+/// the next round; a few need the pin to end first. At most ~20 ms is
+/// spent on a stubborn range, and only on one.
+const BACKOFF_MS: [u64; 6] = [0, 0, 1, 2, 5, 10];
+const MAX_ROUNDS: u32 = BACKOFF_MS.len() as u32;
 
 /// The largest page-cache folio (PMD size on x86-64 and arm64 with 4 KiB
 /// pages), in bytes.
@@ -52,6 +57,10 @@ pub fn evict(file: &File, offset: u64, len: u64) -> Result<Eviction, CacheError>
         ..Eviction::default()
     };
     while out.rounds < MAX_ROUNDS {
+        let pause = BACKOFF_MS[out.rounds as usize];
+        if pause > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(pause));
+        }
         out.rounds += 1;
         // A large folio that straddles the range's ends is not dropped by
         // DONTNEED on the range (the kernel only drops folios wholly inside

@@ -70,6 +70,10 @@ pub struct ReadOutcome {
 pub struct DeviceReader {
     path: ReadPath,
     direct: Option<File>,
+    /// Evict path: a private description of the file with readahead off,
+    /// so that a re-read never pulls in (and pins, while the I/O is in
+    /// flight) pages of the next range before that range is evicted.
+    plain: Option<File>,
     backing: Backing,
     fallback: Option<String>,
 }
@@ -82,13 +86,14 @@ impl DeviceReader {
         let mut r = DeviceReader {
             path,
             direct: None,
+            plain: None,
             backing: backing(file)?,
             fallback: None,
         };
+        // Second descriptors of the same file (the caller's keeps its own
+        // semantics for its writes and transfer reads).
+        let proc_path = format!("/proc/self/fd/{}", file.as_raw_fd());
         if path == ReadPath::Direct {
-            // A second descriptor of the same open file, with O_DIRECT; the
-            // caller's descriptor keeps buffered semantics for its writes.
-            let proc_path = format!("/proc/self/fd/{}", file.as_raw_fd());
             match OpenOptions::new()
                 .read(true)
                 .custom_flags(libc::O_DIRECT)
@@ -97,6 +102,11 @@ impl DeviceReader {
                 Ok(f) => r.direct = Some(f),
                 Err(e) => r.fall_back(format!("O_DIRECT open refused: {e}")),
             }
+        }
+        if let Ok(f) = OpenOptions::new().read(true).open(&proc_path) {
+            // SAFETY: plain syscall on a valid fd.
+            unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
+            r.plain = Some(f);
         }
         Ok(r)
     }
@@ -167,7 +177,10 @@ impl DeviceReader {
         let t = Instant::now();
         let ev = evict(file, offset, len as u64)?;
         let evict_time = t.elapsed();
-        file.read_exact_at(&mut buf[..len], offset)?;
+        self.plain
+            .as_ref()
+            .unwrap_or(file)
+            .read_exact_at(&mut buf[..len], offset)?;
         Ok(ReadOutcome {
             device: device && ev.resident == 0,
             resident: ev.resident,

@@ -60,6 +60,10 @@ impl Entry {
     /// Flag: re-check a file the receiver already holds instead of
     /// trusting its journal.
     pub const REVERIFY: u8 = 1;
+    /// Flag: fail the file unless its verification reaches the device.
+    pub const REQUIRE_DEVICE: u8 = 2;
+    /// Flag: device-level re-reads use O_DIRECT (else evict-then-read).
+    pub const DIRECT: u8 = 4;
 }
 
 /// What the receiver already holds of a file just announced.
@@ -101,10 +105,16 @@ pub struct FileResult {
     pub file: u64,
     /// Verified or failed.
     pub status: FileStatus,
-    /// Verification level reached (0 network, 1 cache, 2 device).
+    /// Verification level reached (intact's level id).
     pub level: u8,
     /// Why it failed, or notes.
     pub message: String,
+    /// Device-level modes: pages found still resident after eviction.
+    pub resident: u64,
+    /// Device-level modes: microseconds spent flushing and evicting.
+    pub evict_micros: u64,
+    /// Microseconds spent re-reading and hashing for verification.
+    pub check_micros: u64,
 }
 
 /// Values of [`Message::FileEnd`] fields.
@@ -289,6 +299,9 @@ impl Message {
                 });
                 w.u8(r.level);
                 w.bytes(truncate_text(&r.message).as_bytes());
+                w.u64(r.resident);
+                w.u64(r.evict_micros);
+                w.u64(r.check_micros);
             }
             Message::Bye => w.u8(BYE),
             Message::Waiting => w.u8(WAITING),
@@ -393,6 +406,9 @@ impl Message {
                 },
                 level: r.u8()?,
                 message: r.text()?,
+                resident: r.u64()?,
+                evict_micros: r.u64()?,
+                check_micros: r.u64()?,
             }),
             STATUS => {
                 let file = r.u64()?;

@@ -94,8 +94,14 @@ fn arb_message() -> impl Strategy<Value = Message> {
                 blocks,
                 digest
             }),
-        (any::<u64>(), any::<bool>(), any::<u8>(), ".{0,40}").prop_map(
-            |(file, ok, level, message)| {
+        (
+            any::<u64>(),
+            any::<bool>(),
+            any::<u8>(),
+            ".{0,40}",
+            any::<[u64; 3]>()
+        )
+            .prop_map(|(file, ok, level, message, [resident, evict, check])| {
                 Message::FileResult(FileResult {
                     file,
                     status: if ok {
@@ -105,9 +111,11 @@ fn arb_message() -> impl Strategy<Value = Message> {
                     },
                     level,
                     message,
+                    resident,
+                    evict_micros: evict,
+                    check_micros: check,
                 })
-            }
-        ),
+            }),
         Just(Message::Bye),
         Just(Message::Waiting),
         (

@@ -14,15 +14,22 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use intact_cache::{DeviceReader, ReadPath};
 use intact_digest::{defaults, hash, AlignedBuf, Digest, Hasher};
 
 use crate::dest::{Destination, PartialFile};
 use crate::source::{scan, SourceEntry, SourceKind};
-use crate::verify::{VerifyLevel, VerifyMode};
+use crate::verify::{DeviceStats, VerifyLevel, VerifyMode};
 use crate::TransferError;
 
 /// Corrupts a block on the link: (file's destination path, block index, bytes).
 pub type LinkFault = Arc<dyn Fn(&str, u64, &mut [u8]) + Send + Sync>;
+
+/// Called right after a block was written at the destination and before
+/// anything verifies it: (the destination file, its path, block index,
+/// offset, length). Tests and the fault lab change the device under the
+/// block here.
+pub type WriteHook = Arc<dyn Fn(&File, &str, u64, u64, usize) + Send + Sync>;
 
 /// How to copy.
 #[derive(Clone)]
@@ -35,18 +42,27 @@ pub struct CopyOptions {
     pub streams: usize,
     /// Resends of one block before its file fails.
     pub retries: u32,
+    /// How device-level reads reach the device.
+    pub read_path: ReadPath,
+    /// A file that cannot reach this level fails instead of being committed.
+    pub require_level: Option<VerifyLevel>,
     /// Fault injection on the link (tests and the fault lab only).
     pub link_fault: Option<LinkFault>,
+    /// Fault injection after a block is written (tests and the fault lab only).
+    pub after_write: Option<WriteHook>,
 }
 
 impl Default for CopyOptions {
     fn default() -> Self {
         CopyOptions {
-            verify: VerifyMode::Fiver,
+            verify: VerifyMode::DEFAULT,
             block_size: defaults::BLOCK_BYTES,
             streams: 4,
             retries: 3,
+            read_path: ReadPath::default(),
+            require_level: None,
             link_fault: None,
+            after_write: None,
         }
     }
 }
@@ -83,6 +99,17 @@ pub struct FileReport {
     pub transfer_seconds: f64,
     /// Seconds spent computing and comparing checksums.
     pub checksum_seconds: f64,
+    /// Device-level modes: how verification reads reached the device.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub read_path: Option<ReadPath>,
+    /// Device-level modes: pages found still resident after eviction, at
+    /// both ends (each one keeps its block at level `cache`).
+    pub pages_resident: u64,
+    /// Device-level modes: seconds spent flushing and evicting.
+    pub evict_seconds: f64,
+    /// Why the level is below what the mode aims at.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
     /// Why it failed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -118,6 +145,7 @@ pub fn copy(
     progress: Progress<'_>,
 ) -> Result<CopyReport, TransferError> {
     let start = Instant::now();
+    crate::verify::check_reachable(opts.verify, opts.require_level)?;
     let scanned = scan(sources);
     let dest = Destination::open(dest_root)?;
     let sent = AtomicU64::new(0);
@@ -234,6 +262,10 @@ pub(crate) fn simple_report(
         level: (err.is_none() && e.kind == SourceKind::File).then_some(verify.level()),
         transfer_seconds: 0.0,
         checksum_seconds: 0.0,
+        read_path: None,
+        pages_resident: 0,
+        evict_seconds: 0.0,
+        note: None,
         error: err.map(|e| e.to_string()),
     }
 }
@@ -252,22 +284,33 @@ struct Written {
     partial: PartialFile,
     source: File,
     report: FileReport,
-    /// Blocks the block verifier found bad (block mode).
+    /// Blocks the block verifier found bad (block and riva modes).
     failed_blocks: Vec<u64>,
+    /// Riva: the device readers and their counts.
+    riva: Option<RivaFile>,
+}
+
+/// What a stream's block verifier did for one file.
+struct BlocksVerified {
+    failed: Vec<u64>,
+    device: DeviceStats,
+    checksum: Duration,
 }
 
 /// Work for a stream's verifier thread.
 enum Job {
-    /// Block mode: re-read this block of this file and compare.
+    /// Block and riva modes: re-read this block of this file (riva: from
+    /// the device, by this reader) and compare.
     Block {
         file: Arc<File>,
+        reader: Option<Arc<Mutex<DeviceReader>>>,
         index: u64,
         offset: u64,
         len: usize,
         digest: Digest,
     },
-    /// Block mode: report the failed blocks seen so far and reset.
-    Barrier(mpsc::Sender<Vec<u64>>),
+    /// Report the blocks verified so far and reset.
+    Barrier(mpsc::Sender<BlocksVerified>),
     /// File mode: verify, repair and commit this file.
     File(Box<Written>),
 }
@@ -276,6 +319,8 @@ enum Job {
 struct Stream<'a, 'ctx> {
     ctx: &'a Ctx<'ctx>,
     buf: AlignedBuf,
+    /// Riva: the source's device-level read, for the digest.
+    dev: Option<AlignedBuf>,
     wire: Option<AlignedBuf>,
     jobs: Option<mpsc::SyncSender<Job>>,
     done: Option<mpsc::Receiver<(usize, FileReport)>>,
@@ -288,9 +333,12 @@ impl<'a, 'ctx> Stream<'a, 'ctx> {
         'a: 'scope,
     {
         let mode = ctx.opts.verify;
-        let (jobs, done) = if matches!(mode, VerifyMode::File | VerifyMode::Block) {
+        let (jobs, done) = if matches!(
+            mode,
+            VerifyMode::File | VerifyMode::Block | VerifyMode::Riva
+        ) {
             // Bounded: the transfer runs at most a little ahead of verification.
-            let (tx, rx) = mpsc::sync_channel::<Job>(if mode == VerifyMode::Block { 8 } else { 1 });
+            let (tx, rx) = mpsc::sync_channel::<Job>(if mode == VerifyMode::File { 1 } else { 8 });
             let (dtx, drx) = mpsc::channel();
             s.spawn(move || verifier(ctx, rx, dtx));
             (Some(tx), Some(drx))
@@ -300,6 +348,7 @@ impl<'a, 'ctx> Stream<'a, 'ctx> {
         Stream {
             ctx,
             buf: AlignedBuf::new(ctx.opts.block_size),
+            dev: (mode == VerifyMode::Riva).then(|| AlignedBuf::new(ctx.opts.block_size)),
             wire: ctx
                 .opts
                 .link_fault
@@ -356,6 +405,11 @@ impl<'a, 'ctx> Stream<'a, 'ctx> {
         let mode = opts.verify;
         let mut report = simple_report(e, opts.verify, None);
         let fail = |report: &FileReport, err: TransferError| (report.clone(), err);
+        let path = e.rel.to_string();
+        let dest_err = |err| TransferError::Destination {
+            path: path.clone(),
+            source: err,
+        };
         let source = File::open(&e.abs).map_err(|err| {
             fail(
                 &report,
@@ -371,15 +425,21 @@ impl<'a, 'ctx> Stream<'a, 'ctx> {
             .partial(&e.rel, e.size)
             .map_err(|err| fail(&report, err))?;
         let shared = match mode {
-            VerifyMode::Block => Some(Arc::new(partial.file().try_clone().map_err(|err| {
-                fail(
-                    &report,
-                    TransferError::Destination {
-                        path: e.rel.to_string(),
-                        source: err,
-                    },
-                )
-            })?)),
+            VerifyMode::Block | VerifyMode::Riva => Some(Arc::new(
+                partial
+                    .file()
+                    .try_clone()
+                    .map_err(|err| fail(&report, dest_err(err)))?,
+            )),
+            _ => None,
+        };
+        let mut riva = match mode {
+            VerifyMode::Riva => {
+                let r = RivaFile::open(&source, partial.file(), e, opts)
+                    .map_err(|err| fail(&report, err))?;
+                report.read_path = Some(r.dest.lock().expect("no panics hold it").path());
+                Some(r)
+            }
             _ => None,
         };
         let bs = opts.block_size;
@@ -387,21 +447,31 @@ impl<'a, 'ctx> Stream<'a, 'ctx> {
         report.blocks = blocks;
         let mut whole = (mode != VerifyMode::None).then(|| Hasher::new(defaults::FILE_ALGORITHM));
         let mut checksum = Duration::ZERO;
-        let path = e.rel.to_string();
         for index in 0..blocks {
             let offset = index * bs as u64;
             let len = (e.size - offset).min(bs as u64) as usize;
             let mut attempts = 0;
             loop {
-                let data = &mut self.buf[..len];
-                source
-                    .read_exact_at(data, offset)
-                    .map_err(|err| fail(&report, source_read_error(e, err)))?;
+                // The transfer read; in riva a resend reads from the device,
+                // in case the cache is what held wrong bytes.
+                match riva.as_mut().filter(|_| attempts > 0) {
+                    Some(r) => r.read_source(&source, offset, len, &mut self.buf),
+                    None => source.read_exact_at(&mut self.buf[..len], offset),
+                }
+                .map_err(|err| fail(&report, source_read_error(e, err)))?;
+                let data = &self.buf[..len];
                 ctx.sent.fetch_add(len as u64, Ordering::Relaxed);
                 (ctx.progress)(ctx.sent.load(Ordering::Relaxed));
                 let t = Instant::now();
-                let digest =
-                    (mode != VerifyMode::None).then(|| hash(defaults::BLOCK_ALGORITHM, data));
+                let digest = match (&mut riva, &mut self.dev) {
+                    // The digest comes from a second, device-level read.
+                    (Some(r), Some(dev)) => {
+                        r.read_source(&source, offset, len, dev)
+                            .map_err(|err| fail(&report, source_read_error(e, err)))?;
+                        Some(hash(defaults::BLOCK_ALGORITHM, &dev[..len]))
+                    }
+                    _ => (mode != VerifyMode::None).then(|| hash(defaults::BLOCK_ALGORITHM, data)),
+                };
                 checksum += t.elapsed();
                 // The link: what the receiver gets may differ from what was sent.
                 let received: &[u8] = match (&opts.link_fault, &mut self.wire) {
@@ -413,9 +483,9 @@ impl<'a, 'ctx> Stream<'a, 'ctx> {
                     _ => data,
                 };
                 let t = Instant::now();
-                let ok = match (mode, digest) {
-                    (VerifyMode::Fiver, Some(d)) => {
-                        hash(defaults::BLOCK_ALGORITHM, received).ct_eq(&d)
+                let ok = match (mode, &digest) {
+                    (VerifyMode::Fiver | VerifyMode::Riva, Some(d)) => {
+                        hash(defaults::BLOCK_ALGORITHM, received).ct_eq(d)
                     }
                     _ => true,
                 };
@@ -424,15 +494,10 @@ impl<'a, 'ctx> Stream<'a, 'ctx> {
                     partial
                         .file()
                         .write_all_at(received, offset)
-                        .map_err(|err| {
-                            fail(
-                                &report,
-                                TransferError::Destination {
-                                    path: path.clone(),
-                                    source: err,
-                                },
-                            )
-                        })?;
+                        .map_err(|err| fail(&report, dest_err(err)))?;
+                    if let Some(hook) = &opts.after_write {
+                        hook(partial.file(), &path, index, offset, len);
+                    }
                     if let Some(w) = whole.as_mut() {
                         let t = Instant::now();
                         w.update(&self.buf[..len]);
@@ -441,6 +506,7 @@ impl<'a, 'ctx> Stream<'a, 'ctx> {
                     if let (Some(file), Some(jobs), Some(d)) = (&shared, &self.jobs, digest) {
                         let job = Job::Block {
                             file: Arc::clone(file),
+                            reader: riva.as_ref().map(|r| Arc::clone(&r.dest)),
                             index,
                             offset,
                             len,
@@ -463,14 +529,19 @@ impl<'a, 'ctx> Stream<'a, 'ctx> {
             }
         }
         let mut failed_blocks = Vec::new();
-        if let (VerifyMode::Block, Some(jobs)) = (mode, &self.jobs) {
+        if let (Some(_), Some(jobs)) = (&shared, &self.jobs) {
             let (tx, rx) = mpsc::channel();
             jobs.send(Job::Barrier(tx)).expect("verifier alive");
-            failed_blocks = rx.recv().expect("verifier answers");
+            let verified = rx.recv().expect("verifier answers");
+            failed_blocks = verified.failed;
+            report.checksum_seconds += verified.checksum.as_secs_f64();
+            if let Some(r) = riva.as_mut() {
+                r.dest_stats.merge(&verified.device);
+            }
         }
         report.digest = whole.map(|w| w.finalize().to_hex());
         report.transfer_seconds = (started.elapsed() - checksum).as_secs_f64();
-        report.checksum_seconds = checksum.as_secs_f64();
+        report.checksum_seconds += checksum.as_secs_f64();
         Ok(Written {
             entry_index: i,
             entry: e.clone(),
@@ -478,7 +549,121 @@ impl<'a, 'ctx> Stream<'a, 'ctx> {
             source,
             report,
             failed_blocks,
+            riva,
         })
+    }
+}
+
+/// A riva file's device readers and what their reads did.
+struct RivaFile {
+    src: DeviceReader,
+    dest: Arc<Mutex<DeviceReader>>,
+    src_stats: DeviceStats,
+    dest_stats: DeviceStats,
+}
+
+impl RivaFile {
+    /// Readers of both ends; with `--require-level device`, a file whose
+    /// source or destination has no device fails here, before any transfer.
+    fn open(
+        source: &File,
+        dest: &File,
+        e: &SourceEntry,
+        opts: &CopyOptions,
+    ) -> Result<RivaFile, TransferError> {
+        let src =
+            DeviceReader::new(source, opts.read_path).map_err(|err| TransferError::Source {
+                path: e.abs.clone(),
+                source: err.into(),
+            })?;
+        let dst =
+            DeviceReader::new(dest, opts.read_path).map_err(|err| TransferError::Destination {
+                path: e.rel.to_string(),
+                source: err.into(),
+            })?;
+        if opts.require_level == Some(VerifyLevel::Device) {
+            for (end, b) in [("source", src.backing()), ("destination", dst.backing())] {
+                if let intact_cache::Backing::CacheOnly { fs, why } = b {
+                    return Err(TransferError::Verification {
+                        path: e.rel.to_string(),
+                        what: format!("--require-level device: the {end} is on {fs}: {why}"),
+                    });
+                }
+            }
+        }
+        Ok(RivaFile {
+            src,
+            dest: Arc::new(Mutex::new(dst)),
+            src_stats: DeviceStats::default(),
+            dest_stats: DeviceStats::default(),
+        })
+    }
+
+    /// A device-level read of the source.
+    fn read_source(
+        &mut self,
+        source: &File,
+        offset: u64,
+        len: usize,
+        buf: &mut [u8],
+    ) -> std::io::Result<()> {
+        let out = self.src.read(source, offset, len, buf)?;
+        self.src_stats.add(&out);
+        Ok(())
+    }
+
+    /// A device-level read of the destination.
+    fn read_dest(
+        &mut self,
+        dest: &File,
+        offset: u64,
+        len: usize,
+        buf: &mut [u8],
+    ) -> std::io::Result<()> {
+        let out = self
+            .dest
+            .lock()
+            .expect("no panics hold it")
+            .read(dest, offset, len, buf)?;
+        self.dest_stats.add(&out);
+        Ok(())
+    }
+
+    /// The level both ends' reads support, and why it is below `device`.
+    fn level(&self) -> (VerifyLevel, Option<String>) {
+        let dest = self.dest.lock().expect("no panics hold it");
+        for (end, b) in [
+            ("source", self.src.backing()),
+            ("destination", dest.backing()),
+        ] {
+            if let intact_cache::Backing::CacheOnly { fs, why } = b {
+                return (
+                    VerifyLevel::Cache,
+                    Some(format!("the {end} is on {fs}: {why}")),
+                );
+            }
+        }
+        let mut all = self.src_stats;
+        all.merge(&self.dest_stats);
+        match all.level() {
+            VerifyLevel::Device => (VerifyLevel::Device, None),
+            level => (
+                level,
+                Some(format!(
+                    "{} of {} verification reads found pages still cached after eviction",
+                    all.reads - all.device_reads,
+                    all.reads
+                )),
+            ),
+        }
+    }
+
+    fn resident(&self) -> u64 {
+        self.src_stats.resident + self.dest_stats.resident
+    }
+
+    fn evict_seconds(&self) -> f64 {
+        (self.src_stats.evict + self.dest_stats.evict).as_secs_f64()
     }
 }
 
@@ -519,25 +704,50 @@ pub(crate) fn check_unchanged(source: &File, e: &SourceEntry) -> Result<(), Tran
 /// The verifier thread of a stream (file and block modes).
 fn verifier(ctx: &Ctx<'_>, jobs: mpsc::Receiver<Job>, done: mpsc::Sender<(usize, FileReport)>) {
     let mut buf = AlignedBuf::new(ctx.opts.block_size);
-    let mut failed = Vec::new();
+    let mut seen = BlocksVerified {
+        failed: Vec::new(),
+        device: DeviceStats::default(),
+        checksum: Duration::ZERO,
+    };
     let mut group = CommitGroup::default();
     for job in jobs {
         match job {
             Job::Block {
                 file,
+                reader,
                 index,
                 offset,
                 len,
                 digest,
             } => {
-                let ok = file.read_exact_at(&mut buf[..len], offset).is_ok()
-                    && hash(defaults::BLOCK_ALGORITHM, &buf[..len]).ct_eq(&digest);
+                let t = Instant::now();
+                let mut evict = Duration::ZERO;
+                let read = match reader {
+                    Some(r) => r
+                        .lock()
+                        .expect("no panics hold it")
+                        .read(&file, offset, len, &mut buf)
+                        .map(|out| {
+                            seen.device.add(&out);
+                            evict = out.evict_time;
+                        }),
+                    None => file.read_exact_at(&mut buf[..len], offset),
+                };
+                let ok =
+                    read.is_ok() && hash(defaults::BLOCK_ALGORITHM, &buf[..len]).ct_eq(&digest);
+                // Eviction is counted apart (the RIVA model's t_e).
+                seen.checksum += t.elapsed().saturating_sub(evict);
                 if !ok {
-                    failed.push(index);
+                    seen.failed.push(index);
                 }
             }
             Job::Barrier(reply) => {
-                let _ = reply.send(std::mem::take(&mut failed));
+                let next = BlocksVerified {
+                    failed: Vec::new(),
+                    device: DeviceStats::default(),
+                    checksum: Duration::ZERO,
+                };
+                let _ = reply.send(std::mem::replace(&mut seen, next));
             }
             Job::File(w) => {
                 for r in group.add(ctx.dest, finish_file(ctx, *w, &mut buf)) {
@@ -568,14 +778,21 @@ fn finish_file(
     let result = (|| -> Result<(), TransferError> {
         let bad = match mode {
             VerifyMode::Sequential | VerifyMode::File => reverify_file(ctx, &w, buf)?,
-            VerifyMode::Block => std::mem::take(&mut w.failed_blocks),
+            VerifyMode::Block | VerifyMode::Riva => std::mem::take(&mut w.failed_blocks),
             VerifyMode::None | VerifyMode::Fiver => Vec::new(),
         };
         for index in bad {
             resend_block(ctx, &mut w, index, buf)?;
         }
         check_unchanged(&w.source, &w.entry)?;
-        Ok(())
+        if let Some(r) = &w.riva {
+            let (level, note) = r.level();
+            w.report.level = Some(level);
+            w.report.note = note;
+            w.report.pages_resident = r.resident();
+            w.report.evict_seconds = r.evict_seconds();
+        }
+        require_level(ctx.opts.require_level, w.report.level, &w.report.path)
     })();
     w.report.checksum_seconds += started.elapsed().as_secs_f64();
     match result {
@@ -592,6 +809,26 @@ fn finish_file(
             report.level = None;
             Err((w.entry_index, report))
         }
+    }
+}
+
+/// Fails a file whose verification stopped below the level asked for.
+pub(crate) fn require_level(
+    required: Option<VerifyLevel>,
+    reached: Option<VerifyLevel>,
+    path: &str,
+) -> Result<(), TransferError> {
+    match (required, reached) {
+        (Some(want), got) if got.unwrap_or(VerifyLevel::None) < want => {
+            Err(TransferError::Verification {
+                path: path.to_string(),
+                what: format!(
+                    "reached level {}, but --require-level {want} was asked for",
+                    got.unwrap_or(VerifyLevel::None)
+                ),
+            })
+        }
+        _ => Ok(()),
     }
 }
 
@@ -694,22 +931,26 @@ fn resend_block(
     };
     for _ in 0..ctx.opts.retries {
         w.report.blocks_resent += 1;
-        w.source
-            .read_exact_at(&mut buf[..len], offset)
-            .map_err(|e| source_read_error(&w.entry, e))?;
+        match w.riva.as_mut() {
+            Some(r) => r.read_source(&w.source, offset, len, buf),
+            None => w.source.read_exact_at(&mut buf[..len], offset),
+        }
+        .map_err(|e| source_read_error(&w.entry, e))?;
         ctx.sent.fetch_add(len as u64, Ordering::Relaxed);
         let want = hash(defaults::BLOCK_ALGORITHM, &buf[..len]);
         if let Some(fault) = &ctx.opts.link_fault {
             fault(&path, index, &mut buf[..len]);
         }
-        w.partial
-            .file()
-            .write_all_at(&buf[..len], offset)
-            .map_err(dest_err)?;
-        w.partial
-            .file()
-            .read_exact_at(&mut buf[..len], offset)
-            .map_err(dest_err)?;
+        let file = w.partial.file();
+        file.write_all_at(&buf[..len], offset).map_err(dest_err)?;
+        if let Some(hook) = &ctx.opts.after_write {
+            hook(file, &path, index, offset, len);
+        }
+        match w.riva.as_mut() {
+            Some(r) => r.read_dest(file, offset, len, buf),
+            None => file.read_exact_at(&mut buf[..len], offset),
+        }
+        .map_err(dest_err)?;
         if hash(defaults::BLOCK_ALGORITHM, &buf[..len]).ct_eq(&want) {
             return Ok(());
         }

@@ -5,6 +5,9 @@ use std::path::PathBuf;
 /// What can go wrong with one file or a whole transfer.
 #[derive(Debug, thiserror::Error)]
 pub enum TransferError {
+    /// Options that contradict each other.
+    #[error("{0}")]
+    Usage(String),
     /// A source could not be read.
     #[error("{}: {}", path.display(), intact_digest::io_reason(source))]
     Source {

@@ -13,7 +13,8 @@
 //! [`serve`] and [`send`] run the same pipeline across TCP (intact-proto),
 //! several streams at once.
 //!
-//! Not here yet: the resume journal and the device-level modes.
+//! Device-level verification (`riva`) evicts and re-reads through
+//! intact-cache and reports the level each file really reached.
 
 mod copy;
 mod dest;
@@ -25,14 +26,15 @@ mod net;
 mod source;
 mod verify;
 
-pub use copy::{copy, CopyOptions, CopyReport, FileReport, LinkFault, Progress};
+pub use copy::{copy, CopyOptions, CopyReport, FileReport, LinkFault, Progress, WriteHook};
 pub use dest::{partial_name, Destination, Mtime, PartialFile};
 pub use error::TransferError;
+pub use intact_cache::ReadPath;
 pub use journal::{FileRow, Journal, STATE_DIR};
 pub use limits::raise_open_file_limit;
 pub use net::{
-    receive, send, serve, wake, SendOptions, ServerConfig, SessionSummary, MAX_BYTES_IN_FLIGHT,
-    MAX_FILES_IN_FLIGHT,
+    receive, send, serve, wake, ReceiveOptions, SendOptions, ServerConfig, SessionSummary,
+    MAX_BYTES_IN_FLIGHT, MAX_FILES_IN_FLIGHT,
 };
 pub use source::{scan, Scan, SourceEntry, SourceKind};
-pub use verify::{VerifyLevel, VerifyMode};
+pub use verify::{DeviceStats, VerifyLevel, VerifyMode};

@@ -2,6 +2,9 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::time::Duration;
+
+use intact_cache::ReadOutcome;
 
 /// How a transfer is verified (PRODUCT.md, capability 3). All modes run
 /// through the same pipeline so that they can be compared on the same data.
@@ -19,17 +22,26 @@ pub enum VerifyMode {
     Block,
     /// FIVER: hash the very buffers used for the transfer at both ends.
     Fiver,
+    /// RIVA: every block is written, flushed, evicted and re-read from the
+    /// device at the receiver, and re-read from the device for its digest
+    /// at the sender; transfer, eviction and checksum of different blocks
+    /// overlap.
+    Riva,
 }
 
 impl VerifyMode {
     /// Every mode this build implements.
-    pub const ALL: [VerifyMode; 5] = [
+    pub const ALL: [VerifyMode; 6] = [
         VerifyMode::None,
         VerifyMode::Sequential,
         VerifyMode::File,
         VerifyMode::Block,
         VerifyMode::Fiver,
+        VerifyMode::Riva,
     ];
+
+    /// The default of `copy` and `send`.
+    pub const DEFAULT: VerifyMode = VerifyMode::Riva;
 
     /// Name on the command line and in reports.
     pub fn name(self) -> &'static str {
@@ -39,6 +51,7 @@ impl VerifyMode {
             VerifyMode::File => "file",
             VerifyMode::Block => "block",
             VerifyMode::Fiver => "fiver",
+            VerifyMode::Riva => "riva",
         }
     }
 
@@ -50,6 +63,7 @@ impl VerifyMode {
             VerifyMode::File => 2,
             VerifyMode::Block => 3,
             VerifyMode::Fiver => 4,
+            VerifyMode::Riva => 5,
         }
     }
 
@@ -58,13 +72,20 @@ impl VerifyMode {
         VerifyMode::ALL.into_iter().find(|m| m.wire_id() == id)
     }
 
-    /// The level a file verified in this mode reaches.
+    /// The level a file verified in this mode reaches at best; `riva`
+    /// falls to `cache` where the device cannot be reached.
     pub fn level(self) -> VerifyLevel {
         match self {
             VerifyMode::None => VerifyLevel::None,
             VerifyMode::Fiver => VerifyLevel::Network,
             VerifyMode::Sequential | VerifyMode::File | VerifyMode::Block => VerifyLevel::Cache,
+            VerifyMode::Riva => VerifyLevel::Device,
         }
+    }
+
+    /// Whether the mode's verification reads must reach the device.
+    pub fn reads_device(self) -> bool {
+        self == VerifyMode::Riva
     }
 }
 
@@ -76,9 +97,7 @@ impl VerifyLevel {
 
     /// The level with wire id `id`.
     pub fn from_wire_id(id: u8) -> Option<VerifyLevel> {
-        [VerifyLevel::None, VerifyLevel::Network, VerifyLevel::Cache]
-            .into_iter()
-            .find(|l| l.wire_id() == id)
+        VerifyLevel::ALL.into_iter().find(|l| l.wire_id() == id)
     }
 }
 
@@ -95,10 +114,8 @@ impl FromStr for VerifyMode {
             .into_iter()
             .find(|m| m.name() == s)
             .ok_or_else(|| match s {
-                "riva" | "flash" => format!(
-                    "--verify {s} (device-level verification) is not built yet; available: none, sequential, file, block, fiver"
-                ),
-                _ => format!("unknown verify mode '{s}' (none, sequential, file, block, fiver)"),
+                "flash" => "--verify flash is not built yet; available: none, sequential, file, block, fiver, riva".to_string(),
+                _ => format!("unknown verify mode '{s}' (none, sequential, file, block, fiver, riva)"),
             })
     }
 }
@@ -115,4 +132,97 @@ pub enum VerifyLevel {
     /// The stored copy was re-read and matched, but through the page
     /// cache: a device that stored other bytes would go unnoticed.
     Cache,
+    /// Every block was re-read from the device (after an eviction that
+    /// `mincore` confirmed, or through `O_DIRECT`) at both ends, and matched.
+    Device,
+}
+
+impl VerifyLevel {
+    /// Every level, lowest first.
+    pub const ALL: [VerifyLevel; 4] = [
+        VerifyLevel::None,
+        VerifyLevel::Network,
+        VerifyLevel::Cache,
+        VerifyLevel::Device,
+    ];
+
+    /// Name on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            VerifyLevel::None => "none",
+            VerifyLevel::Network => "network",
+            VerifyLevel::Cache => "cache",
+            VerifyLevel::Device => "device",
+        }
+    }
+}
+
+impl fmt::Display for VerifyLevel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for VerifyLevel {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        VerifyLevel::ALL
+            .into_iter()
+            .find(|l| l.name() == s)
+            .ok_or_else(|| format!("unknown level '{s}' (none, network, cache, device)"))
+    }
+}
+
+/// What the device-level reads of one file did, at one end.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DeviceStats {
+    /// Verification reads.
+    pub reads: u64,
+    /// Of those, reads whose every byte came from the device.
+    pub device_reads: u64,
+    /// Pages found still resident after eviction, summed.
+    pub resident: u64,
+    /// Time spent flushing and evicting.
+    pub evict: Duration,
+}
+
+impl DeviceStats {
+    /// Counts one read.
+    pub fn add(&mut self, out: &ReadOutcome) {
+        self.reads += 1;
+        self.device_reads += u64::from(out.device);
+        self.resident += out.resident;
+        self.evict += out.evict_time;
+    }
+
+    /// Adds another end's or another pass's counts.
+    pub fn merge(&mut self, other: &DeviceStats) {
+        self.reads += other.reads;
+        self.device_reads += other.device_reads;
+        self.resident += other.resident;
+        self.evict += other.evict;
+    }
+
+    /// The level these reads support: `device` only when every one reached it.
+    pub fn level(&self) -> VerifyLevel {
+        if self.device_reads == self.reads {
+            VerifyLevel::Device
+        } else {
+            VerifyLevel::Cache
+        }
+    }
+}
+
+/// Refuses a run whose mode cannot reach the level it requires.
+pub(crate) fn check_reachable(
+    mode: VerifyMode,
+    required: Option<VerifyLevel>,
+) -> Result<(), crate::TransferError> {
+    match required {
+        Some(want) if want > mode.level() => Err(crate::TransferError::Usage(format!(
+            "--verify {mode} reaches at most level {}, so --require-level {want} cannot be met (use --verify riva)",
+            mode.level()
+        ))),
+        _ => Ok(()),
+    }
 }

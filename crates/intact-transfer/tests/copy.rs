@@ -18,7 +18,7 @@ fn opts(verify: VerifyMode) -> CopyOptions {
         block_size: BS,
         streams: 3,
         retries: 2,
-        link_fault: None,
+        ..CopyOptions::default()
     }
 }
 

@@ -267,9 +267,27 @@ pub struct SendArgs {
 /// Options shared by `copy` and `send`.
 #[derive(Debug, Args)]
 pub struct PipelineArgs {
-    /// Verification mode: none, sequential, file, block, fiver.
-    #[arg(long, value_name = "MODE", default_value = "block", value_parser = parse_verify)]
+    /// Verification mode. riva (default): every block is re-read from the
+    /// device after its page-cache copy is evicted, at both ends, so what
+    /// the destination disk stored is what was compared (level `device`).
+    /// fiver: blocks are checked as they cross the link (level `network`).
+    /// block, file, sequential: re-read after writing, per block, per file
+    /// pipelined, or file after file, but through the page cache (level
+    /// `cache`). none: transfer only.
+    #[arg(long, value_name = "MODE", default_value = "riva", value_parser = parse_verify)]
     pub verify: intact_transfer::VerifyMode,
+
+    /// How riva's re-reads reach the device: evict (flush, drop the pages,
+    /// confirm with mincore, then read) or direct (O_DIRECT; falls back to
+    /// evict where the file system refuses it).
+    #[arg(long, value_name = "PATH", default_value = "evict", value_parser = parse_read_path)]
+    pub read_path: intact_cache::ReadPath,
+
+    /// Fail every file that does not reach this level (none, network,
+    /// cache, device) instead of accepting it with a warning; e.g. riva to
+    /// a tmpfs destination reaches only `cache`.
+    #[arg(long, value_name = "LEVEL", value_parser = parse_level)]
+    pub require_level: Option<intact_transfer::VerifyLevel>,
 
     /// Block size.
     #[arg(long, value_name = "SIZE", default_value = "4MiB", value_parser = parse_size)]
@@ -303,6 +321,20 @@ pub struct CopyArgs {
 }
 
 fn parse_verify(s: &str) -> Result<intact_transfer::VerifyMode, String> {
+    s.parse()
+}
+
+fn parse_read_path(s: &str) -> Result<intact_cache::ReadPath, String> {
+    match s.parse()? {
+        intact_cache::ReadPath::Cached => Err(
+            "--read-path cached would not reach the device; use --verify block for cached re-reads"
+                .into(),
+        ),
+        p => Ok(p),
+    }
+}
+
+fn parse_level(s: &str) -> Result<intact_transfer::VerifyLevel, String> {
     s.parse()
 }
 

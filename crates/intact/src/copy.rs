@@ -8,16 +8,35 @@ use intact_transfer::{copy, send, CopyOptions, CopyReport, SendOptions};
 use crate::args::{CopyArgs, PipelineArgs, SendArgs};
 use crate::hashing::{print_err, progress_bar};
 
+/// A usage error (exit 2) when the mode cannot reach the level required.
+fn unreachable_level(p: &PipelineArgs) -> Option<ExitCode> {
+    let want = p.require_level?;
+    (want > p.verify.level()).then(|| {
+        eprintln!(
+            "intact: --verify {} reaches at most level {}, so --require-level {want} cannot be met (use --verify riva)",
+            p.verify,
+            p.verify.level()
+        );
+        ExitCode::from(2)
+    })
+}
+
 pub fn run(args: &CopyArgs) -> anyhow::Result<ExitCode> {
     let (dest, sources) = args.paths.split_last().expect("clap requires two paths");
     let p = &args.pipeline;
+    if let Some(code) = unreachable_level(p) {
+        return Ok(code);
+    }
     let pb = progress_bar(total_size(sources));
     let opts = CopyOptions {
         verify: p.verify,
         block_size: p.block_size,
         streams: usize::from(p.streams),
         retries: p.retries,
+        read_path: p.read_path,
+        require_level: p.require_level,
         link_fault: None,
+        after_write: None,
     };
     let report = copy(sources, dest, &opts, &|sent| pb.set_position(sent))?;
     pb.finish_and_clear();
@@ -35,6 +54,9 @@ pub fn run_send(args: &SendArgs) -> anyhow::Result<ExitCode> {
         None => None,
     };
     let p = &args.pipeline;
+    if let Some(code) = unreachable_level(p) {
+        return Ok(code);
+    }
     let pb = progress_bar(total_size(sources));
     let opts = SendOptions {
         verify: p.verify,
@@ -44,6 +66,8 @@ pub fn run_send(args: &SendArgs) -> anyhow::Result<ExitCode> {
         key,
         subdir,
         reverify: args.reverify,
+        read_path: p.read_path,
+        require_level: p.require_level,
     };
     let report = send(sources, &addr, &opts, &|sent| pb.set_position(sent))?;
     pb.finish_and_clear();
@@ -86,9 +110,7 @@ fn finish(
         match &f.error {
             Some(e) => print_err(pb, e),
             None if p.verbose && !p.json => {
-                let level = f
-                    .level
-                    .map_or("-".into(), |l| format!("{l:?}").to_lowercase());
+                let level = f.level.map_or("-".into(), |l| l.to_string());
                 println!(
                     "{} {} ({} B, level {level}, {} blocks resent)",
                     f.kind, f.path, f.size, f.blocks_resent
@@ -100,10 +122,38 @@ fn finish(
     for s in &report.skipped {
         print_err(pb, &format!("skipped special file {s}"));
     }
+    // Files verified below what the mode aims at (riva on tmpfs, pages
+    // that would not leave the cache): one warning, with the first reason.
+    let short: Vec<_> = report
+        .files
+        .iter()
+        .filter(|f| f.error.is_none() && f.level.is_some_and(|l| l < p.verify.level()))
+        .collect();
+    if let Some(first) = short.first() {
+        print_err(
+            pb,
+            &format!(
+                "warning: {} file(s) verified only to level {} ({}: {}); --require-level {} makes this an error",
+                short.len(),
+                first.level.expect("filtered"),
+                first.path,
+                first.note.as_deref().unwrap_or("below the mode's level"),
+                p.verify.level()
+            ),
+        );
+    }
     if p.json {
         println!("{}", serde_json::to_string_pretty(report)?);
     } else {
         let ok = report.files.iter().filter(|f| f.error.is_none()).count();
+        // The level every verified file reached, at least.
+        let level = report
+            .files
+            .iter()
+            .filter(|f| f.error.is_none())
+            .filter_map(|f| f.level)
+            .min()
+            .map_or("-".to_string(), |l| l.to_string());
         let resent: u64 = report.files.iter().map(|f| f.blocks_resent).sum();
         let mib = report.bytes as f64 / (1 << 20) as f64;
         println!(
@@ -112,7 +162,7 @@ fn finish(
             report.seconds,
             mib / report.seconds.max(1e-9),
             p.verify,
-            format!("{:?}", p.verify.level()).to_lowercase(),
+            level,
             report.failed
         );
     }

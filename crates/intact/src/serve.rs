@@ -46,6 +46,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
         key,
         max_connections: args.max_connections.max(1),
         idle_timeout: Duration::from_secs(args.idle_timeout.max(1)),
+        receive: Default::default(),
     };
     serve(
         listener,

@@ -55,7 +55,17 @@ fn copies_a_tree_and_reports_in_json() {
     let out = intact(&["copy", s, d]);
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("verify block: level cache"), "{text}");
+    // riva by default, and the level it really reached on this disk.
+    let probe = fs::File::open(dst.join("data/a/b/x.dat")).unwrap();
+    let level = if intact_cache::backing(&probe).unwrap().has_device() {
+        "device"
+    } else {
+        "cache"
+    };
+    assert!(
+        text.contains(&format!("verify riva: level {level}")),
+        "{text}"
+    );
 }
 
 #[test]
@@ -81,12 +91,23 @@ fn failures_and_usage_errors_have_their_exit_status() {
     let out = intact(&[
         "copy",
         "--verify",
-        "riva",
+        "flash",
         good.to_str().unwrap(),
         d.to_str().unwrap(),
     ]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not built yet"));
+    let out = intact(&[
+        "copy",
+        "--verify",
+        "fiver",
+        "--require-level",
+        "device",
+        good.to_str().unwrap(),
+        d.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be met"));
     let out = intact(&["copy", good.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
 }

@@ -23,9 +23,16 @@ fn demo_sends_its_sample_through_a_server_and_verifies_it() {
     assert_eq!(v["transfer"]["bytes_sent"], bytes);
     assert_eq!(v["independent_check"]["files_compared"], 1203);
     assert_eq!(v["independent_check"]["mismatched"], 0);
+    // riva, and the level it can reach where the demo runs (TMPDIR).
+    let probe = tempfile::tempfile().unwrap();
+    let level = if intact_cache::backing(&probe).unwrap().has_device() {
+        "device"
+    } else {
+        "cache"
+    };
     let files = v["transfer"]["files"].as_array().unwrap();
-    assert!(files
-        .iter()
-        .filter(|f| f["kind"] == "file")
-        .all(|f| f["level"] == "cache"));
+    for f in files.iter().filter(|f| f["kind"] == "file") {
+        assert_eq!(f["verify"], "riva");
+        assert_eq!(f["level"], level, "{f}");
+    }
 }

@@ -6,20 +6,39 @@
 //! the sender. At FileEnd the file is re-read if the mode says so, bad
 //! blocks are asked for again, and only a fully verified file is fsynced
 //! and renamed to its final name.
+//!
+//! Riva blocks are verified off the session thread: a verifier thread
+//! flushes, evicts and re-reads each written block from the device while
+//! the session thread receives and writes the next ones (the RIVA paper's
+//! Figure 4). A reader thread turns the socket into events, so that the
+//! session thread waits on one channel for either the next message or a
+//! verifier's verdict; it reads at most a few messages ahead, so memory
+//! stays bounded and TCP still pushes back on the sender.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::fs::File;
+use std::net::TcpStream;
 use std::os::unix::fs::FileExt;
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
 
+use intact_cache::{DeviceReader, ReadPath};
 use intact_digest::{defaults, hash, Algorithm, AlignedBuf, Digest};
 use intact_proto::{
     Connection, Entry, EntryKind, FileResult, FileStatus, Holding, Message, ProtoError, WirePath,
 };
 
+use crate::copy::WriteHook;
 use crate::dest::{Destination, Mtime, PartialFile};
 use crate::journal::Journal;
-use crate::verify::{VerifyLevel, VerifyMode};
+use crate::verify::{DeviceStats, VerifyLevel, VerifyMode};
 use crate::TransferError;
+
+/// Messages the reader thread may hold ahead of the session thread.
+const READ_AHEAD: usize = 4;
+
+/// Riva blocks queued for the verifier at most.
+const VERIFY_QUEUE: usize = 8;
 
 /// How many times one file may come back for re-verification rounds.
 const MAX_ROUNDS: u32 = 16;
@@ -50,6 +69,13 @@ struct Incoming {
     entry: Entry,
     mode: VerifyMode,
     partial: PartialFile,
+    /// Riva: the file shared with the verifier, its device reader, and
+    /// what its reads did.
+    riva: Option<RivaIn>,
+    /// Blocks at the verifier now.
+    checking: u32,
+    /// The sender's FileEnd, held while blocks are still at the verifier.
+    ended: Option<u64>,
     /// Per block: the digest it verified against, once it has.
     verified: Vec<Option<Digest>>,
     rounds: u32,
@@ -80,6 +106,112 @@ impl Incoming {
     }
 }
 
+struct RivaIn {
+    file: Arc<File>,
+    reader: Arc<Mutex<DeviceReader>>,
+    stats: DeviceStats,
+    check: Duration,
+}
+
+impl RivaIn {
+    fn open(partial: &PartialFile, path: ReadPath) -> std::io::Result<RivaIn> {
+        let file = Arc::new(partial.file().try_clone()?);
+        let reader = DeviceReader::new(&file, path)?;
+        Ok(RivaIn {
+            file,
+            reader: Arc::new(Mutex::new(reader)),
+            stats: DeviceStats::default(),
+            check: Duration::ZERO,
+        })
+    }
+
+    /// The level the destination's reads reached, and why not `device`.
+    fn level(&self) -> (VerifyLevel, String) {
+        let b = self.reader.lock().expect("no panics hold it").backing();
+        if let intact_cache::Backing::CacheOnly { fs, why } = b {
+            return (
+                VerifyLevel::Cache,
+                format!("the destination is on {fs}: {why}"),
+            );
+        }
+        match self.stats.level() {
+            VerifyLevel::Device => (VerifyLevel::Device, String::new()),
+            l => (
+                l,
+                format!(
+                    "{} of {} re-reads at the destination found pages still cached after eviction",
+                    self.stats.reads - self.stats.device_reads,
+                    self.stats.reads
+                ),
+            ),
+        }
+    }
+}
+
+/// Work for the verifier thread: re-read a written block from the device.
+struct Check {
+    id: u64,
+    index: u64,
+    offset: u64,
+    len: usize,
+    digest: Digest,
+    file: Arc<File>,
+    reader: Arc<Mutex<DeviceReader>>,
+}
+
+/// The verifier's verdict on one block.
+struct Checked {
+    id: u64,
+    index: u64,
+    digest: Digest,
+    ok: Result<bool, std::io::Error>,
+    outcome: intact_cache::ReadOutcome,
+    took: Duration,
+}
+
+/// What the session thread waits for.
+enum Event {
+    /// The next message from the socket (None: closed cleanly).
+    Msg(Result<Option<Message>, ProtoError>),
+    /// A verifier's verdict.
+    Checked(Checked),
+}
+
+/// The verifier thread of a session.
+fn verifier(jobs: mpsc::Receiver<Check>, events: mpsc::Sender<Event>, block_size: usize) {
+    let mut buf = AlignedBuf::new(block_size);
+    for c in jobs {
+        if buf.len() < c.len {
+            buf = AlignedBuf::new(c.len);
+        }
+        let t = Instant::now();
+        let read = c
+            .reader
+            .lock()
+            .expect("no panics hold it")
+            .read(&c.file, c.offset, c.len, &mut buf);
+        let (ok, outcome) = match read {
+            Ok(out) => (
+                Ok(hash(defaults::BLOCK_ALGORITHM, &buf[..c.len]).ct_eq(&c.digest)),
+                out,
+            ),
+            Err(e) => (Err(e), intact_cache::ReadOutcome::default()),
+        };
+        let took = t.elapsed().saturating_sub(outcome.evict_time);
+        let done = Checked {
+            id: c.id,
+            index: c.index,
+            digest: c.digest,
+            ok,
+            outcome,
+            took,
+        };
+        if events.send(Event::Checked(done)).is_err() {
+            return;
+        }
+    }
+}
+
 /// The algorithm id of intact's block digest on the wire.
 pub(crate) fn block_algorithm_id() -> u8 {
     Algorithm::ALL
@@ -88,17 +220,68 @@ pub(crate) fn block_algorithm_id() -> u8 {
         .expect("the block algorithm is in ALL") as u8
 }
 
+/// How a receiver works, beyond what each Entry asks for.
+#[derive(Clone, Default)]
+pub struct ReceiveOptions {
+    /// Called after each block is written, before it is verified (tests
+    /// and the fault lab only).
+    pub after_write: Option<WriteHook>,
+}
+
 /// Runs the receiving side of a session that passed its handshake.
 /// Returns when the sender says Bye or goes away; a protocol violation
 /// ends the session with an error (partial files stay for resume).
-pub fn receive<S: Read + Write>(
-    conn: &mut Connection<S>,
+pub fn receive(
+    conn: Connection<TcpStream>,
     dest: &Destination,
     journal: &Journal,
+    opts: &ReceiveOptions,
 ) -> Result<SessionSummary, TransferError> {
+    let clone = |s: &TcpStream| s.try_clone().map_err(|e| TransferError::Path(e.into()));
+    let stream = clone(conn.get_ref())?;
+    let mut out = Connection::new(clone(&stream)?);
+    let (tx, events) = mpsc::channel::<Event>();
+    // The reader takes a credit before it hands over a message and the
+    // session thread gives one back as it takes the message: at most
+    // READ_AHEAD messages wait in memory.
+    let (credit_tx, credits) = mpsc::sync_channel::<()>(READ_AHEAD);
+    let reader_tx = tx.clone();
+    let reader = std::thread::spawn(move || {
+        let mut conn = conn;
+        loop {
+            let m = conn.read_message();
+            let stop = !matches!(m, Ok(Some(_)));
+            if credit_tx.send(()).is_err() || reader_tx.send(Event::Msg(m)).is_err() || stop {
+                return;
+            }
+        }
+    });
+    let (jobs, jobs_rx) = mpsc::sync_channel::<Check>(VERIFY_QUEUE);
+    let verifier_tx = tx;
+    let checker = std::thread::spawn(move || verifier(jobs_rx, verifier_tx, defaults::BLOCK_BYTES));
     let mut files: HashMap<u64, Incoming> = HashMap::new();
     let mut ready: Vec<(u64, Incoming)> = Vec::new();
-    let result = session(conn, dest, journal, &mut files, &mut ready);
+    let mut sess = Session {
+        out: &mut out,
+        dest,
+        journal,
+        opts,
+        jobs,
+        files: &mut files,
+        ready: &mut ready,
+        dirs: Vec::new(),
+        summary: SessionSummary::default(),
+        buf: AlignedBuf::new(0),
+    };
+    let result = sess.run(&events, &credits);
+    drop(sess);
+    // Stop the helpers: the reader is unblocked by the shutdown (or by
+    // the credits going away), the verifier by its queue closing.
+    let _ = stream.shutdown(std::net::Shutdown::Both);
+    drop(credits);
+    drop(events);
+    let _ = reader.join();
+    let _ = checker.join();
     // However the session ended, keep what verified for the next attempt
     // (files still waiting for the group commit included: they stay
     // partial, every block journaled, and the next send only ends them).
@@ -109,135 +292,86 @@ pub fn receive<S: Read + Write>(
     result
 }
 
-fn session<S: Read + Write>(
-    conn: &mut Connection<S>,
-    dest: &Destination,
-    journal: &Journal,
-    files: &mut HashMap<u64, Incoming>,
-    ready: &mut Vec<(u64, Incoming)>,
-) -> Result<SessionSummary, TransferError> {
-    let mut dirs: Vec<(WirePath, u32, Mtime)> = Vec::new();
-    let mut summary = SessionSummary::default();
-    let mut buf = AlignedBuf::new(0);
-    loop {
-        if !conn.has_buffered_message() {
-            conn.flush()?;
+struct Session<'a> {
+    out: &'a mut Connection<TcpStream>,
+    dest: &'a Destination,
+    journal: &'a Journal,
+    opts: &'a ReceiveOptions,
+    jobs: mpsc::SyncSender<Check>,
+    files: &'a mut HashMap<u64, Incoming>,
+    ready: &'a mut Vec<(u64, Incoming)>,
+    dirs: Vec<(WirePath, u32, Mtime)>,
+    summary: SessionSummary,
+    buf: AlignedBuf,
+}
+
+impl Session<'_> {
+    fn run(
+        &mut self,
+        events: &mpsc::Receiver<Event>,
+        credits: &mpsc::Receiver<()>,
+    ) -> Result<SessionSummary, TransferError> {
+        loop {
+            let ev = match events.try_recv() {
+                Ok(ev) => ev,
+                Err(_) => {
+                    // Nothing more to do without waiting: send the replies.
+                    self.out.flush()?;
+                    events.recv().map_err(|_| ProtoError::Closed)?
+                }
+            };
+            match ev {
+                Event::Checked(c) => self.checked(c)?,
+                Event::Msg(m) => {
+                    let _ = credits.try_recv();
+                    let Some(msg) = m? else {
+                        return Ok(self.summary);
+                    };
+                    if msg == Message::Bye {
+                        self.bye()?;
+                        return Ok(self.summary);
+                    }
+                    self.message(msg)?;
+                }
+            }
         }
-        let Some(msg) = conn.read_message()? else {
-            return Ok(summary);
-        };
+    }
+
+    fn message(&mut self, msg: Message) -> Result<(), TransferError> {
         match msg {
             Message::Entry(e) => {
-                let reply = begin(dest, journal, e, files, &mut dirs, &mut buf);
+                let reply = begin(
+                    self.dest,
+                    self.journal,
+                    e,
+                    self.files,
+                    &mut self.dirs,
+                    &mut self.buf,
+                );
                 if let Message::FileResult(r) = &reply {
                     match r.status {
-                        FileStatus::Failed => summary.failed += 1,
+                        FileStatus::Failed => self.summary.failed += 1,
                         FileStatus::Verified => {
-                            summary.verified += u64::from(!r.message.is_empty())
+                            self.summary.verified += u64::from(!r.message.is_empty())
                         }
                     }
                 }
-                conn.write_message(&reply)?;
+                self.out.write_message(&reply)?;
             }
-            Message::Block(b) => {
-                let Some(f) = files.get_mut(&b.file) else {
-                    // A file that already failed: drop its blocks.
-                    continue;
-                };
-                let accepted =
-                    accept_block(f, b.index, &b.digest, &b.data, &mut buf).and_then(|ok| {
-                        if ok && f.mode != VerifyMode::None {
-                            f.unjournaled.push((b.index, b.digest.clone()));
-                            f.unjournaled_bytes += b.data.len() as u64;
-                            if f.unjournaled_bytes >= JOURNAL_BATCH {
-                                f.journal(journal)?;
-                            }
-                        }
-                        Ok(ok)
-                    });
-                let ok = match accepted {
-                    Ok(ok) => ok,
-                    // The destination failed this file (disk full, I/O
-                    // error): it fails alone; what verified stays journaled
-                    // for a later attempt, and the session goes on.
-                    Err(e @ (TransferError::Destination { .. } | TransferError::Journal(_))) => {
-                        let mut f = files.remove(&b.file).expect("looked up above");
-                        let _ = f.journal(journal);
-                        summary.failed += 1;
-                        conn.write_message(&failed(b.file, &e.to_string()))?;
-                        continue;
-                    }
-                    Err(e) => return Err(e),
-                };
-                summary.bytes += b.data.len() as u64;
-                crate::fault::maybe_kill(summary.bytes);
-                summary.blocks_rejected += u64::from(!ok);
-                conn.write_message(&Message::BlockResult {
-                    file: b.file,
-                    index: b.index,
-                    ok,
-                })?;
-            }
+            Message::Block(b) => self.block(b)?,
             Message::FileEnd { file, blocks, .. } => {
-                let Some(mut f) = files.remove(&file) else {
-                    continue;
+                let Some(f) = self.files.get_mut(&file) else {
+                    return Ok(());
                 };
-                if blocks != f.verified.len() as u64 {
-                    // Abandoned (the source changed or failed) or inconsistent:
-                    // keep what verified for a later attempt, name nothing.
-                    f.journal(journal)?;
-                    summary.failed += 1;
-                    conn.write_message(&failed(file, "the sender abandoned the file"))?;
-                    continue;
-                }
-                match end_file(&mut f, &mut buf) {
-                    Ok(bad) if !bad.is_empty() && f.rounds < MAX_ROUNDS => {
-                        f.rounds += 1;
-                        for index in bad {
-                            f.verified[index as usize] = None;
-                            summary.blocks_rejected += 1;
-                            conn.write_message(&Message::BlockResult {
-                                file,
-                                index,
-                                ok: false,
-                            })?;
-                        }
-                        files.insert(file, f);
-                    }
-                    Ok(bad) if !bad.is_empty() => {
-                        summary.failed += 1;
-                        conn.write_message(&failed(
-                            file,
-                            &format!("block {} never verified", bad[0]),
-                        ))?;
-                    }
-                    Ok(_) => {
-                        ready.push((file, f));
-                        if ready.len() >= GROUP_COMMIT_FILES {
-                            commit_ready(conn, dest, journal, ready, &mut summary)?;
-                        }
-                    }
-                    Err(e) => {
-                        summary.failed += 1;
-                        conn.write_message(&failed(file, &e.to_string()))?;
-                    }
+                f.ended = Some(blocks);
+                if f.checking == 0 {
+                    self.end(file)?;
                 }
             }
             Message::Waiting => {
                 // The sender blocks until it hears back: commit the group
                 // now, so small files share one syncfs and their results go.
-                commit_ready(conn, dest, journal, ready, &mut summary)?;
-            }
-            Message::Bye => {
-                commit_ready(conn, dest, journal, ready, &mut summary)?;
-                for (path, mode, mtime) in dirs.iter().rev() {
-                    // A directory whose entry succeeded but whose final
-                    // metadata cannot be set is only logged by the sender's
-                    // report of the entry; the data inside is safe.
-                    let _ = dest.finish_dir(path, *mode, *mtime);
-                }
-                conn.send(&Message::Bye)?;
-                return Ok(summary);
+                self.commit()?;
             }
             other => {
                 return Err(ProtoError::Unexpected {
@@ -247,11 +381,191 @@ fn session<S: Read + Write>(
                 .into())
             }
         }
+        Ok(())
+    }
+
+    fn bye(&mut self) -> Result<(), TransferError> {
+        // Blocks still at the verifier are abandoned with their files (the
+        // sender says Bye only when every file has its result).
+        self.commit()?;
+        for (path, mode, mtime) in self.dirs.iter().rev() {
+            // A directory whose entry succeeded but whose final metadata
+            // cannot be set is only logged by the sender's report of the
+            // entry; the data inside is safe.
+            let _ = self.dest.finish_dir(path, *mode, *mtime);
+        }
+        self.out.send(&Message::Bye)?;
+        Ok(())
+    }
+
+    fn commit(&mut self) -> Result<(), TransferError> {
+        commit_ready(
+            self.out,
+            self.dest,
+            self.journal,
+            self.ready,
+            &mut self.summary,
+        )
+    }
+
+    /// Fails a file alone (the destination or the journal failed it): what
+    /// verified stays journaled for a later attempt; the session goes on.
+    fn fail_file(&mut self, file: u64, why: &str) -> Result<(), TransferError> {
+        if let Some(mut f) = self.files.remove(&file) {
+            let _ = f.journal(self.journal);
+        }
+        self.summary.failed += 1;
+        self.out.write_message(&failed(file, why))?;
+        Ok(())
+    }
+
+    fn block(&mut self, b: intact_proto::Block) -> Result<(), TransferError> {
+        let Some(f) = self.files.get_mut(&b.file) else {
+            // A file that already failed: drop its blocks.
+            return Ok(());
+        };
+        let accepted = accept_block(f, b.index, &b.digest, &b.data, &mut self.buf, self.opts);
+        let verdict = match accepted {
+            Ok(v) => v,
+            Err(e @ (TransferError::Destination { .. } | TransferError::Journal(_))) => {
+                return self.fail_file(b.file, &e.to_string());
+            }
+            Err(e) => return Err(e),
+        };
+        self.summary.bytes += b.data.len() as u64;
+        crate::fault::maybe_kill(self.summary.bytes);
+        match verdict {
+            Verdict::Check(check) => {
+                f.checking += 1;
+                self.jobs.send(check).map_err(|_| ProtoError::Closed)?;
+                Ok(())
+            }
+            Verdict::Done(ok) => {
+                let digest = Digest::from_bytes(defaults::BLOCK_ALGORITHM, &b.digest);
+                self.block_done(b.file, b.index, ok, digest)
+            }
+        }
+    }
+
+    /// A block's verification is over: journal it, and answer.
+    fn block_done(
+        &mut self,
+        file: u64,
+        index: u64,
+        ok: bool,
+        digest: Option<Digest>,
+    ) -> Result<(), TransferError> {
+        let Some(f) = self.files.get_mut(&file) else {
+            return Ok(());
+        };
+        if ok && f.mode != VerifyMode::None {
+            if let Some(d) = digest {
+                f.unjournaled.push((index, d.as_bytes().to_vec()));
+                f.unjournaled_bytes += u64::from(f.entry.block_size);
+                if f.unjournaled_bytes >= JOURNAL_BATCH {
+                    if let Err(e) = f.journal(self.journal) {
+                        return self.fail_file(file, &e.to_string());
+                    }
+                }
+            }
+        }
+        self.summary.blocks_rejected += u64::from(!ok);
+        self.out
+            .write_message(&Message::BlockResult { file, index, ok })?;
+        Ok(())
+    }
+
+    /// The verifier's verdict on a riva block.
+    fn checked(&mut self, c: Checked) -> Result<(), TransferError> {
+        let Some(f) = self.files.get_mut(&c.id) else {
+            return Ok(());
+        };
+        f.checking -= 1;
+        let ok = match c.ok {
+            Ok(ok) => ok,
+            Err(e) => {
+                let why = format!("{}: re-reading block {}: {e}", f.entry.path, c.index);
+                return self.fail_file(c.id, &why);
+            }
+        };
+        if let Some(r) = f.riva.as_mut() {
+            r.stats.add(&c.outcome);
+            r.check += c.took;
+        }
+        if ok {
+            f.verified[c.index as usize] = Some(c.digest);
+        }
+        self.block_done(c.id, c.index, ok, Some(c.digest))?;
+        let end = self
+            .files
+            .get(&c.id)
+            .is_some_and(|f| f.checking == 0 && f.ended.is_some());
+        if end {
+            self.end(c.id)?;
+        }
+        Ok(())
+    }
+
+    /// The sender ended the file and no block is at the verifier.
+    fn end(&mut self, file: u64) -> Result<(), TransferError> {
+        let Some(mut f) = self.files.remove(&file) else {
+            return Ok(());
+        };
+        let blocks = f.ended.take().expect("called once ended");
+        if blocks != f.verified.len() as u64 {
+            // Abandoned (the source changed or failed) or inconsistent:
+            // keep what verified for a later attempt, name nothing.
+            f.journal(self.journal)?;
+            self.summary.failed += 1;
+            self.out
+                .write_message(&failed(file, "the sender abandoned the file"))?;
+            return Ok(());
+        }
+        match end_file(&mut f, &mut self.buf) {
+            Ok(bad) if !bad.is_empty() && f.rounds < MAX_ROUNDS => {
+                f.rounds += 1;
+                for index in bad {
+                    f.verified[index as usize] = None;
+                    self.summary.blocks_rejected += 1;
+                    self.out.write_message(&Message::BlockResult {
+                        file,
+                        index,
+                        ok: false,
+                    })?;
+                }
+                self.files.insert(file, f);
+            }
+            Ok(bad) if !bad.is_empty() => {
+                self.summary.failed += 1;
+                self.out
+                    .write_message(&failed(file, &format!("block {} never verified", bad[0])))?;
+            }
+            Ok(_) => {
+                if let Some((level, why)) = f.riva.as_ref().map(RivaIn::level) {
+                    if level < VerifyLevel::Device && f.entry.flags & Entry::REQUIRE_DEVICE != 0 {
+                        let _ = f.journal(self.journal);
+                        self.summary.failed += 1;
+                        let msg = format!("reached level {level}, but --require-level device was asked for: {why}");
+                        self.out.write_message(&failed(file, &msg))?;
+                        return Ok(());
+                    }
+                }
+                self.ready.push((file, f));
+                if self.ready.len() >= GROUP_COMMIT_FILES {
+                    self.commit()?;
+                }
+            }
+            Err(e) => {
+                self.summary.failed += 1;
+                self.out.write_message(&failed(file, &e.to_string()))?;
+            }
+        }
+        Ok(())
     }
 }
 
 /// Commits the ready files as one group and sends their results.
-fn commit_ready<S: Read + Write>(
+fn commit_ready<S: std::io::Read + std::io::Write>(
     conn: &mut Connection<S>,
     dest: &Destination,
     journal: &Journal,
@@ -268,12 +582,17 @@ fn commit_ready<S: Read + Write>(
             sec: f.entry.mtime_sec,
             nsec: f.entry.mtime_nsec,
         };
-        meta.push((
-            id,
-            f.row,
-            std::mem::take(&mut f.unjournaled),
-            f.mode.level(),
-        ));
+        let (level, note) = match &f.riva {
+            Some(r) => r.level(),
+            None => (f.mode.level(), String::new()),
+        };
+        let mut result = verified_because(id, level.wire_id(), &note);
+        if let (Some(r), Message::FileResult(fr)) = (&f.riva, &mut result) {
+            fr.resident = r.stats.resident;
+            fr.evict_micros = r.stats.evict.as_micros() as u64;
+            fr.check_micros = r.check.as_micros() as u64;
+        }
+        meta.push((id, f.row, std::mem::take(&mut f.unjournaled), level, result));
         batch.push((f.partial, f.entry.mode, mtime));
     }
     let results = dest.commit_batch(batch);
@@ -281,16 +600,16 @@ fn commit_ready<S: Read + Write>(
         .iter()
         .zip(&results)
         .filter(|(_, r)| r.is_ok())
-        .map(|((_, row, blocks, level), _)| (*row, blocks.clone(), level.wire_id()))
+        .map(|((_, row, blocks, level, _), _)| (*row, blocks.clone(), level.wire_id()))
         .collect();
     // A journal failure does not undo a durable, verified file; it only
     // means a later send may move it again.
     let _ = journal.done_batch(&done);
-    for ((id, _, _, level), r) in meta.into_iter().zip(results) {
+    for ((id, _, _, _, msg), r) in meta.into_iter().zip(results) {
         let msg = match r {
             Ok(()) => {
                 summary.verified += 1;
-                verified(id, level)
+                msg
             }
             Err(e) => {
                 summary.failed += 1;
@@ -302,16 +621,15 @@ fn commit_ready<S: Read + Write>(
     Ok(())
 }
 
-fn verified(file: u64, level: VerifyLevel) -> Message {
-    verified_because(file, level.wire_id(), "")
-}
-
 fn verified_because(file: u64, level: u8, why: &str) -> Message {
     Message::FileResult(FileResult {
         file,
         status: FileStatus::Verified,
         level,
         message: why.to_string(),
+        resident: 0,
+        evict_micros: 0,
+        check_micros: 0,
     })
 }
 
@@ -321,6 +639,9 @@ fn failed(file: u64, why: &str) -> Message {
         status: FileStatus::Failed,
         level: 0,
         message: why.to_string(),
+        resident: 0,
+        evict_micros: 0,
+        check_micros: 0,
     })
 }
 
@@ -413,6 +734,28 @@ fn begin_file(
         }
     }
     let partial = dest.partial(&e.path, e.size)?;
+    let riva = match mode {
+        VerifyMode::Riva => {
+            let path = if e.flags & Entry::DIRECT != 0 {
+                ReadPath::Direct
+            } else {
+                ReadPath::Evict
+            };
+            let r = RivaIn::open(&partial, path).map_err(|err| TransferError::Destination {
+                path: e.path.to_string(),
+                source: err,
+            })?;
+            let (level, why) = r.level();
+            if e.flags & Entry::REQUIRE_DEVICE != 0 && level < VerifyLevel::Device {
+                return Err(TransferError::Verification {
+                    path: e.path.to_string(),
+                    what: format!("--require-level device: {why}"),
+                });
+            }
+            Some(r)
+        }
+        _ => None,
+    };
     let mut verified = vec![None; blocks];
     let (row_id, holding) = match row.filter(|r| !r.done) {
         Some(r) => {
@@ -451,6 +794,9 @@ fn begin_file(
             entry: e,
             mode,
             partial,
+            riva,
+            checking: 0,
+            ended: None,
             rounds: 0,
             row: row_id,
             unjournaled: Vec::new(),
@@ -487,14 +833,24 @@ fn recorded_blocks_that_match(
     Ok(good)
 }
 
-/// Checks, writes and (block mode) re-reads one block; returns whether it verified.
+/// Where a received block stands.
+enum Verdict {
+    /// Verified (or not) already.
+    Done(bool),
+    /// Written; the verifier must re-read it from the device.
+    Check(Check),
+}
+
+/// Checks, writes and (block mode) re-reads one block, or hands it to the
+/// verifier (riva).
 fn accept_block(
     f: &mut Incoming,
     index: u64,
     digest: &[u8],
     data: &[u8],
     buf: &mut AlignedBuf,
-) -> Result<bool, TransferError> {
+    opts: &ReceiveOptions,
+) -> Result<Verdict, TransferError> {
     let bs = u64::from(f.entry.block_size);
     let Some(slot) = f.verified.get(index as usize) else {
         return Err(ProtoError::Malformed {
@@ -513,18 +869,18 @@ fn accept_block(
         .into());
     }
     if slot.is_some() {
-        return Ok(true);
+        return Ok(Verdict::Done(true));
     }
     let expected = match f.mode {
         VerifyMode::None => None,
         _ => match Digest::from_bytes(defaults::BLOCK_ALGORITHM, digest) {
             Some(d) => Some(d),
-            None => return Ok(false),
+            None => return Ok(Verdict::Done(false)),
         },
     };
     if let Some(d) = &expected {
         if !hash(defaults::BLOCK_ALGORITHM, data).ct_eq(d) {
-            return Ok(false);
+            return Ok(Verdict::Done(false));
         }
     }
     let path = f.entry.path.to_string();
@@ -536,15 +892,32 @@ fn accept_block(
         .file()
         .write_all_at(data, offset)
         .map_err(dest_err)?;
-    if let (VerifyMode::Block, Some(d)) = (f.mode, &expected) {
-        if !reread_matches(f.partial.file(), offset, want_len, d, buf).map_err(dest_err)? {
-            return Ok(false);
+    if let Some(hook) = &opts.after_write {
+        hook(f.partial.file(), &path, index, offset, want_len);
+    }
+    match (f.mode, &expected, &f.riva) {
+        (VerifyMode::Block, Some(d), _)
+            if !reread_matches(f.partial.file(), offset, want_len, d, buf).map_err(dest_err)? =>
+        {
+            return Ok(Verdict::Done(false));
         }
+        (VerifyMode::Riva, Some(d), Some(r)) => {
+            return Ok(Verdict::Check(Check {
+                id: f.entry.file,
+                index,
+                offset,
+                len: want_len,
+                digest: *d,
+                file: Arc::clone(&r.file),
+                reader: Arc::clone(&r.reader),
+            }));
+        }
+        _ => {}
     }
     // In none mode there is no digest; record the data's own so the slot
     // reads as done.
     f.verified[index as usize] = Some(expected.unwrap_or_else(|| hash(Algorithm::Crc32c, &[])));
-    Ok(true)
+    Ok(Verdict::Done(true))
 }
 
 fn reread_matches(

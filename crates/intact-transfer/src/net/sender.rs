@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Mutex};
 use std::time::Instant;
 
+use intact_cache::{DeviceReader, ReadPath};
 use intact_digest::{defaults, hash, AlignedBuf, Hasher};
 use intact_proto::{
     client_handshake, Block, Connection, Entry, EntryKind, FileEnd, FileStatus, Holding, Key,
@@ -28,7 +29,7 @@ use crate::copy::{
 };
 use crate::net::receiver::block_algorithm_id;
 use crate::source::{scan, SourceEntry, SourceKind};
-use crate::verify::{VerifyLevel, VerifyMode};
+use crate::verify::{DeviceStats, VerifyLevel, VerifyMode};
 use crate::TransferError;
 
 /// Files one stream keeps unacknowledged at most. The receiver commits a
@@ -56,6 +57,10 @@ pub struct SendOptions {
     pub subdir: Option<WirePath>,
     /// Re-check files the server already holds instead of trusting its journal.
     pub reverify: bool,
+    /// How device-level reads reach the device (at both ends).
+    pub read_path: ReadPath,
+    /// A file that cannot reach this level fails instead of being committed.
+    pub require_level: Option<VerifyLevel>,
 }
 
 fn conn_err(e: impl Into<ProtoError>) -> TransferError {
@@ -82,6 +87,7 @@ pub fn send(
     progress: Progress<'_>,
 ) -> Result<CopyReport, TransferError> {
     let start = Instant::now();
+    crate::verify::check_reachable(opts.verify, opts.require_level)?;
     crate::raise_open_file_limit();
     let mut scanned = scan(sources);
     if let Some(sub) = &opts.subdir {
@@ -166,6 +172,67 @@ pub fn send(
     ))
 }
 
+/// The flags of an Entry under these options.
+fn entry_flags(opts: &SendOptions) -> u8 {
+    let mut f = 0;
+    if opts.reverify {
+        f |= Entry::REVERIFY;
+    }
+    if opts.require_level == Some(VerifyLevel::Device) {
+        f |= Entry::REQUIRE_DEVICE;
+    }
+    if opts.read_path == ReadPath::Direct {
+        f |= Entry::DIRECT;
+    }
+    f
+}
+
+/// Riva: the source's device reader; with `--require-level device` a
+/// source with no device fails here, before anything is sent.
+fn source_device(
+    f: &File,
+    e: &SourceEntry,
+    opts: &SendOptions,
+) -> Result<Option<(DeviceReader, DeviceStats)>, TransferError> {
+    if !opts.verify.reads_device() {
+        return Ok(None);
+    }
+    let reader = DeviceReader::new(f, opts.read_path).map_err(|err| TransferError::Source {
+        path: e.abs.clone(),
+        source: err.into(),
+    })?;
+    if let (Some(VerifyLevel::Device), intact_cache::Backing::CacheOnly { fs, why }) =
+        (opts.require_level, reader.backing())
+    {
+        return Err(TransferError::Verification {
+            path: e.rel.to_string(),
+            what: format!("--require-level device: the source is on {fs}: {why}"),
+        });
+    }
+    Ok(Some((reader, DeviceStats::default())))
+}
+
+/// The level the source's device reads reached, and why not `device`.
+fn source_level(reader: &DeviceReader, stats: &DeviceStats) -> (VerifyLevel, Option<String>) {
+    if let intact_cache::Backing::CacheOnly { fs, why } = reader.backing() {
+        return (
+            VerifyLevel::Cache,
+            Some(format!("the source is on {fs}: {why}")),
+        );
+    }
+    match stats.level() {
+        VerifyLevel::Device => (VerifyLevel::Device, None),
+        l => (
+            l,
+            Some(format!(
+                "{} of {} source re-reads found pages still cached after eviction",
+                stats.reads - stats.device_reads,
+                stats.reads
+            )),
+        ),
+    }
+}
+
 struct Ctx<'a> {
     opts: &'a SendOptions,
     entries: &'a [SourceEntry],
@@ -177,6 +244,8 @@ struct Ctx<'a> {
 /// A file or link sent and not yet acknowledged.
 struct Outgoing {
     source: Option<File>,
+    /// Riva: the source's device reader and what its reads did.
+    device: Option<(DeviceReader, DeviceStats)>,
     pending: u64,
     attempts: HashMap<u64, u32>,
     gave_up: Option<u64>,
@@ -193,6 +262,8 @@ struct Stream<'a> {
     out: HashMap<u64, Outgoing>,
     in_flight: u64,
     buf: AlignedBuf,
+    /// Riva: the device-level read of a block, for its digest.
+    dev: AlignedBuf,
     broken: Option<String>,
 }
 
@@ -223,6 +294,11 @@ impl<'a> Stream<'a> {
             out: HashMap::new(),
             in_flight: 0,
             buf: AlignedBuf::new(ctx.opts.block_size),
+            dev: AlignedBuf::new(if ctx.opts.verify.reads_device() {
+                ctx.opts.block_size
+            } else {
+                0
+            }),
             broken: None,
         })
     }
@@ -299,6 +375,7 @@ impl<'a> Stream<'a> {
         let opts = self.ctx.opts;
         let id = i as u64;
         let report = simple_report(e, opts.verify, None);
+        let mut device = None;
         let (kind, source) = match &e.kind {
             SourceKind::Dir => (EntryKind::Dir, None),
             SourceKind::Symlink(t) => (EntryKind::Symlink(t.clone()), None),
@@ -308,8 +385,14 @@ impl<'a> Stream<'a> {
                     source: err,
                 })
                 .and_then(|f| check_unchanged(&f, e).map(|()| f))
-            {
-                Ok(f) => (EntryKind::File, Some(f)),
+                .and_then(|f| {
+                    let dev = source_device(&f, e, opts)?;
+                    Ok((f, dev))
+                }) {
+                Ok((f, dev)) => {
+                    device = dev;
+                    (EntryKind::File, Some(f))
+                }
                 Err(err) => {
                     let mut r = report;
                     r.level = None;
@@ -330,7 +413,7 @@ impl<'a> Stream<'a> {
             block_size: opts.block_size as u32,
             algorithm: block_algorithm_id(),
             verify: opts.verify.wire_id(),
-            flags: if opts.reverify { Entry::REVERIFY } else { 0 },
+            flags: entry_flags(opts),
         };
         if let Err(err) = self.conn.write_message(&Message::Entry(entry)) {
             self.broken = Some(err.to_string());
@@ -341,6 +424,7 @@ impl<'a> Stream<'a> {
         // blocks wait for the receiver's Status.
         self.in_flight += e.size;
         let mut o = Outgoing {
+            device,
             pending: 0,
             attempts: HashMap::new(),
             gave_up: None,
@@ -388,7 +472,7 @@ impl<'a> Stream<'a> {
                     }
                 }
             }
-            if let Err(err) = self.send_block(o, id, index, whole.as_mut()) {
+            if let Err(err) = self.send_block(o, id, index, whole.as_mut(), false) {
                 o.report.error = Some(err.to_string());
                 o.gave_up.get_or_insert(index);
                 break;
@@ -426,21 +510,66 @@ impl<'a> Stream<'a> {
         Ok(len)
     }
 
+    /// Riva: reads block `index` again, from the device, into `self.dev`
+    /// (or, for a resend, into the transfer buffer, in case the page cache
+    /// is what held wrong bytes); returns the digest of what it read.
+    fn read_block_from_device(
+        &mut self,
+        o: &mut Outgoing,
+        id: u64,
+        index: u64,
+        into_transfer_buffer: bool,
+    ) -> Result<Vec<u8>, TransferError> {
+        let e = &self.ctx.entries[id as usize];
+        let bs = self.ctx.opts.block_size as u64;
+        let offset = index * bs;
+        let len = (e.size - offset).min(bs) as usize;
+        let source = o.source.as_ref().expect("files have a source");
+        let (reader, stats) = o.device.as_mut().expect("riva files have a reader");
+        let buf = if into_transfer_buffer {
+            &mut self.buf
+        } else {
+            &mut self.dev
+        };
+        let out = reader
+            .read(source, offset, len, buf)
+            .map_err(|err| source_read_error(e, err))?;
+        stats.add(&out);
+        Ok(hash(defaults::BLOCK_ALGORITHM, &buf[..len])
+            .as_bytes()
+            .to_vec())
+    }
+
     /// Reads block `index` of entry `id` and sends it with its digest.
+    /// Riva: the digest comes from a second read, from the device, so a
+    /// transfer read served wrong bytes by the page cache shows up as a
+    /// mismatch at the receiver; the resend then reads from the device.
     fn send_block(
         &mut self,
         o: &mut Outgoing,
         id: u64,
         index: u64,
         whole: Option<&mut Hasher>,
+        resend: bool,
     ) -> Result<(), TransferError> {
-        let len = self.read_block(o, id, index)?;
-        let data = &self.buf[..len];
+        let riva = o.device.is_some();
+        let len = if riva && resend {
+            self.read_block_from_device(o, id, index, true)?;
+            let e = &self.ctx.entries[id as usize];
+            let bs = self.ctx.opts.block_size as u64;
+            (e.size - index * bs).min(bs) as usize
+        } else {
+            self.read_block(o, id, index)?
+        };
         let t = Instant::now();
         let digest = match self.ctx.opts.verify {
             VerifyMode::None => Vec::new(),
-            _ => hash(defaults::BLOCK_ALGORITHM, data).as_bytes().to_vec(),
+            _ if riva && !resend => self.read_block_from_device(o, id, index, false)?,
+            _ => hash(defaults::BLOCK_ALGORITHM, &self.buf[..len])
+                .as_bytes()
+                .to_vec(),
         };
+        let data = &self.buf[..len];
         if let Some(w) = whole {
             w.update(data);
         }
@@ -501,7 +630,7 @@ impl<'a> Stream<'a> {
                         o.gave_up.get_or_insert(index);
                     } else {
                         o.report.blocks_resent += 1;
-                        if let Err(err) = self.send_block(&mut o, file, index, None) {
+                        if let Err(err) = self.send_block(&mut o, file, index, None, true) {
                             o.report.error = Some(err.to_string());
                             o.gave_up.get_or_insert(index);
                         }
@@ -527,6 +656,9 @@ impl<'a> Stream<'a> {
                 self.release(r.file);
                 let secs = o.started.elapsed().as_secs_f64();
                 o.report.transfer_seconds = (secs - o.report.checksum_seconds).max(0.0);
+                o.report.checksum_seconds += r.check_micros as f64 / 1e6;
+                o.report.evict_seconds += r.evict_micros as f64 / 1e6;
+                o.report.pages_resident += r.resident;
                 match (r.status, o.gave_up, o.report.error.is_some()) {
                     (FileStatus::Verified, None, false) => {
                         o.report.level = if o.source.is_some() {
@@ -534,6 +666,30 @@ impl<'a> Stream<'a> {
                         } else {
                             None
                         };
+                        if !o.report.unchanged && !r.message.is_empty() {
+                            o.report.note = Some(r.message.clone());
+                        }
+                        if let Some((reader, stats)) = &o.device {
+                            o.report.evict_seconds += stats.evict.as_secs_f64();
+                            o.report.pages_resident += stats.resident;
+                            let (level, note) = source_level(reader, stats);
+                            if o.report.level.is_some_and(|l| l > level) {
+                                o.report.level = Some(level);
+                                o.report.note = note;
+                            }
+                        }
+                        if !o.report.unchanged {
+                            if let Err(err) = crate::copy::require_level(
+                                self.ctx.opts.require_level,
+                                o.report.level,
+                                &o.report.path,
+                            ) {
+                                // Committed at the receiver, but below the
+                                // level asked for: the run must say so.
+                                o.report.error = Some(err.to_string());
+                                o.report.level = None;
+                            }
+                        }
                     }
                     _ => {
                         o.report.level = None;

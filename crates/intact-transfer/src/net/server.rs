@@ -10,7 +10,7 @@ use std::time::Duration;
 use intact_proto::{server_handshake, Connection, Key, Message};
 
 use crate::dest::Destination;
-use crate::net::receiver::receive;
+use crate::net::receiver::{receive, ReceiveOptions};
 use crate::TransferError;
 
 /// How a server runs.
@@ -24,6 +24,8 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// A client that sends nothing for this long is dropped.
     pub idle_timeout: Duration,
+    /// How sessions receive (fault hooks for tests and the fault lab).
+    pub receive: ReceiveOptions,
 }
 
 /// Serves `listener` until `shutdown` is set (then wake it with a
@@ -94,7 +96,7 @@ fn session(
     let mut conn = Connection::new(stream);
     server_handshake(&mut conn, cfg.key.as_ref(), loopback)?;
     let dest = Destination::open(&cfg.root)?;
-    receive(&mut conn, &dest, journal)
+    receive(conn, &dest, journal, &cfg.receive)
 }
 
 fn io(e: std::io::Error) -> TransferError {
