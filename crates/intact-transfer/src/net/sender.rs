@@ -678,7 +678,7 @@ impl<'a> Stream<'a> {
                                 o.report.note = note;
                             }
                         }
-                        if !o.report.unchanged {
+                        if !o.report.unchanged && o.source.is_some() {
                             if let Err(err) = crate::copy::require_level(
                                 self.ctx.opts.require_level,
                                 o.report.level,
@@ -700,6 +700,8 @@ impl<'a> Stream<'a> {
                                     o.report.path,
                                     self.ctx.opts.retries + 1
                                 ),
+                                // The receiver's reasons may name the path already.
+                                None if r.message.starts_with(&o.report.path) => r.message,
                                 None => format!("{}: {}", o.report.path, r.message),
                             });
                         }

@@ -1,0 +1,156 @@
+//! Device-level verification over the network: a server in this process
+//! (so that a fault hook can sit in its receiver), `send` as the client.
+
+mod loopfs;
+
+use std::fs::{self, File};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use intact_transfer::{
+    send, serve, wake, CopyReport, ReceiveOptions, SendOptions, ServerConfig, VerifyLevel,
+    VerifyMode, WriteHook,
+};
+
+const BS: usize = 256 * 1024;
+
+/// Runs a server on 127.0.0.1:0 rooted at `root` for the length of `f`.
+fn with_server<T>(root: &Path, hook: Option<WriteHook>, f: impl FnOnce(String) -> T) -> T {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let cfg = ServerConfig {
+        root: root.to_path_buf(),
+        key: None,
+        max_connections: 8,
+        idle_timeout: Duration::from_secs(30),
+        receive: ReceiveOptions { after_write: hook },
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let server = {
+        let stop = Arc::clone(&stop);
+        std::thread::spawn(move || serve(listener, cfg, stop, Arc::new(|_| {})))
+    };
+    let out = f(addr.to_string());
+    stop.store(true, Ordering::SeqCst);
+    wake(addr);
+    server.join().unwrap().unwrap();
+    out
+}
+
+fn opts(verify: VerifyMode, require: Option<VerifyLevel>) -> SendOptions {
+    SendOptions {
+        verify,
+        block_size: BS,
+        streams: 2,
+        retries: 2,
+        key: None,
+        subdir: None,
+        reverify: false,
+        read_path: Default::default(),
+        require_level: require,
+    }
+}
+
+fn source(dir: &Path, files: usize, size: usize) -> Vec<PathBuf> {
+    let src = dir.join("src");
+    fs::create_dir_all(&src).unwrap();
+    for i in 0..files {
+        fs::write(
+            src.join(format!("f{i}")),
+            intact_sample::bytes(size, i as u64),
+        )
+        .unwrap();
+    }
+    vec![src]
+}
+
+fn files(r: &CopyReport) -> impl Iterator<Item = &intact_transfer::FileReport> {
+    r.files.iter().filter(|f| f.kind == "file")
+}
+
+#[test]
+fn a_tmpfs_destination_reaches_only_cache_and_require_level_device_fails_there() {
+    let Ok(root) = tempfile::tempdir_in("/dev/shm") else {
+        eprintln!("SKIP a_tmpfs_destination_reaches_only_cache: no /dev/shm");
+        return;
+    };
+    let src_dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let src = source(src_dir.path(), 3, BS + 10);
+    let r = with_server(root.path(), None, |addr| {
+        send(&src, &addr, &opts(VerifyMode::Riva, None), &|_| {}).unwrap()
+    });
+    assert_eq!(r.failed, 0, "{r:?}");
+    for f in files(&r) {
+        assert_eq!(f.level, Some(VerifyLevel::Cache), "{f:?}");
+        assert!(f.note.as_deref().unwrap_or("").contains("tmpfs"), "{f:?}");
+    }
+    let root2 = tempfile::tempdir_in("/dev/shm").unwrap();
+    let r = with_server(root2.path(), None, |addr| {
+        let o = opts(VerifyMode::Riva, Some(VerifyLevel::Device));
+        send(&src, &addr, &o, &|_| {}).unwrap()
+    });
+    assert_eq!(r.failed, 3, "{r:?}");
+    for f in files(&r) {
+        let e = f.error.as_deref().unwrap();
+        assert!(
+            e.contains("--require-level device") && e.contains("tmpfs"),
+            "{e}"
+        );
+        assert!(!root2.path().join("src").join(&f.path[4..]).exists());
+    }
+}
+
+#[test]
+fn riva_over_the_network_repairs_a_write_error_that_fiver_leaves() {
+    if !loopfs::usable("riva_over_the_network_repairs_a_write_error") {
+        return;
+    }
+    for (mode, resent) in [(VerifyMode::Fiver, 0), (VerifyMode::Riva, 1)] {
+        let lfs = Arc::new(loopfs::LoopFs::new(64).unwrap());
+        let src_dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        let src = source(src_dir.path(), 1, 3 * BS + 77);
+        let fired = Arc::new(AtomicBool::new(false));
+        let hook: WriteHook = {
+            let (lfs, fired) = (Arc::clone(&lfs), Arc::clone(&fired));
+            Arc::new(
+                move |file: &File, _p: &str, index: u64, offset: u64, _l: usize| {
+                    if index == 2 && !fired.swap(true, Ordering::SeqCst) {
+                        lfs.flip_bit_under(file, offset + 9);
+                    }
+                },
+            )
+        };
+        let root = lfs.mnt().join("root");
+        let r = with_server(&root, Some(hook), |addr| {
+            send(&src, &addr, &opts(mode, None), &|_| {}).unwrap()
+        });
+        assert!(fired.load(Ordering::SeqCst), "the fault was never injected");
+        assert_eq!(r.failed, 0, "{mode}: {r:?}");
+        let f = files(&r).next().unwrap();
+        assert_eq!(f.blocks_resent, resent, "{mode}: {f:?}");
+        let path = root.join("src/f0");
+        let file = File::open(&path).unwrap();
+        assert_eq!(
+            intact_cache::evict(&file, 0, 3 * BS as u64 + 77)
+                .unwrap()
+                .resident,
+            0
+        );
+        let stored = fs::read(&path).unwrap();
+        let diff = intact_sample::bytes(3 * BS + 77, 0)
+            .iter()
+            .zip(&stored)
+            .filter(|(a, b)| a != b)
+            .count();
+        match mode {
+            VerifyMode::Riva => {
+                assert_eq!(diff, 0, "riva left the device wrong");
+                assert_eq!(f.level, Some(VerifyLevel::Device), "{f:?}");
+            }
+            _ => assert_eq!(diff, 1, "fiver should have left the flipped bit"),
+        }
+    }
+}
