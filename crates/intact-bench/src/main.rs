@@ -6,6 +6,7 @@
 mod hash;
 mod runner;
 mod transfer;
+mod verify;
 
 use clap::{Parser, Subcommand};
 
@@ -22,11 +23,14 @@ enum Bench {
     Hash(hash::HashArgs),
     /// Transfer datasets with intact and with cp, rsync, rsync over ssh and a raw TCP pipe.
     Transfer(transfer::TransferArgs),
+    /// Every verification mode of intact send, loopback and over a 1 Gbit/s shaped link.
+    Verify(verify::VerifyArgs),
 }
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().bench {
         Bench::Hash(a) => hash::run(&a),
         Bench::Transfer(a) => transfer::run(&a),
+        Bench::Verify(a) => verify::run(&a),
     }
 }

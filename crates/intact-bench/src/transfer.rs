@@ -33,10 +33,10 @@ pub struct TransferArgs {
     no_ssh: bool,
 }
 
-struct Dataset {
-    name: &'static str,
-    files: u64,
-    file_size: u64,
+pub(crate) struct Dataset {
+    pub name: &'static str,
+    pub files: u64,
+    pub file_size: u64,
 }
 
 const MIB: u64 = 1 << 20;
@@ -187,7 +187,7 @@ pub fn run(a: &TransferArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn make_dataset(src: &Path, d: &Dataset) -> anyhow::Result<()> {
+pub(crate) fn make_dataset(src: &Path, d: &Dataset) -> anyhow::Result<()> {
     let marker = src.with_extension("complete");
     if marker.exists() {
         return Ok(());
@@ -203,7 +203,7 @@ fn make_dataset(src: &Path, d: &Dataset) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn fresh(dst: &Path) -> anyhow::Result<()> {
+pub(crate) fn fresh(dst: &Path) -> anyhow::Result<()> {
     if dst.exists() {
         std::fs::remove_dir_all(dst)?;
     }
@@ -212,12 +212,12 @@ fn fresh(dst: &Path) -> anyhow::Result<()> {
 }
 
 /// Writes back dirty pages and drops the page cache; false if not allowed.
-fn drop_caches() -> bool {
+pub(crate) fn drop_caches() -> bool {
     let _ = Command::new("sync").status();
     std::fs::write("/proc/sys/vm/drop_caches", b"3\n").is_ok()
 }
 
-fn run_cmd(cmd: &mut Command) -> anyhow::Result<()> {
+pub(crate) fn run_cmd(cmd: &mut Command) -> anyhow::Result<()> {
     let out = cmd.stdout(Stdio::null()).stderr(Stdio::piped()).output()?;
     if !out.status.success() {
         bail!("{:?} failed: {}", cmd, String::from_utf8_lossy(&out.stderr));
@@ -226,7 +226,7 @@ fn run_cmd(cmd: &mut Command) -> anyhow::Result<()> {
 }
 
 /// Times `f` plus a final sync.
-fn timed(_dst: &Path, f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<f64> {
+pub(crate) fn timed(_dst: &Path, f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<f64> {
     let t = Instant::now();
     f()?;
     run_cmd(&mut Command::new("sync"))?;

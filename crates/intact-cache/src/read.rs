@@ -166,6 +166,32 @@ impl DeviceReader {
         }
     }
 
+    /// Reads `len` bytes at `offset` into `buf[..len]` only if none of
+    /// their pages is in the page cache now (`mincore`), with readahead
+    /// off: then every byte comes from the device, as after an eviction,
+    /// and the read counts as a device read. Returns None, having read
+    /// nothing, when some page is cached (the caller then reads as usual
+    /// and verifies with [`DeviceReader::read`]).
+    pub fn read_if_cold(
+        &mut self,
+        file: &File,
+        offset: u64,
+        len: usize,
+        buf: &mut [u8],
+    ) -> std::io::Result<Option<ReadOutcome>> {
+        if self.path == ReadPath::Cached || crate::resident(file, offset, len as u64)? != 0 {
+            return Ok(None);
+        }
+        self.plain
+            .as_ref()
+            .unwrap_or(file)
+            .read_exact_at(&mut buf[..len], offset)?;
+        Ok(Some(ReadOutcome {
+            device: self.backing.has_device(),
+            ..ReadOutcome::default()
+        }))
+    }
+
     fn read_evicted(
         &self,
         file: &File,

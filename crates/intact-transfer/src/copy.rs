@@ -107,6 +107,12 @@ pub struct FileReport {
     pub pages_resident: u64,
     /// Device-level modes: seconds spent flushing and evicting.
     pub evict_seconds: f64,
+    /// Riva: seconds the transfer stage spent on this file's blocks (read,
+    /// source re-read, digest, send, write), waits for the verifier excluded.
+    pub transfer_stage_seconds: f64,
+    /// Riva: seconds the destination's verifier spent re-reading and
+    /// hashing this file's blocks (eviction excluded).
+    pub verify_stage_seconds: f64,
     /// Why the level is below what the mode aims at.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
@@ -132,6 +138,10 @@ pub struct CopyReport {
     pub failed: u64,
     /// Wall-clock seconds.
     pub seconds: f64,
+    /// Riva: the RIVA paper's execution-time model (Eq. 1) from the
+    /// measured per-block stage times, beside the measured time (Eq. 2).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<crate::model::RivaModel>,
 }
 
 /// Progress callback: bytes sent so far.
@@ -210,6 +220,7 @@ pub fn copy(
         &scanned,
         sent.load(Ordering::Relaxed),
         start,
+        opts.streams,
     ))
 }
 
@@ -221,6 +232,7 @@ impl CopyReport {
         scanned: &crate::source::Scan,
         bytes_sent: u64,
         start: Instant,
+        streams: usize,
     ) -> CopyReport {
         let failed = files.iter().filter(|f| f.error.is_some()).count() + scanned.errors.len();
         CopyReport {
@@ -235,7 +247,14 @@ impl CopyReport {
                 .map(|p| p.display().to_string())
                 .collect(),
             seconds: start.elapsed().as_secs_f64(),
+            model: None,
         }
+        .with_model(streams)
+    }
+
+    fn with_model(mut self, streams: usize) -> CopyReport {
+        self.model = crate::model::RivaModel::of(&self, streams);
+        self
     }
 }
 
@@ -265,6 +284,8 @@ pub(crate) fn simple_report(
         read_path: None,
         pages_resident: 0,
         evict_seconds: 0.0,
+        transfer_stage_seconds: 0.0,
+        verify_stage_seconds: 0.0,
         note: None,
         error: err.map(|e| e.to_string()),
     }
@@ -447,15 +468,30 @@ impl<'a, 'ctx> Stream<'a, 'ctx> {
         report.blocks = blocks;
         let mut whole = (mode != VerifyMode::None).then(|| Hasher::new(defaults::FILE_ALGORITHM));
         let mut checksum = Duration::ZERO;
+        let stage = Instant::now();
+        let mut waited = Duration::ZERO;
         for index in 0..blocks {
             let offset = index * bs as u64;
             let len = (e.size - offset).min(bs as u64) as usize;
             let mut attempts = 0;
             loop {
-                // The transfer read; in riva a resend reads from the device,
-                // in case the cache is what held wrong bytes.
-                match riva.as_mut().filter(|_| attempts > 0) {
-                    Some(r) => r.read_source(&source, offset, len, &mut self.buf),
+                // The transfer read. Riva wants a device-level digest: from
+                // the transfer read itself when it reached the device (none
+                // of its pages was cached, or a resend read it after
+                // eviction, in case the cache is what held wrong bytes),
+                // else from a second read after eviction.
+                let mut second = false;
+                match riva.as_mut() {
+                    Some(r) if attempts > 0 => r.read_source(&source, offset, len, &mut self.buf),
+                    Some(r) => r
+                        .read_source_if_cold(&source, offset, len, &mut self.buf)
+                        .and_then(|cold| {
+                            second = !cold;
+                            match cold {
+                                true => Ok(()),
+                                false => source.read_exact_at(&mut self.buf[..len], offset),
+                            }
+                        }),
                     None => source.read_exact_at(&mut self.buf[..len], offset),
                 }
                 .map_err(|err| fail(&report, source_read_error(e, err)))?;
@@ -464,8 +500,7 @@ impl<'a, 'ctx> Stream<'a, 'ctx> {
                 (ctx.progress)(ctx.sent.load(Ordering::Relaxed));
                 let t = Instant::now();
                 let digest = match (&mut riva, &mut self.dev) {
-                    // The digest comes from a second, device-level read.
-                    (Some(r), Some(dev)) => {
+                    (Some(r), Some(dev)) if second => {
                         r.read_source(&source, offset, len, dev)
                             .map_err(|err| fail(&report, source_read_error(e, err)))?;
                         Some(hash(defaults::BLOCK_ALGORITHM, &dev[..len]))
@@ -512,7 +547,9 @@ impl<'a, 'ctx> Stream<'a, 'ctx> {
                             len,
                             digest: d,
                         };
+                        let t = Instant::now();
                         jobs.send(job).expect("verifier alive");
+                        waited += t.elapsed();
                     }
                     break;
                 }
@@ -528,6 +565,7 @@ impl<'a, 'ctx> Stream<'a, 'ctx> {
                 }
             }
         }
+        report.transfer_stage_seconds = stage.elapsed().saturating_sub(waited).as_secs_f64();
         let mut failed_blocks = Vec::new();
         if let (Some(_), Some(jobs)) = (&shared, &self.jobs) {
             let (tx, rx) = mpsc::channel();
@@ -535,6 +573,7 @@ impl<'a, 'ctx> Stream<'a, 'ctx> {
             let verified = rx.recv().expect("verifier answers");
             failed_blocks = verified.failed;
             report.checksum_seconds += verified.checksum.as_secs_f64();
+            report.verify_stage_seconds = verified.checksum.as_secs_f64();
             if let Some(r) = riva.as_mut() {
                 r.dest_stats.merge(&verified.device);
             }
@@ -610,6 +649,24 @@ impl RivaFile {
         let out = self.src.read(source, offset, len, buf)?;
         self.src_stats.add(&out);
         Ok(())
+    }
+
+    /// The transfer read of a riva block if it reaches the device (none of
+    /// its pages cached); false, having read nothing, if not.
+    fn read_source_if_cold(
+        &mut self,
+        source: &File,
+        offset: u64,
+        len: usize,
+        buf: &mut [u8],
+    ) -> std::io::Result<bool> {
+        match self.src.read_if_cold(source, offset, len, buf)? {
+            Some(out) => {
+                self.src_stats.add(&out);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
     }
 
     /// A device-level read of the destination.

@@ -22,6 +22,7 @@ mod error;
 pub mod fault;
 mod journal;
 mod limits;
+mod model;
 mod net;
 mod source;
 mod verify;
@@ -32,6 +33,7 @@ pub use error::TransferError;
 pub use intact_cache::ReadPath;
 pub use journal::{FileRow, Journal, STATE_DIR};
 pub use limits::raise_open_file_limit;
+pub use model::RivaModel;
 pub use net::{
     receive, send, serve, wake, ReceiveOptions, SendOptions, ServerConfig, SessionSummary,
     MAX_BYTES_IN_FLIGHT, MAX_FILES_IN_FLIGHT,

@@ -165,6 +165,19 @@ fn finish(
             level,
             report.failed
         );
+        if let Some(m) = &report.model {
+            println!(
+                "riva model (Eq. 1): {:.2} s predicted vs {:.2} s measured, error {:.1}% (per block: transfer {:.1} ms, checksum {:.1} ms, eviction {:.2} ms; {} blocks over {} streams)",
+                m.predicted_seconds,
+                m.measured_seconds,
+                m.error_percent,
+                m.transfer_per_block * 1e3,
+                m.checksum_per_block * 1e3,
+                m.evict_per_block * 1e3,
+                m.blocks,
+                m.streams
+            );
+        }
     }
     Ok(if report.failed == 0 {
         ExitCode::SUCCESS

@@ -169,6 +169,7 @@ pub fn send(
         &scanned,
         sent.load(Ordering::Relaxed),
         start,
+        opts.streams.max(1),
     ))
 }
 
@@ -510,6 +511,32 @@ impl<'a> Stream<'a> {
         Ok(len)
     }
 
+    /// Riva: reads block `index` into the transfer buffer if none of its
+    /// pages is cached (so the read reaches the device); false if some is.
+    fn read_block_if_cold(
+        &mut self,
+        o: &mut Outgoing,
+        id: u64,
+        index: u64,
+    ) -> Result<bool, TransferError> {
+        let e = &self.ctx.entries[id as usize];
+        let bs = self.ctx.opts.block_size as u64;
+        let offset = index * bs;
+        let len = (e.size - offset).min(bs) as usize;
+        let source = o.source.as_ref().expect("files have a source");
+        let (reader, stats) = o.device.as_mut().expect("riva files have a reader");
+        match reader
+            .read_if_cold(source, offset, len, &mut self.buf)
+            .map_err(|err| source_read_error(e, err))?
+        {
+            Some(out) => {
+                stats.add(&out);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
     /// Riva: reads block `index` again, from the device, into `self.dev`
     /// (or, for a resend, into the transfer buffer, in case the page cache
     /// is what held wrong bytes); returns the digest of what it read.
@@ -552,19 +579,28 @@ impl<'a> Stream<'a> {
         whole: Option<&mut Hasher>,
         resend: bool,
     ) -> Result<(), TransferError> {
+        let stage = Instant::now();
         let riva = o.device.is_some();
-        let len = if riva && resend {
+        let e = &self.ctx.entries[id as usize];
+        let bs = self.ctx.opts.block_size as u64;
+        let len = (e.size - index * bs).min(bs) as usize;
+        // Riva: a device-level digest, from the transfer read itself when
+        // that read reached the device (none of its pages was cached, or a
+        // resend read it after eviction), else from a second read.
+        let mut device_digest = None;
+        if riva && resend {
             self.read_block_from_device(o, id, index, true)?;
-            let e = &self.ctx.entries[id as usize];
-            let bs = self.ctx.opts.block_size as u64;
-            (e.size - index * bs).min(bs) as usize
+        } else if riva && self.read_block_if_cold(o, id, index)? {
         } else {
-            self.read_block(o, id, index)?
-        };
+            self.read_block(o, id, index)?;
+            if riva {
+                device_digest = Some(self.read_block_from_device(o, id, index, false)?);
+            }
+        }
         let t = Instant::now();
-        let digest = match self.ctx.opts.verify {
-            VerifyMode::None => Vec::new(),
-            _ if riva && !resend => self.read_block_from_device(o, id, index, false)?,
+        let digest = match (self.ctx.opts.verify, device_digest) {
+            (VerifyMode::None, _) => Vec::new(),
+            (_, Some(d)) => d,
             _ => hash(defaults::BLOCK_ALGORITHM, &self.buf[..len])
                 .as_bytes()
                 .to_vec(),
@@ -581,6 +617,7 @@ impl<'a> Stream<'a> {
             data: data.to_vec(),
         });
         self.conn.write_message(&msg).map_err(TransferError::Path)?;
+        o.report.transfer_stage_seconds += stage.elapsed().as_secs_f64();
         o.pending += 1;
         let total = self.ctx.sent.fetch_add(len as u64, Ordering::Relaxed) + len as u64;
         (self.ctx.progress)(total);
@@ -657,6 +694,7 @@ impl<'a> Stream<'a> {
                 let secs = o.started.elapsed().as_secs_f64();
                 o.report.transfer_seconds = (secs - o.report.checksum_seconds).max(0.0);
                 o.report.checksum_seconds += r.check_micros as f64 / 1e6;
+                o.report.verify_stage_seconds = r.check_micros as f64 / 1e6;
                 o.report.evict_seconds += r.evict_micros as f64 / 1e6;
                 o.report.pages_resident += r.resident;
                 match (r.status, o.gave_up, o.report.error.is_some()) {

@@ -1,0 +1,295 @@
+//! `intact-bench verify`: the cost of every verification mode, on the
+//! transfer benchmark's datasets plus a mixed one, in two regimes:
+//! loopback at full speed (the disk is the bottleneck) and a 1 Gbit/s
+//! link between two network namespaces joined by a veth pair and shaped
+//! with tc (the network is the bottleneck; the RIVA paper's HPCLab-WS).
+//! Overheads are against `none` and against `fiver` (the paper's Eq. 3);
+//! for riva the run's own model (Eq. 1) and its error (Eq. 2) are shown.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+
+use crate::runner::{intact_binary, median};
+use crate::transfer::{drop_caches, fresh, make_dataset, run_cmd, Dataset};
+
+const MIB: u64 = 1 << 20;
+const MODES: [&str; 6] = ["none", "sequential", "file", "block", "fiver", "riva"];
+
+#[derive(clap::Args)]
+pub struct VerifyArgs {
+    /// Directory for datasets and destinations (on a real disk, not tmpfs).
+    #[arg(long, default_value = "/var/tmp/intact-bench")]
+    dir: PathBuf,
+    /// Runs per measurement (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Scale of the datasets: 1.0 = one 4 GiB file, 2000 × 1 MiB,
+    /// 20,000 × 16 KiB, and mixed = 4 × 256 MiB + 2000 × 64 KiB.
+    #[arg(long, default_value_t = 1.0)]
+    scale: f64,
+    /// Only these datasets (large, medium, small, mixed).
+    #[arg(long, value_delimiter = ',')]
+    datasets: Vec<String>,
+    /// Only these regimes (loopback, 1gbit).
+    #[arg(long, value_delimiter = ',')]
+    regimes: Vec<String>,
+}
+
+/// The datasets, each as parts made side by side under one source.
+fn datasets(scale: f64) -> Vec<(&'static str, Vec<Dataset>)> {
+    let n = |x: f64| ((x * scale) as u64).max(1);
+    vec![
+        (
+            "large",
+            vec![Dataset {
+                name: "large",
+                files: 1,
+                file_size: n(4096.0) * MIB,
+            }],
+        ),
+        (
+            "medium",
+            vec![Dataset {
+                name: "medium",
+                files: n(2000.0),
+                file_size: MIB,
+            }],
+        ),
+        (
+            "small",
+            vec![Dataset {
+                name: "small",
+                files: n(20000.0),
+                file_size: 16 * 1024,
+            }],
+        ),
+        (
+            "mixed",
+            vec![
+                Dataset {
+                    name: "big",
+                    files: 4,
+                    file_size: n(256.0) * MIB,
+                },
+                Dataset {
+                    name: "many",
+                    files: n(2000.0),
+                    file_size: 64 * 1024,
+                },
+            ],
+        ),
+    ]
+}
+
+pub fn run(a: &VerifyArgs) -> anyhow::Result<()> {
+    let intact = intact_binary()?;
+    std::fs::create_dir_all(&a.dir)?;
+    let can_drop = drop_caches();
+    let want = |list: &[String], name: &str| list.is_empty() || list.iter().any(|n| n == name);
+    println!(
+        "intact-bench verify: intact send, median of {} runs, page cache {}, each run ends with sync",
+        a.runs,
+        if can_drop { "dropped before each run" } else { "NOT dropped (not root)" }
+    );
+    let mut regimes: Vec<(&str, Option<Netns>)> = Vec::new();
+    if want(&a.regimes, "loopback") {
+        regimes.push(("loopback (disk-bound)", None));
+    }
+    if want(&a.regimes, "1gbit") {
+        match Netns::start() {
+            Ok(ns) => regimes.push(("1 Gbit/s veth between namespaces (network-bound)", Some(ns))),
+            Err(e) => println!("\n1 Gbit/s regime skipped: {e:#}"),
+        }
+    }
+    for (name, parts) in datasets(a.scale) {
+        if !want(&a.datasets, name) {
+            continue;
+        }
+        let src = a.dir.join(format!("verify-src-{name}")).join("data");
+        let mut bytes = 0;
+        let mut files = 0;
+        for p in &parts {
+            let at = if parts.len() == 1 {
+                src.clone()
+            } else {
+                src.join(p.name)
+            };
+            make_dataset(&at, p)?;
+            bytes += p.files * p.file_size;
+            files += p.files;
+        }
+        for (regime, ns) in &regimes {
+            println!(
+                "\n{name}: {files} files, {:.0} MiB; {regime}\n",
+                bytes as f64 / MIB as f64
+            );
+            println!("| mode | median s | MiB/s | overhead vs none | overhead vs fiver (Eq. 3) | riva model (Eq. 1) s | model error (Eq. 2) |");
+            println!("|---|---:|---:|---:|---:|---:|---:|");
+            let dst = a.dir.join("verify-dst");
+            let mut results = Vec::new();
+            for mode in MODES {
+                let mut times = Vec::new();
+                let mut models = Vec::new();
+                for _ in 0..a.runs {
+                    fresh(&dst)?;
+                    drop_caches();
+                    let (t, model) = send_once(&intact, &src, &dst, mode, ns.as_ref())
+                        .with_context(|| format!("{name} {mode}"))?;
+                    times.push(t);
+                    models.extend(model);
+                }
+                results.push((mode, median(times), models));
+            }
+            fresh(&dst)?;
+            let base = |m: &str| results.iter().find(|r| r.0 == m).map(|r| r.1);
+            let (none, fiver) = (base("none"), base("fiver"));
+            for (mode, t, models) in &results {
+                let over = |b: Option<f64>| {
+                    b.map_or("–".into(), |b| format!("{:+.1}%", 100.0 * (t - b) / b))
+                };
+                let (pred, err) = if models.is_empty() {
+                    ("–".to_string(), "–".to_string())
+                } else {
+                    let p = median(models.iter().map(|m| m.0).collect());
+                    let e = median(models.iter().map(|m| m.1).collect());
+                    (format!("{p:.2}"), format!("{e:.1}%"))
+                };
+                println!(
+                    "| {mode} | {t:.2} | {:.0} | {} | {} | {pred} | {err} |",
+                    bytes as f64 / MIB as f64 / t,
+                    over(none),
+                    over(fiver),
+                );
+            }
+        }
+    }
+    println!("\noverhead = (t_mode - t_base) / t_base; riva model from the run's measured per-block stage times.");
+    println!("command: cargo run --release -p intact-bench -- verify");
+    Ok(())
+}
+
+/// One timed send into a fresh server (in the namespace for the shaped
+/// regime); returns seconds to the end of the final sync and, for riva,
+/// the model's (predicted seconds, error %) from the JSON report.
+fn send_once(
+    intact: &Path,
+    src: &Path,
+    dst: &Path,
+    mode: &str,
+    ns: Option<&Netns>,
+) -> anyhow::Result<(f64, Option<(f64, f64)>)> {
+    let listen = match ns {
+        Some(_) => format!("{}:0", Netns::INNER_IP),
+        None => "127.0.0.1:0".to_string(),
+    };
+    let mut cmd = match ns {
+        Some(n) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", &n.name]).arg(intact);
+            c
+        }
+        None => Command::new(intact),
+    };
+    // A non-loopback client needs a key.
+    let key = dst.with_extension("key");
+    {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&key)?;
+        f.write_all(b"intact-bench key for the namespace regime")?;
+    }
+    let mut server = cmd
+        .args(["serve", "--key-file"])
+        .arg(&key)
+        .args(["--listen", &listen, "--root"])
+        .arg(dst)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let mut line = String::new();
+    BufReader::new(server.stdout.take().expect("piped")).read_line(&mut line)?;
+    let addr = line
+        .split("listening on ")
+        .nth(1)
+        .and_then(|s| s.split(',').next())
+        .context("no address from intact serve")?
+        .to_string();
+    let t = Instant::now();
+    let out = Command::new(intact)
+        .args(["send", "--json", "--verify", mode, "--key-file"])
+        .arg(&key)
+        .arg(src)
+        .arg(&addr)
+        .output()?;
+    run_cmd(&mut Command::new("sync"))?;
+    let secs = t.elapsed().as_secs_f64();
+    let _ = server.kill();
+    let _ = server.wait();
+    if !out.status.success() {
+        bail!("send failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    // The model is checked against the time including the final sync.
+    let model = v["model"]["predicted_seconds"]
+        .as_f64()
+        .map(|p| (p, 100.0 * (p - secs).abs() / secs));
+    Ok((secs, model))
+}
+
+/// A network namespace joined to this one by a veth pair shaped to
+/// 1 Gbit/s in both directions; deleted (with its veth) on drop.
+struct Netns {
+    name: String,
+}
+
+impl Netns {
+    const INNER_IP: &'static str = "10.77.0.2";
+
+    fn start() -> anyhow::Result<Netns> {
+        let name = format!("intact-bench-{}", std::process::id());
+        let outer = format!("ib{}o", std::process::id() % 100000);
+        let inner = format!("ib{}i", std::process::id() % 100000);
+        let ip = |args: &[&str]| run_cmd(Command::new("ip").args(args));
+        ip(&["netns", "add", &name])?;
+        let ns = Netns { name };
+        let n = ns.name.as_str();
+        ip(&[
+            "link", "add", &outer, "type", "veth", "peer", "name", &inner,
+        ])?;
+        ip(&["link", "set", &inner, "netns", n])?;
+        ip(&["addr", "add", "10.77.0.1/24", "dev", &outer])?;
+        ip(&["link", "set", &outer, "up"])?;
+        ip(&["-n", n, "addr", "add", "10.77.0.2/24", "dev", &inner])?;
+        ip(&["-n", n, "link", "set", &inner, "up"])?;
+        ip(&["-n", n, "link", "set", "lo", "up"])?;
+        let shape = |pre: &[&str], dev: &str| {
+            let mut args: Vec<&str> = pre.to_vec();
+            args.extend([
+                "qdisc", "add", "dev", dev, "root", "tbf", "rate", "1gbit", "burst", "256kb",
+                "latency", "10ms",
+            ]);
+            run_cmd(Command::new("tc").args(&args))
+        };
+        shape(&[], &outer)?;
+        shape(&["-n", n], &inner)?;
+        Ok(ns)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        // Deleting the namespace deletes its veth end, and with it the pair.
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
