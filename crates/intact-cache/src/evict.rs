@@ -95,6 +95,21 @@ pub fn evict(file: &File, offset: u64, len: u64) -> Result<Eviction, CacheError>
     Ok(out)
 }
 
+/// Starts writing back the dirty pages of a range, without waiting (a
+/// later [`evict`] waits). Best effort: errors show up in that wait.
+pub fn start_writeback(file: &File, offset: u64, len: u64) {
+    let (start, alen) = aligned(offset, len);
+    // SAFETY: plain syscall on a valid fd.
+    unsafe {
+        libc::sync_file_range(
+            file.as_raw_fd(),
+            start as libc::off64_t,
+            alen as libc::off64_t,
+            libc::SYNC_FILE_RANGE_WRITE,
+        )
+    };
+}
+
 /// Writes back the dirty pages of a range and waits for them.
 fn flush(file: &File, start: u64, len: u64) -> Result<(), CacheError> {
     let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE

@@ -65,6 +65,13 @@ pub struct ReadOutcome {
     pub evict_time: Duration,
 }
 
+/// Step 2's result, for step 3 of a batched read.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Prepared {
+    /// Evict path: pages still resident after eviction, and its time.
+    evicted: Option<(u64, Duration)>,
+}
+
 /// Reads ranges of one file by a [`ReadPath`].
 #[derive(Debug)]
 pub struct DeviceReader {
@@ -163,6 +170,75 @@ impl DeviceReader {
                 }
             }
             ReadPath::Direct | ReadPath::Evict => self.read_evicted(file, offset, len, buf, device),
+        }
+    }
+
+    /// Batched reads, step 1 of 3: starts writing the range back without
+    /// waiting, so that the writes of a batch of small blocks go to the
+    /// device together instead of one round trip each.
+    pub fn begin(&self, file: &File, offset: u64, len: usize) {
+        if self.path == ReadPath::Evict && len > 0 {
+            crate::evict::start_writeback(file, offset, len as u64);
+        }
+    }
+
+    /// Batched reads, step 2 of 3: evicts the range (waiting for its
+    /// writeback) and, once `mincore` confirms it gone, asks the kernel to
+    /// read it back from the device in the background.
+    pub fn evict_then_prefetch(
+        &mut self,
+        file: &File,
+        offset: u64,
+        len: usize,
+    ) -> std::io::Result<Prepared> {
+        if self.path != ReadPath::Evict {
+            return Ok(Prepared::default());
+        }
+        let t = Instant::now();
+        let ev = evict(file, offset, len as u64)?;
+        let evict_time = t.elapsed();
+        if ev.resident == 0 {
+            // Every page that enters the cache from now on comes from the
+            // device: only this process writes the file.
+            let fd = self.plain.as_ref().unwrap_or(file).as_raw_fd();
+            // SAFETY: plain syscall on a valid fd.
+            unsafe {
+                libc::posix_fadvise(
+                    fd,
+                    offset as libc::off_t,
+                    len as libc::off_t,
+                    libc::POSIX_FADV_WILLNEED,
+                )
+            };
+        }
+        Ok(Prepared {
+            evicted: Some((ev.resident, evict_time)),
+        })
+    }
+
+    /// Batched reads, step 3 of 3: the read itself, after
+    /// [`DeviceReader::evict_then_prefetch`] on the evict path.
+    pub fn finish(
+        &mut self,
+        file: &File,
+        offset: u64,
+        len: usize,
+        buf: &mut [u8],
+        prepared: Prepared,
+    ) -> std::io::Result<ReadOutcome> {
+        match (self.path, prepared.evicted) {
+            (ReadPath::Evict, Some((resident, evict_time))) => {
+                self.plain
+                    .as_ref()
+                    .unwrap_or(file)
+                    .read_exact_at(&mut buf[..len], offset)?;
+                Ok(ReadOutcome {
+                    device: self.backing.has_device() && resident == 0,
+                    resident,
+                    evict_time,
+                })
+            }
+            _ => self.read(file, offset, len, buf),
         }
     }
 

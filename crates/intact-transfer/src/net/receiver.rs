@@ -37,8 +37,12 @@ use crate::TransferError;
 /// Messages the reader thread may hold ahead of the session thread.
 const READ_AHEAD: usize = 4;
 
-/// Riva blocks queued for the verifier at most.
-const VERIFY_QUEUE: usize = 8;
+/// Riva blocks queued for the verifier at most (written, not yet
+/// verified; they hold no memory here, only page cache).
+const VERIFY_QUEUE: usize = 64;
+
+/// Bytes of blocks the verifier takes as one batch at most.
+const BATCH_BYTES: usize = 8 << 20;
 
 /// How many times one file may come back for re-verification rounds.
 const MAX_ROUNDS: u32 = 16;
@@ -159,6 +163,12 @@ struct Check {
     reader: Arc<Mutex<DeviceReader>>,
 }
 
+impl Check {
+    fn reader(&self) -> std::sync::MutexGuard<'_, DeviceReader> {
+        self.reader.lock().expect("no panics hold it")
+    }
+}
+
 /// The verifier's verdict on one block.
 struct Checked {
     id: u64,
@@ -177,37 +187,56 @@ enum Event {
     Checked(Checked),
 }
 
-/// The verifier thread of a session.
+/// The verifier thread of a session. It takes the blocks queued so far as
+/// one batch (up to [`BATCH_BYTES`]): their writebacks start together,
+/// then each is evicted and its read-back from the device requested, then
+/// each is read and hashed; so a batch of small files costs about one
+/// device round trip, not two per file.
 fn verifier(jobs: mpsc::Receiver<Check>, events: mpsc::Sender<Event>, block_size: usize) {
     let mut buf = AlignedBuf::new(block_size);
-    for c in jobs {
-        if buf.len() < c.len {
-            buf = AlignedBuf::new(c.len);
+    while let Ok(first) = jobs.recv() {
+        let mut bytes = first.len;
+        let mut batch = vec![first];
+        while bytes < BATCH_BYTES {
+            match jobs.try_recv() {
+                Ok(c) => {
+                    bytes += c.len;
+                    batch.push(c);
+                }
+                Err(_) => break,
+            }
         }
-        let t = Instant::now();
-        let read = c
-            .reader
-            .lock()
-            .expect("no panics hold it")
-            .read(&c.file, c.offset, c.len, &mut buf);
-        let (ok, outcome) = match read {
-            Ok(out) => (
-                Ok(hash(defaults::BLOCK_ALGORITHM, &buf[..c.len]).ct_eq(&c.digest)),
-                out,
-            ),
-            Err(e) => (Err(e), intact_cache::ReadOutcome::default()),
-        };
-        let took = t.elapsed().saturating_sub(outcome.evict_time);
-        let done = Checked {
-            id: c.id,
-            index: c.index,
-            digest: c.digest,
-            ok,
-            outcome,
-            took,
-        };
-        if events.send(Event::Checked(done)).is_err() {
-            return;
+        for c in &batch {
+            c.reader().begin(&c.file, c.offset, c.len);
+        }
+        let prepared: Vec<_> = batch
+            .iter()
+            .map(|c| c.reader().evict_then_prefetch(&c.file, c.offset, c.len))
+            .collect();
+        for (c, p) in batch.into_iter().zip(prepared) {
+            if buf.len() < c.len {
+                buf = AlignedBuf::new(c.len);
+            }
+            let t = Instant::now();
+            let read = p.and_then(|p| c.reader().finish(&c.file, c.offset, c.len, &mut buf, p));
+            let (ok, outcome) = match read {
+                Ok(out) => (
+                    Ok(hash(defaults::BLOCK_ALGORITHM, &buf[..c.len]).ct_eq(&c.digest)),
+                    out,
+                ),
+                Err(e) => (Err(e), intact_cache::ReadOutcome::default()),
+            };
+            let done = Checked {
+                id: c.id,
+                index: c.index,
+                digest: c.digest,
+                ok,
+                outcome,
+                took: t.elapsed(),
+            };
+            if events.send(Event::Checked(done)).is_err() {
+                return;
+            }
         }
     }
 }
