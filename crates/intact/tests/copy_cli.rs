@@ -111,3 +111,36 @@ fn failures_and_usage_errors_have_their_exit_status() {
     let out = intact(&["copy", good.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[test]
+fn a_tmpfs_destination_warns_and_require_level_device_fails_there() {
+    let Ok(shm) = tempfile::tempdir_in("/dev/shm") else {
+        eprintln!("SKIP a_tmpfs_destination_warns: no /dev/shm here");
+        return;
+    };
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let src = dir.path().join("f.dat");
+    fs::write(&src, intact_sample::bytes(100_000, 3)).unwrap();
+    let (s, d) = (src.to_str().unwrap(), shm.path().join("a"));
+    let out = intact(&["copy", s, d.to_str().unwrap()]);
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("warning: 1 file(s) verified only to level cache") && err.contains("tmpfs"),
+        "{err}"
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("level cache"));
+
+    let d = shm.path().join("b");
+    let out = intact(&["copy", "--require-level", "device", s, d.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--require-level device") && err.contains("tmpfs"),
+        "{err}"
+    );
+    assert!(
+        !d.join("f.dat").exists(),
+        "a file below the level got its name"
+    );
+}

@@ -76,11 +76,28 @@ fn every_mode_delivers_the_tree_and_sigterm_stops_the_server() {
     let src = tree(dir.path());
     let recv = dir.path().join("recv");
     let mut server = Server::start(&recv);
-    for mode in ["none", "sequential", "file", "block", "fiver"] {
-        let target = format!("{}:/{mode}", server.addr());
+    // Where the tests run, riva reaches the device unless TMPDIR is tmpfs.
+    let probe = tempfile::tempfile_in(dir.path()).unwrap();
+    let riva_level = if intact_cache::backing(&probe).unwrap().has_device() {
+        "device"
+    } else {
+        "cache"
+    };
+    for (name, mode, path) in [
+        ("none", "none", "evict"),
+        ("sequential", "sequential", "evict"),
+        ("file", "file", "evict"),
+        ("block", "block", "evict"),
+        ("fiver", "fiver", "evict"),
+        ("riva", "riva", "evict"),
+        ("riva-direct", "riva", "direct"),
+    ] {
+        let target = format!("{}:/{name}", server.addr());
         let out = send(&[
             "--verify",
             mode,
+            "--read-path",
+            path,
             "--block-size",
             "64KiB",
             "--streams",
@@ -91,24 +108,29 @@ fn every_mode_delivers_the_tree_and_sigterm_stops_the_server() {
         ]);
         assert!(
             out.status.success(),
-            "{mode}: {}",
+            "{name}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        assert_eq!(v["failed"], 0, "{mode}");
-        assert!(same_tree(&src, &recv.join(mode).join("data")), "{mode}");
+        assert_eq!(v["failed"], 0, "{name}");
+        assert!(same_tree(&src, &recv.join(name).join("data")), "{name}");
         let f = v["files"]
             .as_array()
             .unwrap()
             .iter()
-            .find(|f| f["path"] == format!("{mode}/data/nested/f5"))
+            .find(|f| f["path"] == format!("{name}/data/nested/f5"))
             .unwrap();
         let level = match mode {
             "none" => "none",
             "fiver" => "network",
+            "riva" => riva_level,
             _ => "cache",
         };
-        assert_eq!(f["level"], level, "{mode}");
+        assert_eq!(f["level"], level, "{name}: {f}");
+        if mode == "riva" {
+            assert_eq!(f["read_path"], path, "{name}");
+            assert_eq!(f["pages_resident"], 0, "{name}");
+        }
     }
     let status = terminate(&mut server);
     assert!(status.success(), "serve exits 0 on SIGTERM: {status}");

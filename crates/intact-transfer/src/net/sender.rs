@@ -424,6 +424,8 @@ impl<'a> Stream<'a> {
         // result arrives, so admission is bounded by bytes even while its
         // blocks wait for the receiver's Status.
         self.in_flight += e.size;
+        let mut report = report;
+        report.read_path = device.as_ref().map(|(r, _)| r.path());
         let mut o = Outgoing {
             device,
             pending: 0,
