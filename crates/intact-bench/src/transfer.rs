@@ -188,8 +188,11 @@ pub fn run(a: &TransferArgs) -> anyhow::Result<()> {
 }
 
 pub(crate) fn make_dataset(src: &Path, d: &Dataset) -> anyhow::Result<()> {
+    // The marker names the shape, so a dataset made at another scale is
+    // made again rather than measured under the wrong name.
     let marker = src.with_extension("complete");
-    if marker.exists() {
+    let shape = format!("{} x {}\n", d.files, d.file_size);
+    if std::fs::read_to_string(&marker).is_ok_and(|m| m == shape) {
         return Ok(());
     }
     let _ = std::fs::remove_dir_all(src);
@@ -199,7 +202,7 @@ pub(crate) fn make_dataset(src: &Path, d: &Dataset) -> anyhow::Result<()> {
         std::fs::create_dir_all(&dir)?;
         intact_sample::write_file(&dir.join(format!("f{i:05}")), d.file_size, &mut stream)?;
     }
-    std::fs::write(marker, b"")?;
+    std::fs::write(marker, shape)?;
     Ok(())
 }
 
@@ -236,20 +239,10 @@ pub(crate) fn timed(_dst: &Path, f: impl FnOnce() -> anyhow::Result<()>) -> anyh
 /// A fresh server per run (so its journal does not skip anything), timed
 /// from the send's start to the end of the final sync.
 fn intact_send(intact: &Path, src: &Path, dst: &Path, verify: &str) -> anyhow::Result<f64> {
-    let mut server = Command::new(intact)
-        .args(["serve", "--listen", "127.0.0.1:0", "--root"])
-        .arg(dst)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()?;
-    let mut line = String::new();
-    BufReader::new(server.stdout.take().expect("piped")).read_line(&mut line)?;
-    let addr = line
-        .split("listening on ")
-        .nth(1)
-        .and_then(|s| s.split(',').next())
-        .context("no address from intact serve")?
-        .to_string();
+    let mut cmd = Command::new(intact);
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--root"])
+        .arg(dst);
+    let (mut server, addr) = start_server(&mut cmd)?;
     let t = timed(dst, || {
         run_cmd(
             Command::new(intact)
@@ -394,4 +387,19 @@ impl Drop for Sshd {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Starts an `intact serve` command line; returns it and the address it
+/// printed.
+pub(crate) fn start_server(cmd: &mut Command) -> anyhow::Result<(Child, String)> {
+    let mut server = cmd.stdout(Stdio::piped()).stderr(Stdio::null()).spawn()?;
+    let mut line = String::new();
+    BufReader::new(server.stdout.take().expect("piped")).read_line(&mut line)?;
+    let addr = line
+        .split("listening on ")
+        .nth(1)
+        .and_then(|s| s.split(',').next())
+        .context("no address from intact serve")?
+        .to_string();
+    Ok((server, addr))
 }

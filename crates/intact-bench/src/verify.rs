@@ -6,15 +6,14 @@
 //! Overheads are against `none` and against `fiver` (the paper's Eq. 3);
 //! for riva the run's own model (Eq. 1) and its error (Eq. 2) are shown.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
 
 use crate::runner::{intact_binary, median};
-use crate::transfer::{drop_caches, fresh, make_dataset, run_cmd, Dataset};
+use crate::transfer::{drop_caches, fresh, make_dataset, run_cmd, start_server, Dataset};
 
 const MIB: u64 = 1 << 20;
 const MODES: [&str; 6] = ["none", "sequential", "file", "block", "fiver", "riva"];
@@ -207,22 +206,11 @@ fn send_once(
             .open(&key)?;
         f.write_all(b"intact-bench key for the namespace regime")?;
     }
-    let mut server = cmd
-        .args(["serve", "--key-file"])
+    cmd.args(["serve", "--key-file"])
         .arg(&key)
         .args(["--listen", &listen, "--root"])
-        .arg(dst)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()?;
-    let mut line = String::new();
-    BufReader::new(server.stdout.take().expect("piped")).read_line(&mut line)?;
-    let addr = line
-        .split("listening on ")
-        .nth(1)
-        .and_then(|s| s.split(',').next())
-        .context("no address from intact serve")?
-        .to_string();
+        .arg(dst);
+    let (mut server, addr) = start_server(&mut cmd)?;
     let t = Instant::now();
     let out = Command::new(intact)
         .args(["send", "--json", "--verify", mode, "--key-file"])
@@ -238,6 +226,9 @@ fn send_once(
         bail!("send failed: {}", String::from_utf8_lossy(&out.stderr));
     }
     let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    if v["failed"] != 0 {
+        bail!("send reported failures: {}", v["failed"]);
+    }
     // The model is checked against the time including the final sync.
     let model = v["model"]["predicted_seconds"]
         .as_f64()
@@ -255,6 +246,18 @@ impl Netns {
     const INNER_IP: &'static str = "10.77.0.2";
 
     fn start() -> anyhow::Result<Netns> {
+        // A benchmark killed by a signal leaves its namespace: remove
+        // those whose process is gone.
+        if let Ok(out) = Command::new("ip").args(["netns", "list"]).output() {
+            for line in String::from_utf8_lossy(&out.stdout).lines() {
+                let name = line.split_whitespace().next().unwrap_or("");
+                if let Some(pid) = name.strip_prefix("intact-bench-") {
+                    if !Path::new("/proc").join(pid).exists() {
+                        let _ = Command::new("ip").args(["netns", "del", name]).status();
+                    }
+                }
+            }
+        }
         let name = format!("intact-bench-{}", std::process::id());
         let outer = format!("ib{}o", std::process::id() % 100000);
         let inner = format!("ib{}i", std::process::id() % 100000);

@@ -688,30 +688,13 @@ impl RivaFile {
 
     /// The level both ends' reads support, and why it is below `device`.
     fn level(&self) -> (VerifyLevel, Option<String>) {
-        let dest = self.dest.lock().expect("no panics hold it");
-        for (end, b) in [
-            ("source", self.src.backing()),
-            ("destination", dest.backing()),
-        ] {
-            if let intact_cache::Backing::CacheOnly { fs, why } = b {
-                return (
-                    VerifyLevel::Cache,
-                    Some(format!("the {end} is on {fs}: {why}")),
-                );
-            }
-        }
-        let mut all = self.src_stats;
-        all.merge(&self.dest_stats);
-        match all.level() {
-            VerifyLevel::Device => (VerifyLevel::Device, None),
-            level => (
-                level,
-                Some(format!(
-                    "{} of {} verification reads found pages still cached after eviction",
-                    all.reads - all.device_reads,
-                    all.reads
-                )),
-            ),
+        let dest = self.dest.lock().expect("no panics hold it").backing();
+        let src = self.src_stats.level_at("source", self.src.backing());
+        let dst = self.dest_stats.level_at("destination", dest);
+        if src.0 <= dst.0 {
+            src
+        } else {
+            dst
         }
     }
 

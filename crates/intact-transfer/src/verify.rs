@@ -4,7 +4,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use intact_cache::ReadOutcome;
+use intact_cache::{Backing, ReadOutcome};
 
 /// How a transfer is verified (PRODUCT.md, capability 3). All modes run
 /// through the same pipeline so that they can be compared on the same data.
@@ -209,6 +209,28 @@ impl DeviceStats {
             VerifyLevel::Device
         } else {
             VerifyLevel::Cache
+        }
+    }
+
+    /// The level one end (`source` or `destination`) reached on `backing`,
+    /// and why it is not `device`.
+    pub fn level_at(&self, end: &str, backing: Backing) -> (VerifyLevel, Option<String>) {
+        if let Backing::CacheOnly { fs, why } = backing {
+            return (
+                VerifyLevel::Cache,
+                Some(format!("the {end} is on {fs}: {why}")),
+            );
+        }
+        match self.level() {
+            VerifyLevel::Device => (VerifyLevel::Device, None),
+            l => (
+                l,
+                Some(format!(
+                    "{} of {} re-reads at the {end} found pages still cached after eviction",
+                    self.reads - self.device_reads,
+                    self.reads
+                )),
+            ),
         }
     }
 }

@@ -132,23 +132,8 @@ impl RivaIn {
     /// The level the destination's reads reached, and why not `device`.
     fn level(&self) -> (VerifyLevel, String) {
         let b = self.reader.lock().expect("no panics hold it").backing();
-        if let intact_cache::Backing::CacheOnly { fs, why } = b {
-            return (
-                VerifyLevel::Cache,
-                format!("the destination is on {fs}: {why}"),
-            );
-        }
-        match self.stats.level() {
-            VerifyLevel::Device => (VerifyLevel::Device, String::new()),
-            l => (
-                l,
-                format!(
-                    "{} of {} re-reads at the destination found pages still cached after eviction",
-                    self.stats.reads - self.stats.device_reads,
-                    self.stats.reads
-                ),
-            ),
-        }
+        let (level, why) = self.stats.level_at("destination", b);
+        (level, why.unwrap_or_default())
     }
 }
 

@@ -213,27 +213,6 @@ fn source_device(
     Ok(Some((reader, DeviceStats::default())))
 }
 
-/// The level the source's device reads reached, and why not `device`.
-fn source_level(reader: &DeviceReader, stats: &DeviceStats) -> (VerifyLevel, Option<String>) {
-    if let intact_cache::Backing::CacheOnly { fs, why } = reader.backing() {
-        return (
-            VerifyLevel::Cache,
-            Some(format!("the source is on {fs}: {why}")),
-        );
-    }
-    match stats.level() {
-        VerifyLevel::Device => (VerifyLevel::Device, None),
-        l => (
-            l,
-            Some(format!(
-                "{} of {} source re-reads found pages still cached after eviction",
-                stats.reads - stats.device_reads,
-                stats.reads
-            )),
-        ),
-    }
-}
-
 struct Ctx<'a> {
     opts: &'a SendOptions,
     entries: &'a [SourceEntry],
@@ -502,15 +481,21 @@ impl<'a> Stream<'a> {
     /// Reads block `index` of entry `id` from the source into the stream's
     /// buffer; returns its length.
     fn read_block(&mut self, o: &Outgoing, id: u64, index: u64) -> Result<usize, TransferError> {
+        let (offset, len) = self.block_range(id, index);
         let e = &self.ctx.entries[id as usize];
-        let bs = self.ctx.opts.block_size as u64;
-        let offset = index * bs;
-        let len = (e.size - offset).min(bs) as usize;
         let source = o.source.as_ref().expect("files have a source");
         source
             .read_exact_at(&mut self.buf[..len], offset)
             .map_err(|err| source_read_error(e, err))?;
         Ok(len)
+    }
+
+    /// Block `index` of entry `id`: (offset, length).
+    fn block_range(&self, id: u64, index: u64) -> (u64, usize) {
+        let size = self.ctx.entries[id as usize].size;
+        let bs = self.ctx.opts.block_size as u64;
+        let offset = index * bs;
+        (offset, (size - offset).min(bs) as usize)
     }
 
     /// Riva: reads block `index` into the transfer buffer if none of its
@@ -521,10 +506,8 @@ impl<'a> Stream<'a> {
         id: u64,
         index: u64,
     ) -> Result<bool, TransferError> {
+        let (offset, len) = self.block_range(id, index);
         let e = &self.ctx.entries[id as usize];
-        let bs = self.ctx.opts.block_size as u64;
-        let offset = index * bs;
-        let len = (e.size - offset).min(bs) as usize;
         let source = o.source.as_ref().expect("files have a source");
         let (reader, stats) = o.device.as_mut().expect("riva files have a reader");
         match reader
@@ -549,10 +532,8 @@ impl<'a> Stream<'a> {
         index: u64,
         into_transfer_buffer: bool,
     ) -> Result<Vec<u8>, TransferError> {
+        let (offset, len) = self.block_range(id, index);
         let e = &self.ctx.entries[id as usize];
-        let bs = self.ctx.opts.block_size as u64;
-        let offset = index * bs;
-        let len = (e.size - offset).min(bs) as usize;
         let source = o.source.as_ref().expect("files have a source");
         let (reader, stats) = o.device.as_mut().expect("riva files have a reader");
         let buf = if into_transfer_buffer {
@@ -583,9 +564,7 @@ impl<'a> Stream<'a> {
     ) -> Result<(), TransferError> {
         let stage = Instant::now();
         let riva = o.device.is_some();
-        let e = &self.ctx.entries[id as usize];
-        let bs = self.ctx.opts.block_size as u64;
-        let len = (e.size - index * bs).min(bs) as usize;
+        let (_, len) = self.block_range(id, index);
         // Riva: a device-level digest, from the transfer read itself when
         // that read reached the device (none of its pages was cached, or a
         // resend read it after eviction), else from a second read.
@@ -712,7 +691,7 @@ impl<'a> Stream<'a> {
                         if let Some((reader, stats)) = &o.device {
                             o.report.evict_seconds += stats.evict.as_secs_f64();
                             o.report.pages_resident += stats.resident;
-                            let (level, note) = source_level(reader, stats);
+                            let (level, note) = stats.level_at("source", reader.backing());
                             if o.report.level.is_some_and(|l| l > level) {
                                 o.report.level = Some(level);
                                 o.report.note = note;
