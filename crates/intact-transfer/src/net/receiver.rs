@@ -7,7 +7,7 @@
 //! blocks are asked for again, and only a fully verified file is fsynced
 //! and renamed to its final name.
 //!
-//! Riva blocks are verified off the session thread: a verifier thread
+//! Riva (and block-mode) blocks are verified off the session thread: a verifier thread
 //! flushes, evicts and re-reads each written block from the device while
 //! the session thread receives and writes the next ones (the RIVA paper's
 //! Figure 4). A reader thread turns the socket into events, so that the
@@ -438,7 +438,7 @@ impl Session<'_> {
             // A file that already failed: drop its blocks.
             return Ok(());
         };
-        let accepted = accept_block(f, b.index, &b.digest, &b.data, &mut self.buf, self.opts);
+        let accepted = accept_block(f, b.index, &b.digest, &b.data, self.opts);
         let verdict = match accepted {
             Ok(v) => v,
             Err(e @ (TransferError::Destination { .. } | TransferError::Journal(_))) => {
@@ -555,7 +555,8 @@ impl Session<'_> {
                     .write_message(&failed(file, &format!("block {} never verified", bad[0])))?;
             }
             Ok(_) => {
-                if let Some((level, why)) = f.riva.as_ref().map(RivaIn::level) {
+                let riva = f.riva.as_ref().filter(|_| f.mode == VerifyMode::Riva);
+                if let Some((level, why)) = riva.map(RivaIn::level) {
                     if level < VerifyLevel::Device && f.entry.flags & Entry::REQUIRE_DEVICE != 0 {
                         let _ = f.journal(self.journal);
                         self.summary.failed += 1;
@@ -596,9 +597,9 @@ fn commit_ready<S: std::io::Read + std::io::Write>(
             sec: f.entry.mtime_sec,
             nsec: f.entry.mtime_nsec,
         };
-        let (level, note) = match &f.riva {
-            Some(r) => r.level(),
-            None => (f.mode.level(), String::new()),
+        let (level, note) = match (&f.riva, f.mode) {
+            (Some(r), VerifyMode::Riva) => r.level(),
+            _ => (f.mode.level(), String::new()),
         };
         let mut result = verified_because(id, level.wire_id(), &note);
         if let (Some(r), Message::FileResult(fr)) = (&f.riva, &mut result) {
@@ -748,9 +749,13 @@ fn begin_file(
         }
     }
     let partial = dest.partial(&e.path, e.size)?;
+    // Block and riva blocks are re-read on the verifier thread, riva's
+    // from the device, block's through the cache.
     let riva = match mode {
-        VerifyMode::Riva => {
-            let path = if e.flags & Entry::DIRECT != 0 {
+        VerifyMode::Riva | VerifyMode::Block => {
+            let path = if mode == VerifyMode::Block {
+                ReadPath::Cached
+            } else if e.flags & Entry::DIRECT != 0 {
                 ReadPath::Direct
             } else {
                 ReadPath::Evict
@@ -760,7 +765,10 @@ fn begin_file(
                 source: err,
             })?;
             let (level, why) = r.level();
-            if e.flags & Entry::REQUIRE_DEVICE != 0 && level < VerifyLevel::Device {
+            if mode == VerifyMode::Riva
+                && e.flags & Entry::REQUIRE_DEVICE != 0
+                && level < VerifyLevel::Device
+            {
                 return Err(TransferError::Verification {
                     path: e.path.to_string(),
                     what: format!("--require-level device: {why}"),
@@ -855,14 +863,13 @@ enum Verdict {
     Check(Check),
 }
 
-/// Checks, writes and (block mode) re-reads one block, or hands it to the
-/// verifier (riva).
+/// Checks and writes one block, and hands it to the verifier (block and
+/// riva modes) or marks it verified.
 fn accept_block(
     f: &mut Incoming,
     index: u64,
     digest: &[u8],
     data: &[u8],
-    buf: &mut AlignedBuf,
     opts: &ReceiveOptions,
 ) -> Result<Verdict, TransferError> {
     let bs = u64::from(f.entry.block_size);
@@ -910,12 +917,7 @@ fn accept_block(
         hook(f.partial.file(), &path, index, offset, want_len);
     }
     match (f.mode, &expected, &f.riva) {
-        (VerifyMode::Block, Some(d), _)
-            if !reread_matches(f.partial.file(), offset, want_len, d, buf).map_err(dest_err)? =>
-        {
-            return Ok(Verdict::Done(false));
-        }
-        (VerifyMode::Riva, Some(d), Some(r)) => {
+        (VerifyMode::Riva | VerifyMode::Block, Some(d), Some(r)) => {
             return Ok(Verdict::Check(Check {
                 id: f.entry.file,
                 index,
