@@ -916,19 +916,17 @@ fn accept_block(
     if let Some(hook) = &opts.after_write {
         hook(f.partial.file(), &path, index, offset, want_len);
     }
-    match (f.mode, &expected, &f.riva) {
-        (VerifyMode::Riva | VerifyMode::Block, Some(d), Some(r)) => {
-            return Ok(Verdict::Check(Check {
-                id: f.entry.file,
-                index,
-                offset,
-                len: want_len,
-                digest: *d,
-                file: Arc::clone(&r.file),
-                reader: Arc::clone(&r.reader),
-            }));
-        }
-        _ => {}
+    // Block and riva: the verifier re-reads it.
+    if let (Some(d), Some(r)) = (&expected, &f.riva) {
+        return Ok(Verdict::Check(Check {
+            id: f.entry.file,
+            index,
+            offset,
+            len: want_len,
+            digest: *d,
+            file: Arc::clone(&r.file),
+            reader: Arc::clone(&r.reader),
+        }));
     }
     // In none mode there is no digest; record the data's own so the slot
     // reads as done.
