@@ -4,16 +4,14 @@
 //! must detect and repair both; the cache-level modes must be shown to
 //! miss them (so the injection is known to take effect).
 
-mod loopfs;
-
 use std::fs::{self, File};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use intact_faults::LoopFs;
 use intact_transfer::{copy, CopyOptions, CopyReport, VerifyLevel, VerifyMode, WriteHook};
-use loopfs::LoopFs;
 
 const BS: usize = 256 * 1024;
 const SIZE: usize = 4 * BS + 1000;
@@ -52,14 +50,14 @@ fn flip_under_block_1(fs: &Arc<LoopFs>, fired: &Arc<AtomicBool>) -> WriteHook {
         move |file: &File, _path: &str, index: u64, offset: u64, _len: usize| {
             if index == 1 && !fired.swap(true, Ordering::SeqCst) {
                 file.sync_data().unwrap();
-                fs.flip_bit_under(file, offset + 100);
+                fs.flip_bit_under(file, offset + 100).unwrap();
             }
         },
     )
 }
 
 fn write_error_case(verify: VerifyMode) -> (CopyReport, Vec<u8>, Vec<u8>) {
-    let fs = Arc::new(LoopFs::new(64).unwrap());
+    let fs = Arc::new(LoopFs::new(Path::new(env!("CARGO_TARGET_TMPDIR")), 64).unwrap());
     let src_dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let data = intact_sample::bytes(SIZE, 42);
     fs::write(src_dir.path().join("f.dat"), &data).unwrap();
@@ -75,7 +73,8 @@ fn write_error_case(verify: VerifyMode) -> (CopyReport, Vec<u8>, Vec<u8>) {
 
 #[test]
 fn riva_detects_and_repairs_a_write_error_that_fiver_and_block_miss() {
-    if !loopfs::usable("riva_detects_and_repairs_a_write_error") {
+    if let Err(why) = intact_faults::usable() {
+        eprintln!("SKIP riva_detects_and_repairs_a_write_error: {why}");
         return;
     }
     // fiver and block: success reported, corruption on the device.
@@ -104,7 +103,7 @@ fn riva_detects_and_repairs_a_write_error_that_fiver_and_block_miss() {
 /// A source on the loop file system whose page cache holds a flipped bit
 /// in block 2 while the device holds the right bytes.
 fn read_error_case(verify: VerifyMode) -> (CopyReport, Vec<u8>, Vec<u8>) {
-    let fs = LoopFs::new(64).unwrap();
+    let fs = LoopFs::new(Path::new(env!("CARGO_TARGET_TMPDIR")), 64).unwrap();
     let data = intact_sample::bytes(SIZE, 7);
     let src = fs.mnt().join("f.dat");
     fs::write(&src, &data).unwrap();
@@ -114,7 +113,7 @@ fn read_error_case(verify: VerifyMode) -> (CopyReport, Vec<u8>, Vec<u8>) {
     // Wrong bytes on the device, read into the cache, then the device
     // put right again: only the cache is wrong now.
     assert_eq!(intact_cache::evict(&f, 0, SIZE as u64).unwrap().resident, 0);
-    fs.flip_bit_under(&f, at);
+    fs.flip_bit_under(&f, at).unwrap();
     let mut byte = [0u8; 1];
     let mut all = vec![0u8; SIZE];
     f.read_exact_at(&mut all, 0).unwrap();
@@ -123,7 +122,7 @@ fn read_error_case(verify: VerifyMode) -> (CopyReport, Vec<u8>, Vec<u8>) {
         byte[0], data[at as usize],
         "the cache did not take the wrong byte"
     );
-    fs.flip_bit_under(&f, at);
+    fs.flip_bit_under(&f, at).unwrap();
     let dst = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let r = copy(
         std::slice::from_ref(&src),
@@ -143,7 +142,8 @@ fn read_error_case(verify: VerifyMode) -> (CopyReport, Vec<u8>, Vec<u8>) {
 
 #[test]
 fn riva_detects_a_source_read_error_that_fiver_copies_silently() {
-    if !loopfs::usable("riva_detects_a_source_read_error") {
+    if let Err(why) = intact_faults::usable() {
+        eprintln!("SKIP riva_detects_a_source_read_error: {why}");
         return;
     }
     let (r, data, got) = read_error_case(VerifyMode::Fiver);

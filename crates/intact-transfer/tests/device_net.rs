@@ -1,8 +1,6 @@
 //! Device-level verification over the network: a server in this process
 //! (so that a fault hook can sit in its receiver), `send` as the client.
 
-mod loopfs;
-
 use std::fs::{self, File};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -105,11 +103,14 @@ fn a_tmpfs_destination_reaches_only_cache_and_require_level_device_fails_there()
 
 #[test]
 fn riva_over_the_network_repairs_a_write_error_that_fiver_leaves() {
-    if !loopfs::usable("riva_over_the_network_repairs_a_write_error") {
+    if let Err(why) = intact_faults::usable() {
+        eprintln!("SKIP riva_over_the_network_repairs_a_write_error: {why}");
         return;
     }
     for (mode, resent) in [(VerifyMode::Fiver, 0), (VerifyMode::Riva, 1)] {
-        let lfs = Arc::new(loopfs::LoopFs::new(64).unwrap());
+        let lfs = Arc::new(
+            intact_faults::LoopFs::new(Path::new(env!("CARGO_TARGET_TMPDIR")), 64).unwrap(),
+        );
         let src_dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
         let src = source(src_dir.path(), 1, 3 * BS + 77);
         let fired = Arc::new(AtomicBool::new(false));
@@ -118,7 +119,7 @@ fn riva_over_the_network_repairs_a_write_error_that_fiver_leaves() {
             Arc::new(
                 move |file: &File, _p: &str, index: u64, offset: u64, _l: usize| {
                     if index == 2 && !fired.swap(true, Ordering::SeqCst) {
-                        lfs.flip_bit_under(file, offset + 9);
+                        lfs.flip_bit_under(file, offset + 9).unwrap();
                     }
                 },
             )

@@ -1,0 +1,20 @@
+//! Real faults for intact's tests and fault lab (`intact-lab`).
+//!
+//! - [`LoopFs`]: an ext4 image made, loop-attached and mounted by the
+//!   caller's process (root only), unmounted and detached by `Drop` on
+//!   every path. [`LoopFs::flip_bit_under`] and
+//!   [`LoopFs::flip_every_page_under`] change bytes on the device under a
+//!   file (FIEMAP gives the sectors; writes go through the loop device with
+//!   `O_DIRECT`) while the page cache keeps whatever it holds: an
+//!   undetected write error, or, done before a read and undone after, an
+//!   undetected read error.
+//! - [`FlipProxy`]: a TCP proxy on loopback that flips bits in the stream
+//!   at chosen offsets, or cuts the connection after N bytes.
+//! - [`loop_devices_of`] lists loop devices still attached to files under a
+//!   directory, so that a run can prove it left none behind.
+
+mod loopfs;
+mod proxy;
+
+pub use loopfs::{loop_devices_of, usable, LoopFs};
+pub use proxy::{FlipProxy, ProxyFault};
