@@ -78,7 +78,8 @@ impl LoopFs {
             mounted: false,
         };
         let img = img.to_str().expect("UTF-8 temp path").to_string();
-        run("mkfs.ext4", &["-q", "-F", "-b", "4096", &img])?;
+        // No blocks reserved for root: the lab fills file systems as root.
+        run("mkfs.ext4", &["-q", "-F", "-b", "4096", "-m", "0", &img])?;
         fs.dev = Some(run("losetup", &["--find", "--show", &img])?);
         let mnt = fs.mnt.to_str().expect("UTF-8 temp path").to_string();
         run("mount", &[fs.device(), &mnt])?;

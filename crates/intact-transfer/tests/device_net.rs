@@ -24,7 +24,10 @@ fn with_server<T>(root: &Path, hook: Option<WriteHook>, f: impl FnOnce(String) -
         key: None,
         max_connections: 8,
         idle_timeout: Duration::from_secs(30),
-        receive: ReceiveOptions { after_write: hook },
+        receive: ReceiveOptions {
+            after_write: hook,
+            after_check: None,
+        },
     };
     let stop = Arc::new(AtomicBool::new(false));
     let server = {

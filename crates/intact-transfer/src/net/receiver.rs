@@ -240,6 +240,10 @@ pub struct ReceiveOptions {
     /// Called after each block is written, before it is verified (tests
     /// and the fault lab only).
     pub after_write: Option<WriteHook>,
+    /// Called on each received block's bytes after their digest was
+    /// checked and before they are written: a memory fault in the window
+    /// the Z²FS paper calls t0–t1 (tests and the fault lab only).
+    pub after_check: Option<crate::copy::LinkFault>,
 }
 
 /// Runs the receiving side of a session that passed its handshake.
@@ -433,12 +437,12 @@ impl Session<'_> {
         Ok(())
     }
 
-    fn block(&mut self, b: intact_proto::Block) -> Result<(), TransferError> {
+    fn block(&mut self, mut b: intact_proto::Block) -> Result<(), TransferError> {
         let Some(f) = self.files.get_mut(&b.file) else {
             // A file that already failed: drop its blocks.
             return Ok(());
         };
-        let accepted = accept_block(f, b.index, &b.digest, &b.data, self.opts);
+        let accepted = accept_block(f, b.index, &b.digest, &mut b.data, self.opts);
         let verdict = match accepted {
             Ok(v) => v,
             Err(e @ (TransferError::Destination { .. } | TransferError::Journal(_))) => {
@@ -869,7 +873,7 @@ fn accept_block(
     f: &mut Incoming,
     index: u64,
     digest: &[u8],
-    data: &[u8],
+    data: &mut [u8],
     opts: &ReceiveOptions,
 ) -> Result<Verdict, TransferError> {
     let bs = u64::from(f.entry.block_size);
@@ -903,6 +907,9 @@ fn accept_block(
         if !hash(defaults::BLOCK_ALGORITHM, data).ct_eq(d) {
             return Ok(Verdict::Done(false));
         }
+    }
+    if let Some(hook) = &opts.after_check {
+        hook(&f.entry.path.to_string(), index, data);
     }
     let path = f.entry.path.to_string();
     let dest_err = |e| TransferError::Destination {
