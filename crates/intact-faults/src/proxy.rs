@@ -15,6 +15,9 @@ pub enum ProxyFault {
     FlipEvery(u64),
     /// Close both directions after this many bytes.
     CutAfter(u64),
+    /// After this many bytes, swallow everything the client sends: the
+    /// server hears nothing more while the client's writes still succeed.
+    StallAfter(u64),
 }
 
 /// A running proxy; it stops accepting when dropped (connections already
@@ -73,7 +76,7 @@ impl FlipProxy {
         self.flipped.load(Ordering::SeqCst)
     }
 
-    /// Connections cut so far.
+    /// Connections cut or stalled so far.
     pub fn cut(&self) -> u64 {
         self.cut.load(Ordering::SeqCst)
     }
@@ -122,6 +125,16 @@ fn pump(mut from: TcpStream, mut to: TcpStream, fault: Option<Faulting>) {
                     break;
                 }
                 ProxyFault::CutAfter(_) => {}
+                ProxyFault::StallAfter(limit) if end > *limit => {
+                    let keep = limit.saturating_sub(at) as usize;
+                    let _ = to.write_all(&chunk[..keep]);
+                    cut.fetch_add(1, Ordering::SeqCst);
+                    // Swallow until the client goes away (the server side
+                    // closing ends the other pump, which shuts the client).
+                    while matches!(from.read(&mut buf), Ok(n) if n > 0) {}
+                    break;
+                }
+                ProxyFault::StallAfter(_) => {}
             }
             at = end;
         }

@@ -66,6 +66,11 @@ pub enum Fault {
     SourceRead,
     /// A proxy flips one bit of the block data on the wire.
     NetworkFlip,
+    /// A proxy cuts the connection halfway, then the same send again.
+    NetworkCut,
+    /// A proxy swallows everything after halfway (the server's idle
+    /// timeout ends the session), then the same send again.
+    NetworkStall,
     /// A bit flipped in a received buffer after its digest was checked and
     /// before it was written (the Z²FS t0–t1 window).
     Memory,
@@ -79,11 +84,13 @@ pub enum Fault {
 
 impl Fault {
     /// Every fault, in table order.
-    pub const ALL: [Fault; 8] = [
+    pub const ALL: [Fault; 10] = [
         Fault::DeviceWrite,
         Fault::DeviceWriteExtreme,
         Fault::SourceRead,
         Fault::NetworkFlip,
+        Fault::NetworkCut,
+        Fault::NetworkStall,
         Fault::Memory,
         Fault::CrashSender,
         Fault::CrashServer,
@@ -97,6 +104,8 @@ impl Fault {
             Fault::DeviceWriteExtreme => "device-write-extreme",
             Fault::SourceRead => "source-read",
             Fault::NetworkFlip => "network-flip",
+            Fault::NetworkCut => "network-cut",
+            Fault::NetworkStall => "network-stall",
             Fault::Memory => "memory",
             Fault::CrashSender => "crash-sender",
             Fault::CrashServer => "crash-server",
@@ -349,13 +358,22 @@ fn opts(mode: VerifyMode) -> SendOptions {
 
 /// Runs a server in this process rooted at `root` while `f` runs.
 fn with_server<T>(root: &Path, receive: ReceiveOptions, f: impl FnOnce(String) -> T) -> T {
+    with_server_idle(root, receive, Duration::from_secs(20), f)
+}
+
+fn with_server_idle<T>(
+    root: &Path,
+    receive: ReceiveOptions,
+    idle_timeout: Duration,
+    f: impl FnOnce(String) -> T,
+) -> T {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
     let addr = listener.local_addr().expect("bound");
     let cfg = ServerConfig {
         root: root.to_path_buf(),
         key: None,
         max_connections: 8,
-        idle_timeout: Duration::from_secs(20),
+        idle_timeout,
         receive,
     };
     let stop = Arc::new(AtomicBool::new(false));
@@ -500,6 +518,61 @@ fn run_cell(
             });
             let (o, d) = judge(report, flipped > 0, &final_path, src)?;
             (o, format!("{flipped} bit(s) flipped on the wire"), d)
+        }
+        Fault::NetworkCut | Fault::NetworkStall => {
+            let half = 4096 + size / 2;
+            let (fault_kind, idle) = if fault == Fault::NetworkCut {
+                (ProxyFault::CutAfter(half), Duration::from_secs(20))
+            } else {
+                (ProxyFault::StallAfter(half), Duration::from_secs(2))
+            };
+            let (first, hit) = with_server_idle(&root, ReceiveOptions::default(), idle, |addr| {
+                let proxy = FlipProxy::start(addr, fault_kind).expect("proxy on loopback");
+                let r = send(&[src.to_path_buf()], &proxy.addr(), &opts(mode), &|_| {});
+                (r, proxy.cut())
+            });
+            let failed = first.as_ref().map_or(true, |r| r.failed > 0);
+            let named_wrong = final_path.exists() && !device_equals(&final_path, src)?;
+            if hit == 0 || !failed {
+                (
+                    Outcome::NoEffect,
+                    "the connection was not interrupted".into(),
+                    String::new(),
+                )
+            } else if named_wrong {
+                (
+                    Outcome::Missed,
+                    "interrupted".into(),
+                    "a wrong file has its final name".into(),
+                )
+            } else {
+                let second = with_server(&root, ReceiveOptions::default(), |addr| {
+                    send(&[src.to_path_buf()], &addr, &opts(mode), &|_| {})
+                });
+                let ok = second.as_ref().is_ok_and(|r| r.failed == 0);
+                let skipped: u64 = second
+                    .as_ref()
+                    .map(|r| r.files.iter().map(|f| f.bytes_skipped).sum())
+                    .unwrap_or(0);
+                let evidence = format!("the first send failed after {half} bytes on the wire");
+                match (ok, ok && device_equals(&final_path, src)?) {
+                    (true, true) => (
+                        Outcome::Repaired,
+                        evidence,
+                        format!("resumed, {skipped} bytes not sent again"),
+                    ),
+                    (true, false) => (
+                        Outcome::Missed,
+                        evidence,
+                        "resumed; the device differs".into(),
+                    ),
+                    (false, _) => (
+                        Outcome::FailedClean,
+                        evidence,
+                        "the resume failed too".into(),
+                    ),
+                }
+            }
         }
         Fault::SourceRead => {
             // The source on the loop file system: the device right, the

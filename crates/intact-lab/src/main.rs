@@ -31,20 +31,13 @@ struct MatrixArgs {
     /// File sizes (e.g. 1MiB,100MiB,1GiB).
     #[arg(long, value_delimiter = ',', default_value = "1MiB,100MiB,1GiB", value_parser = parse_size)]
     sizes: Vec<u64>,
-    /// Verification modes.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "none,sequential,file,block,fiver,riva"
-    )]
+    /// Verification modes [default: all].
+    #[arg(long, value_delimiter = ',')]
     modes: Vec<VerifyMode>,
-    /// Faults (device-write, device-write-extreme, source-read, network-flip,
-    /// memory, crash-sender, crash-server, disk-full).
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "device-write,device-write-extreme,source-read,network-flip,memory,crash-sender,crash-server,disk-full"
-    )]
+    /// Faults [default: all]: device-write, device-write-extreme,
+    /// source-read, network-flip, network-cut, network-stall, memory,
+    /// crash-sender, crash-server, disk-full.
+    #[arg(long, value_delimiter = ',')]
     faults: Vec<Fault>,
     /// Kill-and-resume trials per crash cell.
     #[arg(long, default_value_t = 5)]
@@ -87,8 +80,16 @@ fn main() -> anyhow::Result<ExitCode> {
     let cfg = MatrixConfig {
         dir: a.dir.clone(),
         sizes: a.sizes.clone(),
-        modes: a.modes.clone(),
-        faults: a.faults.clone(),
+        modes: if a.modes.is_empty() {
+            VerifyMode::ALL.to_vec()
+        } else {
+            a.modes.clone()
+        },
+        faults: if a.faults.is_empty() {
+            Fault::ALL.to_vec()
+        } else {
+            a.faults.clone()
+        },
         crash_trials: a.crash_trials,
         intact,
     };

@@ -86,7 +86,13 @@ fn the_small_fault_matrix() {
     assert_eq!(outcome(Fault::Memory, VerifyMode::Fiver), Outcome::Missed);
     assert_eq!(outcome(Fault::Memory, VerifyMode::Block), Outcome::Repaired);
     for mode in VerifyMode::ALL {
-        for f in [Fault::CrashSender, Fault::CrashServer, Fault::DiskFull] {
+        for f in [
+            Fault::CrashSender,
+            Fault::CrashServer,
+            Fault::DiskFull,
+            Fault::NetworkCut,
+            Fault::NetworkStall,
+        ] {
             assert_eq!(outcome(f, mode), Outcome::Repaired, "{} {mode}", f.name());
         }
     }
