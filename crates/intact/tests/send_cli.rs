@@ -239,43 +239,6 @@ fn hostile_clients_are_cut_off_and_others_still_served() {
     assert!(same_tree(&src, &recv.join("data")));
 }
 
-/// A TCP proxy that flips one bit at byte `at` of the client→server stream.
-fn flipping_proxy(server: String, at: usize) -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for client in listener.incoming() {
-            let Ok(client) = client else { return };
-            let upstream = TcpStream::connect(&server).unwrap();
-            let (mut c_read, mut u_write) =
-                (client.try_clone().unwrap(), upstream.try_clone().unwrap());
-            let (mut u_read, mut c_write) = (upstream, client);
-            std::thread::spawn(move || {
-                let mut seen = 0usize;
-                let mut buf = [0u8; 16384];
-                loop {
-                    let n = match c_read.read(&mut buf) {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => n,
-                    };
-                    if (seen..seen + n).contains(&at) {
-                        buf[at - seen] ^= 0x04;
-                    }
-                    seen += n;
-                    if u_write.write_all(&buf[..n]).is_err() {
-                        break;
-                    }
-                }
-                let _ = u_write.shutdown(std::net::Shutdown::Write);
-            });
-            std::thread::spawn(move || {
-                let _ = std::io::copy(&mut u_read, &mut c_write);
-            });
-        }
-    });
-    port
-}
-
 #[test]
 fn a_block_corrupted_in_flight_is_resent_alone() {
     let dir = tempfile::tempdir().unwrap();
@@ -285,7 +248,11 @@ fn a_block_corrupted_in_flight_is_resent_alone() {
     let recv = dir.path().join("recv");
     let server = Server::start(&recv);
     // 200,000 bytes in: well past the handshake and headers, inside block 1.
-    let port = flipping_proxy(server.addr(), 200_000);
+    let proxy = intact_faults::FlipProxy::start(
+        server.addr(),
+        intact_faults::ProxyFault::FlipAt(vec![200_000]),
+    )
+    .unwrap();
     let out = send(&[
         "--json",
         "--streams",
@@ -295,7 +262,7 @@ fn a_block_corrupted_in_flight_is_resent_alone() {
         "--block-size",
         "128KiB",
         file.to_str().unwrap(),
-        &format!("127.0.0.1:{port}"),
+        &proxy.addr(),
     ]);
     assert!(
         out.status.success(),
