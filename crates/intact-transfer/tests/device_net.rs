@@ -158,3 +158,53 @@ fn riva_over_the_network_repairs_a_write_error_that_fiver_leaves() {
         }
     }
 }
+
+#[test]
+fn a_source_that_changes_during_the_send_is_never_named_at_the_destination() {
+    let src_dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let src = source(src_dir.path(), 2, 3 * BS + 5);
+    let victim = src[0].join("f0");
+    let root = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    // When the receiver has written the first block of f0, the source
+    // grows: the sender must notice before it ends the file.
+    let grow_once = || -> WriteHook {
+        let victim = victim.clone();
+        let fired = Arc::new(AtomicBool::new(false));
+        Arc::new(move |_: &File, path: &str, index: u64, _: u64, _: usize| {
+            if path.ends_with("f0") && index == 0 && !fired.swap(true, Ordering::SeqCst) {
+                let mut f = fs::OpenOptions::new().append(true).open(&victim).unwrap();
+                std::io::Write::write_all(&mut f, b"late").unwrap();
+            }
+        })
+    };
+    for mode in [VerifyMode::Fiver, VerifyMode::Riva] {
+        let hook = grow_once();
+        let dest = root.path().join(mode.name());
+        let r = with_server(&dest, Some(hook), |addr| {
+            send(&src, &addr, &opts(mode, None), &|_| {}).unwrap()
+        });
+        assert_eq!(r.failed, 1, "{mode}: {r:?}");
+        let f0 = files(&r).find(|f| f.path.ends_with("f0")).unwrap();
+        let e = f0.error.as_deref().unwrap_or("");
+        assert!(
+            e.contains("changed") || e.contains("modified"),
+            "{mode}: {e}"
+        );
+        assert!(
+            !dest.join("src/f0").exists(),
+            "{mode}: a changed file was named"
+        );
+        assert!(
+            dest.join("src/f1").exists(),
+            "{mode}: the other file must arrive"
+        );
+        // Put the source back for the next mode.
+        let len = 3 * BS as u64 + 5;
+        fs::OpenOptions::new()
+            .write(true)
+            .open(&victim)
+            .unwrap()
+            .set_len(len)
+            .unwrap();
+    }
+}

@@ -144,3 +144,71 @@ fn a_tmpfs_destination_warns_and_require_level_device_fails_there() {
         "a file below the level got its name"
     );
 }
+
+/// Runs intact as the unprivileged user nobody (tests run as root, and
+/// root reads everything), or None with a loud line when that cannot be.
+fn as_nobody(test: &str, args: &[&str]) -> Option<std::process::Output> {
+    // SAFETY: no arguments, no memory.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIP {test}: needs root to switch to the user nobody");
+        return None;
+    }
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(env!("CARGO_BIN_EXE_intact"))
+        .args(args)
+        .output();
+    match out {
+        Ok(o) => Some(o),
+        Err(e) => {
+            eprintln!("SKIP {test}: setpriv (util-linux) is not available: {e}");
+            None
+        }
+    }
+}
+
+#[test]
+fn permission_denied_fails_that_file_only_with_a_clear_message() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let src = dir.path().join("src");
+    fs::create_dir(&src).unwrap();
+    fs::write(src.join("open.dat"), b"anyone may read this").unwrap();
+    fs::write(src.join("secret.dat"), b"only root").unwrap();
+    fs::set_permissions(src.join("secret.dat"), fs::Permissions::from_mode(0o000)).unwrap();
+    let dst = dir.path().join("dst");
+    fs::create_dir(&dst).unwrap();
+    // SAFETY: chown of a path we own, to nobody.
+    let c = std::ffi::CString::new(dst.to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::chown(c.as_ptr(), 65534, 65534) }, 0);
+    let (s, d) = (src.to_str().unwrap(), dst.to_str().unwrap());
+    let Some(out) = as_nobody("permission_denied_fails_that_file_only", &["copy", s, d]) else {
+        return;
+    };
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("secret.dat") && err.contains("ermission denied"),
+        "{err}"
+    );
+    assert_eq!(
+        fs::read(dst.join("src/open.dat")).unwrap(),
+        b"anyone may read this"
+    );
+    assert!(!dst.join("src/secret.dat").exists());
+
+    // A destination it may not write to: a clear error, nothing written.
+    let locked = dir.path().join("locked");
+    fs::create_dir(&locked).unwrap();
+    let open = src.join("open.dat");
+    let out = as_nobody(
+        "permission_denied",
+        &["copy", open.to_str().unwrap(), locked.to_str().unwrap()],
+    )
+    .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("ermission denied"), "{err}");
+    assert_eq!(fs::read_dir(&locked).unwrap().count(), 0);
+}
