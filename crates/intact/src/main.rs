@@ -29,7 +29,25 @@ fn main() -> ExitCode {
         Command::Reliability(a) => reliability::run(a),
     };
     result.unwrap_or_else(|e| {
-        eprintln!("intact: {e:#}");
+        eprintln!("intact: {}", describe(&e));
         ExitCode::FAILURE
     })
+}
+
+/// The error and its causes, without repeating a cause that the message
+/// already states (intact's errors name the OS reason themselves).
+fn describe(e: &anyhow::Error) -> String {
+    let mut msg = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        let bare = match c.rfind(" (os error ") {
+            Some(i) if c.ends_with(')') => &c[..i],
+            _ => &c,
+        };
+        if !msg.contains(bare) {
+            msg.push_str(": ");
+            msg.push_str(&c);
+        }
+    }
+    msg
 }
