@@ -77,10 +77,6 @@ pub struct Prepared {
 pub struct DeviceReader {
     path: ReadPath,
     direct: Option<File>,
-    /// Evict path: a private description of the file with readahead off,
-    /// so that a re-read never pulls in (and pins, while the I/O is in
-    /// flight) pages of the next range before that range is evicted.
-    plain: Option<File>,
     backing: Backing,
     fallback: Option<String>,
 }
@@ -88,12 +84,12 @@ pub struct DeviceReader {
 impl DeviceReader {
     /// A reader of `file` (open for reading) by `path`. `O_DIRECT` is tried
     /// here; if the file system refuses it the reader uses evict-then-read
-    /// and [`DeviceReader::fallback`] says why.
+    /// and [`DeviceReader::fallback`] says why. On the evict path the
+    /// reader turns readahead off on `file`'s open file description.
     pub fn new(file: &File, path: ReadPath) -> Result<DeviceReader, CacheError> {
         let mut r = DeviceReader {
             path,
             direct: None,
-            plain: None,
             backing: backing(file)?,
             fallback: None,
         };
@@ -110,10 +106,12 @@ impl DeviceReader {
                 Err(e) => r.fall_back(format!("O_DIRECT open refused: {e}")),
             }
         }
-        if let Ok(f) = OpenOptions::new().read(true).open(&proc_path) {
+        if r.path == ReadPath::Evict {
+            // Readahead off: a re-read must not pull in (and pin, while the
+            // I/O is in flight) pages of the next range before that range
+            // is evicted. This holds for every reader of this open file.
             // SAFETY: plain syscall on a valid fd.
-            unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
-            r.plain = Some(f);
+            unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
         }
         Ok(r)
     }
@@ -200,7 +198,7 @@ impl DeviceReader {
         if ev.resident == 0 {
             // Every page that enters the cache from now on comes from the
             // device: only this process writes the file.
-            let fd = self.plain.as_ref().unwrap_or(file).as_raw_fd();
+            let fd = file.as_raw_fd();
             // SAFETY: plain syscall on a valid fd.
             unsafe {
                 libc::posix_fadvise(
@@ -228,10 +226,7 @@ impl DeviceReader {
     ) -> std::io::Result<ReadOutcome> {
         match (self.path, prepared.evicted) {
             (ReadPath::Evict, Some((resident, evict_time))) => {
-                self.plain
-                    .as_ref()
-                    .unwrap_or(file)
-                    .read_exact_at(&mut buf[..len], offset)?;
+                file.read_exact_at(&mut buf[..len], offset)?;
                 Ok(ReadOutcome {
                     device: self.backing.has_device() && resident == 0,
                     resident,
@@ -258,10 +253,7 @@ impl DeviceReader {
         if self.path == ReadPath::Cached || crate::resident(file, offset, len as u64)? != 0 {
             return Ok(None);
         }
-        self.plain
-            .as_ref()
-            .unwrap_or(file)
-            .read_exact_at(&mut buf[..len], offset)?;
+        file.read_exact_at(&mut buf[..len], offset)?;
         Ok(Some(ReadOutcome {
             device: self.backing.has_device(),
             ..ReadOutcome::default()
@@ -279,10 +271,7 @@ impl DeviceReader {
         let t = Instant::now();
         let ev = evict(file, offset, len as u64)?;
         let evict_time = t.elapsed();
-        self.plain
-            .as_ref()
-            .unwrap_or(file)
-            .read_exact_at(&mut buf[..len], offset)?;
+        file.read_exact_at(&mut buf[..len], offset)?;
         Ok(ReadOutcome {
             device: device && ev.resident == 0,
             resident: ev.resident,
