@@ -443,7 +443,9 @@ fn run_cell(
     src: &Path,
     intact: &Path,
 ) -> Result<Cell, LabError> {
-    let mib = (size >> 20) * 2 + 64;
+    // Room for a copy of the source and the destination, plus ext4's own
+    // (journal, inode tables: about 1/16 of a small file system).
+    let mib = (size >> 20) * 2 + 128 + (size >> 20) / 8;
     let lfs = Arc::new(LoopFs::new(&cfg.dir, mib).map_err(io("making the loop file system"))?);
     let root = lfs.mnt().join("root");
     let final_path = root.join("data.bin");
@@ -769,7 +771,11 @@ fn send_process(
         cmd.env("INTACT_FAULT_KILL_AFTER_BYTES", n.to_string());
     }
     let out = cmd.output().map_err(io("running intact send"))?;
-    Ok((out.status, serde_json::from_slice(&out.stdout).ok()))
+    let mut json: Option<serde_json::Value> = serde_json::from_slice(&out.stdout).ok();
+    if let Some(v) = json.as_mut() {
+        v["stderr"] = String::from_utf8_lossy(&out.stderr).trim().into();
+    }
+    Ok((out.status, json))
 }
 
 /// Kill-and-resume trials: each kills one side at a pseudo-random point,
@@ -822,10 +828,14 @@ fn crash(
         let server = ServerProcess::start(intact, &root, None)?;
         let (status, json) = send_process(intact, src, &server.addr, mode, None)?;
         if !status.success() {
+            let why = json
+                .as_ref()
+                .and_then(|v| v["stderr"].as_str())
+                .unwrap_or("");
             return Ok((
                 Outcome::FailedClean,
                 format!("trial {trial}: killed after {at} bytes"),
-                "the resumed send failed".into(),
+                format!("the resumed send failed: {why}"),
             ));
         }
         if !device_equals(&final_path, src)? {
@@ -856,6 +866,9 @@ fn crash(
                 format!("the resume sent {sent} bytes of {size}"),
             ));
         }
+        drop(server);
+        // The next trial needs the room.
+        fs::remove_dir_all(&root).map_err(io("removing a trial's root"))?;
     }
     if killed == 0 {
         return Ok((
