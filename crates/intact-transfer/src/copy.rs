@@ -7,6 +7,7 @@
 //! receiver, verify as the mode says, resend a block that fails, and
 //! finally fsync and rename. A file gets its final name only after that.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
@@ -18,6 +19,7 @@ use intact_cache::{DeviceReader, ReadPath};
 use intact_digest::{defaults, hash, AlignedBuf, Digest, Hasher};
 
 use crate::dest::{Destination, PartialFile};
+use crate::recheck::{recheck_batch, Recheck, BATCH_BYTES};
 use crate::source::{scan, SourceEntry, SourceKind};
 use crate::verify::{DeviceStats, VerifyLevel, VerifyMode};
 use crate::TransferError;
@@ -311,7 +313,19 @@ struct Written {
     riva: Option<RivaFile>,
 }
 
+/// A written block for the verifier.
+struct BlockJob {
+    entry: usize,
+    file: Arc<File>,
+    reader: Option<Arc<Mutex<DeviceReader>>>,
+    index: u64,
+    offset: u64,
+    len: usize,
+    digest: Digest,
+}
+
 /// What a stream's block verifier did for one file.
+#[derive(Default)]
 struct BlocksVerified {
     failed: Vec<u64>,
     device: DeviceStats,
@@ -321,17 +335,10 @@ struct BlocksVerified {
 /// Work for a stream's verifier thread.
 enum Job {
     /// Block and riva modes: re-read this block of this file (riva: from
-    /// the device, by this reader) and compare.
-    Block {
-        file: Arc<File>,
-        reader: Option<Arc<Mutex<DeviceReader>>>,
-        index: u64,
-        offset: u64,
-        len: usize,
-        digest: Digest,
-    },
-    /// Report the blocks verified so far and reset.
-    Barrier(mpsc::Sender<BlocksVerified>),
+    /// the device, by its reader) and compare.
+    Block(BlockJob),
+    /// Block mode: report what was found for this entry's blocks.
+    Barrier(usize, mpsc::Sender<BlocksVerified>),
     /// File mode: verify, repair and commit this file.
     File(Box<Written>),
 }
@@ -359,7 +366,13 @@ impl<'a, 'ctx> Stream<'a, 'ctx> {
             VerifyMode::File | VerifyMode::Block | VerifyMode::Riva
         ) {
             // Bounded: the transfer runs at most a little ahead of verification.
-            let (tx, rx) = mpsc::sync_channel::<Job>(if mode == VerifyMode::File { 1 } else { 8 });
+            let depth = match mode {
+                VerifyMode::File => 1,
+                VerifyMode::Block => 8,
+                // Room for batches of small files (jobs hold no data).
+                _ => 64,
+            };
+            let (tx, rx) = mpsc::sync_channel::<Job>(depth);
             let (dtx, drx) = mpsc::channel();
             s.spawn(move || verifier(ctx, rx, dtx));
             (Some(tx), Some(drx))
@@ -386,8 +399,10 @@ impl<'a, 'ctx> Stream<'a, 'ctx> {
     fn file(&mut self, i: usize, e: &SourceEntry) -> Vec<(usize, FileReport)> {
         let started = Instant::now();
         match self.transfer(i, e, started) {
-            Ok(w) if self.ctx.opts.verify == VerifyMode::File => {
-                let jobs = self.jobs.as_ref().expect("file mode has a verifier");
+            // File and riva modes finish on the verifier thread, so the
+            // next file transfers meanwhile.
+            Ok(w) if matches!(self.ctx.opts.verify, VerifyMode::File | VerifyMode::Riva) => {
+                let jobs = self.jobs.as_ref().expect("these modes have a verifier");
                 jobs.send(Job::File(Box::new(w))).expect("verifier alive");
                 Vec::new()
             }
@@ -539,14 +554,15 @@ impl<'a, 'ctx> Stream<'a, 'ctx> {
                         checksum += t.elapsed();
                     }
                     if let (Some(file), Some(jobs), Some(d)) = (&shared, &self.jobs, digest) {
-                        let job = Job::Block {
+                        let job = Job::Block(BlockJob {
+                            entry: i,
                             file: Arc::clone(file),
                             reader: riva.as_ref().map(|r| Arc::clone(&r.dest)),
                             index,
                             offset,
                             len,
                             digest: d,
-                        };
+                        });
                         let t = Instant::now();
                         jobs.send(job).expect("verifier alive");
                         waited += t.elapsed();
@@ -567,16 +583,12 @@ impl<'a, 'ctx> Stream<'a, 'ctx> {
         }
         report.transfer_stage_seconds = stage.elapsed().saturating_sub(waited).as_secs_f64();
         let mut failed_blocks = Vec::new();
-        if let (Some(_), Some(jobs)) = (&shared, &self.jobs) {
+        if let (VerifyMode::Block, Some(jobs)) = (mode, &self.jobs) {
             let (tx, rx) = mpsc::channel();
-            jobs.send(Job::Barrier(tx)).expect("verifier alive");
+            jobs.send(Job::Barrier(i, tx)).expect("verifier alive");
             let verified = rx.recv().expect("verifier answers");
             failed_blocks = verified.failed;
             report.checksum_seconds += verified.checksum.as_secs_f64();
-            report.verify_stage_seconds = verified.checksum.as_secs_f64();
-            if let Some(r) = riva.as_mut() {
-                r.dest_stats.merge(&verified.device);
-            }
         }
         report.digest = whole.map(|w| w.finalize().to_hex());
         report.transfer_seconds = (started.elapsed() - checksum).as_secs_f64();
@@ -741,55 +753,74 @@ pub(crate) fn check_unchanged(source: &File, e: &SourceEntry) -> Result<(), Tran
     Ok(())
 }
 
-/// The verifier thread of a stream (file and block modes).
+/// The verifier thread of a stream (file, block and riva modes). Blocks
+/// queued together are re-read as one batch ([`crate::recheck`]); what
+/// they show is kept per file until its Barrier (block mode) or its File
+/// job (riva), which come after all of that file's blocks.
 fn verifier(ctx: &Ctx<'_>, jobs: mpsc::Receiver<Job>, done: mpsc::Sender<(usize, FileReport)>) {
     let mut buf = AlignedBuf::new(ctx.opts.block_size);
-    let mut seen = BlocksVerified {
-        failed: Vec::new(),
-        device: DeviceStats::default(),
-        checksum: Duration::ZERO,
-    };
+    let mut seen: HashMap<usize, BlocksVerified> = HashMap::new();
     let mut group = CommitGroup::default();
-    for job in jobs {
+    let mut next: Option<Job> = None;
+    loop {
+        let job = match next.take() {
+            Some(j) => j,
+            None => match jobs.recv() {
+                Ok(j) => j,
+                Err(_) => break,
+            },
+        };
         match job {
-            Job::Block {
-                file,
-                reader,
-                index,
-                offset,
-                len,
-                digest,
-            } => {
-                let t = Instant::now();
-                let mut evict = Duration::ZERO;
-                let read = match reader {
-                    Some(r) => r
-                        .lock()
-                        .expect("no panics hold it")
-                        .read(&file, offset, len, &mut buf)
-                        .map(|out| {
-                            seen.device.add(&out);
-                            evict = out.evict_time;
-                        }),
-                    None => file.read_exact_at(&mut buf[..len], offset),
-                };
-                let ok =
-                    read.is_ok() && hash(defaults::BLOCK_ALGORITHM, &buf[..len]).ct_eq(&digest);
-                // Eviction is counted apart (the RIVA model's t_e).
-                seen.checksum += t.elapsed().saturating_sub(evict);
-                if !ok {
-                    seen.failed.push(index);
+            Job::Block(first) => {
+                let mut bytes = first.len;
+                let mut batch = vec![first];
+                while bytes < BATCH_BYTES {
+                    match jobs.try_recv() {
+                        Ok(Job::Block(b)) => {
+                            bytes += b.len;
+                            batch.push(b);
+                        }
+                        Ok(other) => {
+                            next = Some(other);
+                            break;
+                        }
+                        Err(_) => break,
+                    }
+                }
+                let items: Vec<Recheck<'_>> = batch
+                    .iter()
+                    .map(|b| Recheck {
+                        file: &b.file,
+                        reader: b.reader.as_deref(),
+                        offset: b.offset,
+                        len: b.len,
+                        digest: &b.digest,
+                    })
+                    .collect();
+                let results = recheck_batch(&items, &mut buf);
+                for (b, r) in batch.iter().zip(results) {
+                    let s = seen.entry(b.entry).or_default();
+                    if b.reader.is_some() {
+                        s.device.add(&r.outcome);
+                    }
+                    s.checksum += r.took;
+                    if !matches!(r.ok, Ok(true)) {
+                        s.failed.push(b.index);
+                    }
                 }
             }
-            Job::Barrier(reply) => {
-                let next = BlocksVerified {
-                    failed: Vec::new(),
-                    device: DeviceStats::default(),
-                    checksum: Duration::ZERO,
-                };
-                let _ = reply.send(std::mem::replace(&mut seen, next));
+            Job::Barrier(entry, reply) => {
+                let _ = reply.send(seen.remove(&entry).unwrap_or_default());
             }
-            Job::File(w) => {
+            Job::File(mut w) => {
+                if let Some(v) = seen.remove(&w.entry_index) {
+                    w.failed_blocks = v.failed;
+                    w.report.checksum_seconds += v.checksum.as_secs_f64();
+                    w.report.verify_stage_seconds = v.checksum.as_secs_f64();
+                    if let Some(r) = w.riva.as_mut() {
+                        r.dest_stats.merge(&v.device);
+                    }
+                }
                 for r in group.add(ctx.dest, finish_file(ctx, *w, &mut buf)) {
                     let _ = done.send(r);
                 }

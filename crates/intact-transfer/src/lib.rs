@@ -24,6 +24,7 @@ mod journal;
 mod limits;
 mod model;
 mod net;
+mod recheck;
 mod source;
 mod verify;
 

@@ -20,7 +20,7 @@ use std::fs::File;
 use std::net::TcpStream;
 use std::os::unix::fs::FileExt;
 use std::sync::{mpsc, Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use intact_cache::{DeviceReader, ReadPath};
 use intact_digest::{defaults, hash, Algorithm, AlignedBuf, Digest};
@@ -31,6 +31,7 @@ use intact_proto::{
 use crate::copy::WriteHook;
 use crate::dest::{Destination, Mtime, PartialFile};
 use crate::journal::Journal;
+use crate::recheck::{recheck_batch, Recheck, BATCH_BYTES};
 use crate::verify::{DeviceStats, VerifyLevel, VerifyMode};
 use crate::TransferError;
 
@@ -40,9 +41,6 @@ const READ_AHEAD: usize = 4;
 /// Riva blocks queued for the verifier at most (written, not yet
 /// verified; they hold no memory here, only page cache).
 const VERIFY_QUEUE: usize = 64;
-
-/// Bytes of blocks the verifier takes as one batch at most.
-const BATCH_BYTES: usize = 8 << 20;
 
 /// How many times one file may come back for re-verification rounds.
 const MAX_ROUNDS: u32 = 16;
@@ -148,12 +146,6 @@ struct Check {
     reader: Arc<Mutex<DeviceReader>>,
 }
 
-impl Check {
-    fn reader(&self) -> std::sync::MutexGuard<'_, DeviceReader> {
-        self.reader.lock().expect("no panics hold it")
-    }
-}
-
 /// The verifier's verdict on one block.
 struct Checked {
     id: u64,
@@ -172,11 +164,8 @@ enum Event {
     Checked(Checked),
 }
 
-/// The verifier thread of a session. It takes the blocks queued so far as
-/// one batch (up to [`BATCH_BYTES`]): their writebacks start together,
-/// then each is evicted and its read-back from the device requested, then
-/// each is read and hashed; so a batch of small files costs about one
-/// device round trip, not two per file.
+/// The verifier thread of a session: it takes the blocks queued so far as
+/// one batch (see [`crate::recheck`]) and sends a verdict for each.
 fn verifier(jobs: mpsc::Receiver<Check>, events: mpsc::Sender<Event>, block_size: usize) {
     let mut buf = AlignedBuf::new(block_size);
     while let Ok(first) = jobs.recv() {
@@ -191,33 +180,26 @@ fn verifier(jobs: mpsc::Receiver<Check>, events: mpsc::Sender<Event>, block_size
                 Err(_) => break,
             }
         }
-        for c in &batch {
-            c.reader().begin(&c.file, c.offset, c.len);
-        }
-        let prepared: Vec<_> = batch
+        let items: Vec<Recheck<'_>> = batch
             .iter()
-            .map(|c| c.reader().evict_then_prefetch(&c.file, c.offset, c.len))
+            .map(|c| Recheck {
+                file: &c.file,
+                reader: Some(&*c.reader),
+                offset: c.offset,
+                len: c.len,
+                digest: &c.digest,
+            })
             .collect();
-        for (c, p) in batch.into_iter().zip(prepared) {
-            if buf.len() < c.len {
-                buf = AlignedBuf::new(c.len);
-            }
-            let t = Instant::now();
-            let read = p.and_then(|p| c.reader().finish(&c.file, c.offset, c.len, &mut buf, p));
-            let (ok, outcome) = match read {
-                Ok(out) => (
-                    Ok(hash(defaults::BLOCK_ALGORITHM, &buf[..c.len]).ct_eq(&c.digest)),
-                    out,
-                ),
-                Err(e) => (Err(e), intact_cache::ReadOutcome::default()),
-            };
+        let results = recheck_batch(&items, &mut buf);
+        drop(items);
+        for (c, r) in batch.into_iter().zip(results) {
             let done = Checked {
                 id: c.id,
                 index: c.index,
                 digest: c.digest,
-                ok,
-                outcome,
-                took: t.elapsed(),
+                ok: r.ok,
+                outcome: r.outcome,
+                took: r.took,
             };
             if events.send(Event::Checked(done)).is_err() {
                 return;
