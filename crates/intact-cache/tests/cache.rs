@@ -161,3 +161,51 @@ fn extents_cover_a_synced_file() {
     assert!(covered >= 1 << 20, "{ext:?}");
     assert_eq!(ext[0].logical, 0);
 }
+
+/// A ramfs mounted for one test (root only), unmounted on every path.
+struct Ramfs(tempfile::TempDir);
+
+impl Drop for Ramfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg(self.0.path())
+            .status();
+    }
+}
+
+#[test]
+fn direct_falls_back_to_eviction_where_o_direct_is_refused() {
+    // SAFETY: no arguments, no memory.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIP direct_falls_back_to_eviction: needs root to mount a ramfs");
+        return;
+    }
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let ok = std::process::Command::new("mount")
+        .args(["-t", "ramfs", "none"])
+        .arg(dir.path())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("SKIP direct_falls_back_to_eviction: cannot mount a ramfs here");
+        return;
+    }
+    let fs = Ramfs(dir);
+    let path = fs.0.path().join("f");
+    let data = write_file(&path, 10_000);
+    let f = File::open(&path).unwrap();
+    // ramfs refuses O_DIRECT: the reader says so and reads by eviction.
+    let mut r = DeviceReader::new(&f, ReadPath::Direct).unwrap();
+    assert_eq!(r.path(), ReadPath::Evict);
+    assert!(
+        r.fallback().unwrap().contains("O_DIRECT"),
+        "{:?}",
+        r.fallback()
+    );
+    let mut buf = AlignedBuf::new(16_384);
+    let out = r.read(&f, 0, 10_000, &mut buf).unwrap();
+    assert_eq!(&buf[..10_000], &data[..]);
+    // And ramfs has no device: the read cannot count as one.
+    assert!(!out.device);
+    assert!(!r.backing().has_device());
+}
