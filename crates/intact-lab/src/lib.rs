@@ -548,32 +548,8 @@ fn run_cell(
                     "a wrong file has its final name".into(),
                 )
             } else {
-                let second = with_server(&root, ReceiveOptions::default(), |addr| {
-                    send(&[src.to_path_buf()], &addr, &opts(mode), &|_| {})
-                });
-                let ok = second.as_ref().is_ok_and(|r| r.failed == 0);
-                let skipped: u64 = second
-                    .as_ref()
-                    .map(|r| r.files.iter().map(|f| f.bytes_skipped).sum())
-                    .unwrap_or(0);
                 let evidence = format!("the first send failed after {half} bytes on the wire");
-                match (ok, ok && device_equals(&final_path, src)?) {
-                    (true, true) => (
-                        Outcome::Repaired,
-                        evidence,
-                        format!("resumed, {skipped} bytes not sent again"),
-                    ),
-                    (true, false) => (
-                        Outcome::Missed,
-                        evidence,
-                        "resumed; the device differs".into(),
-                    ),
-                    (false, _) => (
-                        Outcome::FailedClean,
-                        evidence,
-                        "the resume failed too".into(),
-                    ),
-                }
+                resume(&root, &final_path, src, mode, evidence)?
             }
         }
         Fault::SourceRead => {
@@ -676,6 +652,24 @@ fn disk_full(
             why,
         ));
     }
+    resume(
+        root,
+        final_path,
+        src,
+        mode,
+        format!("first run failed: {why}"),
+    )
+}
+
+/// Sends again after an interrupted run; repaired only if it completes
+/// and the device holds the source's bytes.
+fn resume(
+    root: &Path,
+    final_path: &Path,
+    src: &Path,
+    mode: VerifyMode,
+    evidence: String,
+) -> Result<(Outcome, String, String), LabError> {
     let second = with_server(root, ReceiveOptions::default(), |addr| {
         send(&[src.to_path_buf()], &addr, &opts(mode), &|_| {})
     });
@@ -684,18 +678,16 @@ fn disk_full(
         .as_ref()
         .map(|r| r.files.iter().map(|f| f.bytes_skipped).sum())
         .unwrap_or(0);
-    let equal = ok && device_equals(final_path, src)?;
-    let evidence = format!("first run failed: {why}");
-    Ok(match (ok, equal) {
+    Ok(match (ok, ok && device_equals(final_path, src)?) {
         (true, true) => (
             Outcome::Repaired,
             evidence,
-            format!("resumed after space was freed, {skipped} bytes not sent again"),
+            format!("resumed, {skipped} bytes not sent again"),
         ),
         (true, false) => (
             Outcome::Missed,
             evidence,
-            "resumed, the device differs".into(),
+            "resumed; the device differs".into(),
         ),
         (false, _) => (
             Outcome::FailedClean,
