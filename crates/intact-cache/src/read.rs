@@ -238,9 +238,10 @@ impl DeviceReader {
     }
 
     /// Reads `len` bytes at `offset` into `buf[..len]` only if none of
-    /// their pages is in the page cache now (`mincore`), with readahead
-    /// off: then every byte comes from the device, as after an eviction,
-    /// and the read counts as a device read. Returns None, having read
+    /// their pages is in the page cache now (`mincore`): then every byte
+    /// comes from the device, as after an eviction, and the read counts as
+    /// a device read (on the evict path readahead is off, so it does not
+    /// pull in the next range either). Returns None, having read
     /// nothing, when some page is cached (the caller then reads as usual
     /// and verifies with [`DeviceReader::read`]).
     pub fn read_if_cold(
