@@ -13,7 +13,6 @@
 use std::collections::HashSet;
 use std::fs::{self, File};
 use std::io::{BufRead, BufReader, Read};
-use std::net::TcpListener;
 use std::os::unix::fs::FileExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -24,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use intact_faults::{FlipProxy, LoopFs, ProxyFault};
 use intact_transfer::{
-    send, serve, wake, CopyReport, LinkFault, ReceiveOptions, SendOptions, ServerConfig,
+    send, CopyReport, LinkFault, LocalServer, ReceiveOptions, SendOptions, ServerConfig,
     VerifyMode, WriteHook,
 };
 
@@ -172,6 +171,18 @@ pub struct Cell {
     pub seconds: f64,
 }
 
+impl Cell {
+    /// "fault × mode × size".
+    pub fn label(&self) -> String {
+        format!(
+            "{} × {} × {}",
+            self.fault.name(),
+            self.mode,
+            size_name(self.size)
+        )
+    }
+}
+
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct MatrixConfig {
@@ -213,16 +224,7 @@ impl Matrix {
                 c.outcome == Outcome::NoEffect
                     || (c.mode == VerifyMode::Riva && c.outcome != Outcome::Repaired)
             })
-            .map(|c| {
-                format!(
-                    "{} × {} × {}: {} ({})",
-                    c.fault.name(),
-                    c.mode,
-                    size_name(c.size),
-                    c.outcome.short(),
-                    c.detail
-                )
-            })
+            .map(|c| format!("{}: {} ({})", c.label(), c.outcome.short(), c.detail))
             .collect();
         p.extend(
             self.leftover_loops
@@ -347,12 +349,7 @@ fn opts(mode: VerifyMode) -> SendOptions {
         verify: mode,
         block_size: BLOCK as usize,
         streams: 1,
-        retries: 3,
-        key: None,
-        subdir: None,
-        reverify: false,
-        read_path: Default::default(),
-        require_level: None,
+        ..SendOptions::default()
     }
 }
 
@@ -367,24 +364,14 @@ fn with_server_idle<T>(
     idle_timeout: Duration,
     f: impl FnOnce(String) -> T,
 ) -> T {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
-    let addr = listener.local_addr().expect("bound");
-    let cfg = ServerConfig {
-        root: root.to_path_buf(),
-        key: None,
-        max_connections: 8,
+    let server = LocalServer::start(ServerConfig {
         idle_timeout,
         receive,
-    };
-    let stop = Arc::new(AtomicBool::new(false));
-    let server = {
-        let stop = Arc::clone(&stop);
-        std::thread::spawn(move || serve(listener, cfg, stop, Arc::new(|_| {})))
-    };
-    let out = f(addr.to_string());
-    stop.store(true, Ordering::SeqCst);
-    wake(addr);
-    let _ = server.join();
+        ..ServerConfig::local(root)
+    })
+    .expect("a server on loopback");
+    let out = f(server.addr());
+    let _ = server.stop();
     out
 }
 

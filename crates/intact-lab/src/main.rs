@@ -97,10 +97,8 @@ fn main() -> anyhow::Result<ExitCode> {
     let m = run_matrix(&cfg, &|c| {
         if !json {
             eprintln!(
-                "  {} × {} × {}: {} ({:.1} s)",
-                c.fault.name(),
-                c.mode,
-                size_name(c.size),
+                "  {}: {} ({:.1} s)",
+                c.label(),
                 c.outcome.short(),
                 c.seconds
             );

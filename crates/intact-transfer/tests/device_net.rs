@@ -2,14 +2,12 @@
 //! (so that a fault hook can sit in its receiver), `send` as the client.
 
 use std::fs::{self, File};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use intact_transfer::{
-    send, serve, wake, CopyReport, ReceiveOptions, SendOptions, ServerConfig, VerifyLevel,
+    send, CopyReport, LocalServer, ReceiveOptions, SendOptions, ServerConfig, VerifyLevel,
     VerifyMode, WriteHook,
 };
 
@@ -17,27 +15,16 @@ const BS: usize = 256 * 1024;
 
 /// Runs a server on 127.0.0.1:0 rooted at `root` for the length of `f`.
 fn with_server<T>(root: &Path, hook: Option<WriteHook>, f: impl FnOnce(String) -> T) -> T {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let cfg = ServerConfig {
-        root: root.to_path_buf(),
-        key: None,
-        max_connections: 8,
-        idle_timeout: Duration::from_secs(30),
+    let server = LocalServer::start(ServerConfig {
         receive: ReceiveOptions {
             after_write: hook,
             after_check: None,
         },
-    };
-    let stop = Arc::new(AtomicBool::new(false));
-    let server = {
-        let stop = Arc::clone(&stop);
-        std::thread::spawn(move || serve(listener, cfg, stop, Arc::new(|_| {})))
-    };
-    let out = f(addr.to_string());
-    stop.store(true, Ordering::SeqCst);
-    wake(addr);
-    server.join().unwrap().unwrap();
+        ..ServerConfig::local(root)
+    })
+    .unwrap();
+    let out = f(server.addr());
+    server.stop().unwrap();
     out
 }
 
@@ -47,11 +34,8 @@ fn opts(verify: VerifyMode, require: Option<VerifyLevel>) -> SendOptions {
         block_size: BS,
         streams: 2,
         retries: 2,
-        key: None,
-        subdir: None,
-        reverify: false,
-        read_path: Default::default(),
         require_level: require,
+        ..SendOptions::default()
     }
 }
 

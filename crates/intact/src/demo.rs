@@ -6,15 +6,12 @@
 //! checks the received tree against the source independently of the
 //! transfer (BLAKE3 of every file, both sides) and removes everything.
 
-use std::net::TcpListener;
 use std::path::Path;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use intact_digest::{digest_file, DigestPlan};
-use intact_transfer::{send, serve, wake, CopyReport, SendOptions, ServerConfig, VerifyMode};
+use intact_transfer::{send, CopyReport, LocalServer, SendOptions, ServerConfig, VerifyMode};
 use serde::Serialize;
 
 use crate::args::DemoArgs;
@@ -57,43 +54,17 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<ExitCode> {
         );
     }
 
-    let listener = TcpListener::bind("127.0.0.1:0")?;
-    let addr = listener.local_addr()?;
-    let shutdown = Arc::new(AtomicBool::new(false));
-    let cfg = ServerConfig {
-        root: recv.clone(),
-        key: None,
-        max_connections: 16,
-        idle_timeout: Duration::from_secs(60),
-        receive: Default::default(),
-    };
-    let server = {
-        let shutdown = Arc::clone(&shutdown);
-        std::thread::spawn(move || serve(listener, cfg, shutdown, Arc::new(|_| {})))
-    };
+    let server = LocalServer::start(ServerConfig::local(&recv))?;
+    let addr = server.addr();
     if !args.json {
         println!("intact demo: server on {addr}, sending with --verify {DEMO_VERIFY}");
     }
     let opts = SendOptions {
         verify: DEMO_VERIFY,
-        block_size: intact_digest::defaults::BLOCK_BYTES,
-        streams: 4,
-        retries: 3,
-        key: None,
-        subdir: None,
-        reverify: false,
-        read_path: Default::default(),
-        require_level: None,
+        ..SendOptions::default()
     };
-    let transfer = send(
-        std::slice::from_ref(&src),
-        &addr.to_string(),
-        &opts,
-        &|_| {},
-    );
-    shutdown.store(true, Ordering::SeqCst);
-    wake(addr);
-    server.join().expect("server thread")?;
+    let transfer = send(std::slice::from_ref(&src), &addr, &opts, &|_| {});
+    server.stop()?;
     let transfer = transfer?;
 
     let t = Instant::now();

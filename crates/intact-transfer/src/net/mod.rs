@@ -7,4 +7,4 @@ mod server;
 
 pub use receiver::{receive, ReceiveOptions, SessionSummary};
 pub use sender::{send, SendOptions, MAX_BYTES_IN_FLIGHT, MAX_FILES_IN_FLIGHT};
-pub use server::{serve, wake, ServerConfig};
+pub use server::{serve, wake, LocalServer, ServerConfig};

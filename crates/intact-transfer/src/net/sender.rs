@@ -63,6 +63,23 @@ pub struct SendOptions {
     pub require_level: Option<VerifyLevel>,
 }
 
+impl Default for SendOptions {
+    /// intact's defaults: riva, 4 MiB blocks, 4 streams, 3 retries, no key.
+    fn default() -> Self {
+        SendOptions {
+            verify: VerifyMode::DEFAULT,
+            block_size: defaults::BLOCK_BYTES,
+            streams: 4,
+            retries: 3,
+            key: None,
+            subdir: None,
+            reverify: false,
+            read_path: ReadPath::default(),
+            require_level: None,
+        }
+    }
+}
+
 fn conn_err(e: impl Into<ProtoError>) -> TransferError {
     TransferError::Path(e.into())
 }

@@ -107,3 +107,70 @@ fn io(e: std::io::Error) -> TransferError {
 pub fn wake(addr: std::net::SocketAddr) {
     let _ = TcpStream::connect_timeout(&addr, Duration::from_secs(1));
 }
+
+/// A server on 127.0.0.1 (port chosen by the kernel) running in a thread of
+/// this process: for `intact demo`, tests and the fault lab, where hooks
+/// must sit in the receiver. Stopped by [`LocalServer::stop`] or on drop.
+pub struct LocalServer {
+    addr: std::net::SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<Result<(), TransferError>>>,
+}
+
+impl LocalServer {
+    /// Binds 127.0.0.1:0 and serves `cfg` on a thread.
+    pub fn start(cfg: ServerConfig) -> Result<LocalServer, TransferError> {
+        let io = |e: std::io::Error| TransferError::Path(e.into());
+        let listener = TcpListener::bind("127.0.0.1:0").map_err(io)?;
+        let addr = listener.local_addr().map_err(io)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || serve(listener, cfg, stop, Arc::new(|_| {})))
+        };
+        Ok(LocalServer {
+            addr,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// host:port to send to.
+    pub fn addr(&self) -> String {
+        self.addr.to_string()
+    }
+
+    /// Stops accepting, waits for the server thread, returns how it ended.
+    pub fn stop(mut self) -> Result<(), TransferError> {
+        self.halt()
+    }
+
+    fn halt(&mut self) -> Result<(), TransferError> {
+        let Some(t) = self.thread.take() else {
+            return Ok(());
+        };
+        self.stop.store(true, Ordering::SeqCst);
+        wake(self.addr);
+        t.join().expect("server thread panicked")
+    }
+}
+
+impl Drop for LocalServer {
+    fn drop(&mut self) {
+        let _ = self.halt();
+    }
+}
+
+impl ServerConfig {
+    /// A server rooted at `root`, without a key (so loopback clients
+    /// only), 64 connections, 60 s idle timeout.
+    pub fn local(root: impl Into<PathBuf>) -> ServerConfig {
+        ServerConfig {
+            root: root.into(),
+            key: None,
+            max_connections: 64,
+            idle_timeout: Duration::from_secs(60),
+            receive: ReceiveOptions::default(),
+        }
+    }
+}
