@@ -467,6 +467,7 @@ fn run_cell(
             let receive = ReceiveOptions {
                 after_write: Some(hook),
                 after_check: None,
+                ..ReceiveOptions::default()
             };
             let report = with_server(&root, receive, |addr| {
                 send(&[src.to_path_buf()], &addr, &opts(mode), &|_| {})
@@ -489,6 +490,7 @@ fn run_cell(
             let receive = ReceiveOptions {
                 after_write: None,
                 after_check: Some(hook),
+                ..ReceiveOptions::default()
             };
             let report = with_server(&root, receive, |addr| {
                 send(&[src.to_path_buf()], &addr, &opts(mode), &|_| {})

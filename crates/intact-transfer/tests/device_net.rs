@@ -19,6 +19,7 @@ fn with_server<T>(root: &Path, hook: Option<WriteHook>, f: impl FnOnce(String) -
         receive: ReceiveOptions {
             after_write: hook,
             after_check: None,
+            ..ReceiveOptions::default()
         },
         ..ServerConfig::local(root)
     })

@@ -226,6 +226,10 @@ pub struct ReceiveOptions {
     /// checked and before they are written: a memory fault in the window
     /// the Z²FS paper calls t0–t1 (tests and the fault lab only).
     pub after_check: Option<crate::copy::LinkFault>,
+    /// Negative control for the fault lab: `riva` re-reads through the
+    /// page cache instead of after eviction (as a broken riva would), so
+    /// the lab can prove its device-write cells are able to fail.
+    pub reread_through_cache: bool,
 }
 
 /// Runs the receiving side of a session that passed its handshake.
@@ -343,6 +347,7 @@ impl Session<'_> {
                 let reply = begin(
                     self.dest,
                     self.journal,
+                    self.opts,
                     e,
                     self.files,
                     &mut self.dirs,
@@ -651,6 +656,7 @@ fn failed(file: u64, why: &str) -> Message {
 fn begin(
     dest: &Destination,
     journal: &Journal,
+    opts: &ReceiveOptions,
     e: Entry,
     files: &mut HashMap<u64, Incoming>,
     dirs: &mut Vec<(WirePath, u32, Mtime)>,
@@ -674,7 +680,7 @@ fn begin(
             result(r)
         }
         EntryKind::Symlink(target) => result(dest.make_symlink(&e.path, target, mtime)),
-        EntryKind::File => match begin_file(dest, journal, e, files, buf) {
+        EntryKind::File => match begin_file(dest, journal, opts, e, files, buf) {
             Ok(m) => m,
             Err(err) => failed(id, &err.to_string()),
         },
@@ -684,6 +690,7 @@ fn begin(
 fn begin_file(
     dest: &Destination,
     journal: &Journal,
+    opts: &ReceiveOptions,
     e: Entry,
     files: &mut HashMap<u64, Incoming>,
     buf: &mut AlignedBuf,
@@ -739,7 +746,7 @@ fn begin_file(
     // from the device, block's through the cache.
     let riva = match mode {
         VerifyMode::Riva | VerifyMode::Block => {
-            let path = if mode == VerifyMode::Block {
+            let path = if mode == VerifyMode::Block || opts.reread_through_cache {
                 ReadPath::Cached
             } else if e.flags & Entry::DIRECT != 0 {
                 ReadPath::Direct
