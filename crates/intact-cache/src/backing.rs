@@ -22,6 +22,13 @@ pub enum Backing {
         /// Why, in a few words.
         why: &'static str,
     },
+    /// A file system intact does not know: it is not assumed to have a
+    /// device (it may be a network, FUSE or in-memory one), so the best
+    /// level is `cache`.
+    Unknown {
+        /// Its `statfs` magic number.
+        magic: u32,
+    },
 }
 
 impl Backing {
@@ -34,6 +41,19 @@ impl Backing {
     pub fn fs(self) -> &'static str {
         match self {
             Backing::Device { fs } | Backing::CacheOnly { fs, .. } => fs,
+            Backing::Unknown { .. } => "unknown",
+        }
+    }
+
+    /// Why no read under this file can be proven to reach a device (None
+    /// when one can).
+    pub fn no_device_reason(self) -> Option<String> {
+        match self {
+            Backing::Device { .. } => None,
+            Backing::CacheOnly { fs, why } => Some(format!("{fs}: {why}")),
+            Backing::Unknown { magic } => Some(format!(
+                "an unknown file system 0x{magic:x}: not assumed to have a device"
+            )),
         }
     }
 }
@@ -60,12 +80,14 @@ const REMOTE: &[(i64, &str)] = &[
     (0x1983_0326, "beegfs"),
 ];
 const OWN_CACHE: &[(i64, &str)] = &[(0x2fc1_2fc1, "zfs")];
+// A stacked file system: the layer under it may be anything (a tmpfs, as
+// in many containers), and its statfs magic does not say which.
+const STACKED: &[(i64, &str)] = &[(0x794c_7630, "overlay")];
 const KNOWN_LOCAL: &[(i64, &str)] = &[
     (0xef53, "ext4"),
     (0x5846_5342, "xfs"),
     (0x9123_683e, "btrfs"),
     (0xf2f5_2010, "f2fs"),
-    (0x794c_7630, "overlay"),
     (0x4d44, "vfat"),
     (0x2011_bab0, "exfat"),
     (0x3153_464a, "jfs"),
@@ -103,14 +125,23 @@ fn classify(magic: i64) -> Backing {
             why: "a network or FUSE file system: eviction only reaches the local cache, not the storage",
         };
     }
+    if let Some(fs) = find(STACKED) {
+        return Backing::CacheOnly {
+            fs,
+            why: "a stacked file system: the device of the layer under it is not known",
+        };
+    }
     if let Some(fs) = find(OWN_CACHE) {
         return Backing::CacheOnly {
             fs,
             why: "the file system caches data outside the page cache (ZFS ARC), where eviction does not reach",
         };
     }
-    Backing::Device {
-        fs: find(KNOWN_LOCAL).unwrap_or("local"),
+    match find(KNOWN_LOCAL) {
+        Some(fs) => Backing::Device { fs },
+        None => Backing::Unknown {
+            magic: magic as u32,
+        },
     }
 }
 
@@ -124,7 +155,12 @@ mod tests {
         assert!(!classify(0x0102_1994).has_device());
         assert_eq!(classify(0x6969).fs(), "nfs");
         assert!(!classify(0x2fc1_2fc1).has_device());
-        assert_eq!(classify(0x1234).fs(), "local");
+        assert_eq!(classify(0x1234), Backing::Unknown { magic: 0x1234 });
+        assert!(!classify(0x1234).has_device());
+        assert!(classify(0x1234)
+            .no_device_reason()
+            .unwrap()
+            .contains("unknown file system 0x1234"));
     }
 
     #[test]

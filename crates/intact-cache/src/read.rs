@@ -59,8 +59,13 @@ pub struct ReadOutcome {
     /// Whether every byte came from the device: a device-backed file system
     /// and either `O_DIRECT` or an eviction that left no page resident.
     pub device: bool,
-    /// Pages still resident after eviction (evict path only).
+    /// Pages still resident after eviction (before an `O_DIRECT` read:
+    /// the pages resident after it, too).
     pub resident: u64,
+    /// An `O_DIRECT` read left pages of its range in the page cache: the
+    /// file system served it buffered (ext4 with `data=journal` does), so
+    /// it proves nothing about the device.
+    pub buffered: bool,
     /// Time spent flushing and evicting.
     pub evict_time: Duration,
 }
@@ -155,11 +160,26 @@ impl DeviceReader {
                 Ok(ReadOutcome::default())
             }
             ReadPath::Direct if direct_fits(offset, len, buf) => {
+                // O_DIRECT proves itself: the range is evicted first (a
+                // file system may serve O_DIRECT from cached pages), and no
+                // page of it may be in the cache after the read, or the
+                // read was buffered (ext4 data=journal does that silently).
+                let t = Instant::now();
+                let before = match crate::resident(file, offset, len as u64)? {
+                    0 => 0,
+                    _ => evict(file, offset, len as u64)?.resident,
+                };
+                let evict_time = t.elapsed();
                 match self.read_direct(offset, len, buf) {
-                    Ok(()) => Ok(ReadOutcome {
-                        device,
-                        ..ReadOutcome::default()
-                    }),
+                    Ok(()) => {
+                        let after = crate::resident(file, offset, len as u64)?;
+                        Ok(ReadOutcome {
+                            device: device && before == 0 && after == 0,
+                            resident: before + after,
+                            buffered: after > 0,
+                            evict_time,
+                        })
+                    }
                     Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                         self.fall_back(format!("O_DIRECT read refused: {e}"));
                         self.read_evicted(file, offset, len, buf, device)
@@ -230,6 +250,7 @@ impl DeviceReader {
                 Ok(ReadOutcome {
                     device: self.backing.has_device() && resident == 0,
                     resident,
+                    buffered: false,
                     evict_time,
                 })
             }
@@ -276,6 +297,7 @@ impl DeviceReader {
         Ok(ReadOutcome {
             device: device && ev.resident == 0,
             resident: ev.resident,
+            buffered: false,
             evict_time,
         })
     }

@@ -18,7 +18,7 @@ use subtle::ConstantTimeEq;
 use crate::{Connection, Message, ProtoError};
 
 /// The protocol version this build speaks.
-pub const VERSION: u16 = 2;
+pub const VERSION: u16 = 3;
 
 /// Context string for deriving the session key from a key file.
 const KEY_CONTEXT: &str = "intact 2026-11-22 pre-shared key v1";

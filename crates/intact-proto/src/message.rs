@@ -1,4 +1,4 @@
-//! The messages of protocol version 1 and their byte encoding.
+//! The messages of protocol version 3 and their byte encoding.
 //!
 //! A frame is a 4-byte big-endian body length, then the body: one type
 //! byte and the fields. Integers are big-endian; byte strings carry a
@@ -74,6 +74,12 @@ pub enum Holding {
     /// These blocks are on its disk and still match these digests. The
     /// sender skips a block only if its own copy has the same digest.
     Blocks(Vec<(u64, Vec<u8>)>),
+    /// The file is held whole under its final name and every block still
+    /// matches these digests (re-verified in place, or trusted from its
+    /// journal at a level at least the mode's). The sender checks its own
+    /// copy against every digest: if all match it sends no block, else it
+    /// sends every block (the receiver then writes the file anew).
+    Whole(Vec<(u64, Vec<u8>)>),
 }
 
 /// One block of a file, with the digest the sender computed.
@@ -115,6 +121,18 @@ pub struct FileResult {
     pub evict_micros: u64,
     /// Microseconds spent re-reading and hashing for verification.
     pub check_micros: u64,
+    /// The file was held whole under its final name; nothing was written.
+    pub unchanged: bool,
+    /// Bytes the receiver held and re-verified in place in this run (not
+    /// sent), at the level of this run's checks.
+    pub reverified: u64,
+    /// Bytes the receiver held and trusted from its journal (not sent,
+    /// not re-read beyond a check through the cache).
+    pub trusted: u64,
+    /// The lowest level recorded for the trusted bytes (intact's level id).
+    pub trusted_level: u8,
+    /// When the oldest trusted byte was verified, seconds since the epoch.
+    pub trusted_at: i64,
 }
 
 /// Values of [`Message::FileEnd`] fields.
@@ -302,6 +320,11 @@ impl Message {
                 w.u64(r.resident);
                 w.u64(r.evict_micros);
                 w.u64(r.check_micros);
+                w.u8(u8::from(r.unchanged));
+                w.u64(r.reverified);
+                w.u64(r.trusted);
+                w.u8(r.trusted_level);
+                w.u64(r.trusted_at as u64);
             }
             Message::Bye => w.u8(BYE),
             Message::Waiting => w.u8(WAITING),
@@ -310,8 +333,8 @@ impl Message {
                 w.u64(*file);
                 match holding {
                     Holding::Nothing => w.u8(0),
-                    Holding::Blocks(b) => {
-                        w.u8(1);
+                    Holding::Blocks(b) | Holding::Whole(b) => {
+                        w.u8(if matches!(holding, Holding::Whole(_)) { 2 } else { 1 });
                         let b = &b[..b.len().min(MAX_STATUS_BLOCKS)];
                         w.u32(b.len() as u32);
                         for (i, d) in b {
@@ -409,12 +432,17 @@ impl Message {
                 resident: r.u64()?,
                 evict_micros: r.u64()?,
                 check_micros: r.u64()?,
+                unchanged: r.flag()?,
+                reverified: r.u64()?,
+                trusted: r.u64()?,
+                trusted_level: r.u8()?,
+                trusted_at: r.u64()? as i64,
             }),
             STATUS => {
                 let file = r.u64()?;
                 let holding = match r.u8()? {
                     0 => Holding::Nothing,
-                    1 => {
+                    kind @ (1 | 2) => {
                         let n = r.u32()? as usize;
                         if n > MAX_STATUS_BLOCKS || n * 12 > r.buf.len() {
                             return Err(r.bad("block list longer than the frame"));
@@ -423,7 +451,11 @@ impl Message {
                         for _ in 0..n {
                             list.push((r.u64()?, r.bytes(MAX_DIGEST)?.to_vec()));
                         }
-                        Holding::Blocks(list)
+                        if kind == 1 {
+                            Holding::Blocks(list)
+                        } else {
+                            Holding::Whole(list)
+                        }
                     }
                     _ => return Err(r.bad("unknown holding")),
                 };

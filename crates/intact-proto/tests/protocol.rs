@@ -99,9 +99,10 @@ fn arb_message() -> impl Strategy<Value = Message> {
             any::<bool>(),
             any::<u8>(),
             ".{0,40}",
-            any::<[u64; 3]>()
+            any::<[u64; 5]>(),
+            (any::<u8>(), any::<i64>(), any::<bool>())
         )
-            .prop_map(|(file, ok, level, message, [resident, evict, check])| {
+            .prop_map(|(file, ok, level, message, [resident, evict, check, reverified, trusted], (trusted_level, trusted_at, unchanged))| {
                 Message::FileResult(FileResult {
                     file,
                     status: if ok {
@@ -114,6 +115,11 @@ fn arb_message() -> impl Strategy<Value = Message> {
                     resident,
                     evict_micros: evict,
                     check_micros: check,
+                    unchanged,
+                    reverified,
+                    trusted,
+                    trusted_level,
+                    trusted_at,
                 })
             }),
         Just(Message::Bye),
@@ -123,14 +129,16 @@ fn arb_message() -> impl Strategy<Value = Message> {
             proptest::option::of(proptest::collection::vec(
                 (any::<u64>(), proptest::collection::vec(any::<u8>(), 0..64)),
                 0..50
-            ))
+            )),
+            any::<bool>()
         )
-            .prop_map(|(file, b)| Message::Status {
+            .prop_map(|(file, b, whole)| Message::Status {
                 file,
-                holding: b.map_or(
-                    intact_proto::Holding::Nothing,
-                    intact_proto::Holding::Blocks
-                ),
+                holding: match (b, whole) {
+                    (None, _) => intact_proto::Holding::Nothing,
+                    (Some(b), false) => intact_proto::Holding::Blocks(b),
+                    (Some(b), true) => intact_proto::Holding::Whole(b),
+                },
             }),
     ]
 }

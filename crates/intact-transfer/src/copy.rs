@@ -21,7 +21,7 @@ use intact_digest::{defaults, hash, AlignedBuf, Digest, Hasher};
 use crate::dest::{Destination, PartialFile};
 use crate::recheck::{recheck_batch, Recheck, BATCH_BYTES};
 use crate::source::{scan, SourceEntry, SourceKind};
-use crate::verify::{DeviceStats, VerifyLevel, VerifyMode};
+use crate::verify::{DeviceStats, Reached, VerifyLevel, VerifyMode};
 use crate::TransferError;
 
 /// Corrupts a block on the link: (file's destination path, block index, bytes).
@@ -92,6 +92,21 @@ pub struct FileReport {
     pub bytes_skipped: u64,
     /// The receiver already held the file whole and unchanged; nothing was sent.
     pub unchanged: bool,
+    /// Bytes of this file read and sent, resends included.
+    pub bytes_sent: u64,
+    /// Bytes the receiver held from an earlier run and re-verified in place
+    /// in this one (not sent), at the level of this run's checks.
+    pub bytes_reverified: u64,
+    /// Bytes the receiver held and trusted from its journal (not sent, not
+    /// re-read beyond a check through the cache): they count at the level
+    /// recorded when they were verified.
+    pub bytes_trusted: u64,
+    /// The lowest level recorded for the trusted bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trusted_level: Option<VerifyLevel>,
+    /// When the oldest trusted byte was verified, seconds since the epoch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trusted_since: Option<i64>,
     /// The verification mode.
     pub verify: VerifyMode,
     /// The level really reached (files only; absent when the file failed).
@@ -136,6 +151,11 @@ pub struct CopyReport {
     pub bytes: u64,
     /// Bytes read and sent, resends included.
     pub bytes_sent: u64,
+    /// Bytes held by the receiver and re-verified in place in this run.
+    pub bytes_reverified: u64,
+    /// Bytes held by the receiver and trusted from its journal, at the
+    /// level recorded for them (see each file's `trusted_level`).
+    pub bytes_trusted: u64,
     /// Entries that failed.
     pub failed: u64,
     /// Wall-clock seconds.
@@ -240,6 +260,8 @@ impl CopyReport {
         CopyReport {
             bytes: scanned.entries.iter().map(|e| e.size).sum(),
             bytes_sent,
+            bytes_reverified: files.iter().map(|f| f.bytes_reverified).sum(),
+            bytes_trusted: files.iter().map(|f| f.bytes_trusted).sum(),
             failed: failed as u64,
             files,
             errors: scanned.errors.iter().map(|e| e.to_string()).collect(),
@@ -279,6 +301,11 @@ pub(crate) fn simple_report(
         blocks_skipped: 0,
         bytes_skipped: 0,
         unchanged: false,
+        bytes_sent: 0,
+        bytes_reverified: 0,
+        bytes_trusted: 0,
+        trusted_level: None,
+        trusted_since: None,
         verify,
         level: (err.is_none() && e.kind == SourceKind::File).then_some(verify.level()),
         transfer_seconds: 0.0,
@@ -511,6 +538,7 @@ impl<'a, 'ctx> Stream<'a, 'ctx> {
                 }
                 .map_err(|err| fail(&report, source_read_error(e, err)))?;
                 let data = &self.buf[..len];
+                report.bytes_sent += len as u64;
                 ctx.sent.fetch_add(len as u64, Ordering::Relaxed);
                 (ctx.progress)(ctx.sent.load(Ordering::Relaxed));
                 let t = Instant::now();
@@ -634,10 +662,10 @@ impl RivaFile {
             })?;
         if opts.require_level == Some(VerifyLevel::Device) {
             for (end, b) in [("source", src.backing()), ("destination", dst.backing())] {
-                if let intact_cache::Backing::CacheOnly { fs, why } = b {
+                if let Some(why) = b.no_device_reason() {
                     return Err(TransferError::Verification {
                         path: e.rel.to_string(),
-                        what: format!("--require-level device: the {end} is on {fs}: {why}"),
+                        what: format!("--require-level device: the {end} is on {why}"),
                     });
                 }
             }
@@ -701,13 +729,11 @@ impl RivaFile {
     /// The level both ends' reads support, and why it is below `device`.
     fn level(&self) -> (VerifyLevel, Option<String>) {
         let dest = self.dest.lock().expect("no panics hold it").backing();
-        let src = self.src_stats.level_at("source", self.src.backing());
-        let dst = self.dest_stats.level_at("destination", dest);
-        if src.0 <= dst.0 {
-            src
-        } else {
-            dst
-        }
+        let mut reached = Reached::aim(VerifyMode::Riva);
+        self.src_stats
+            .lower(&mut reached, "source", self.src.backing());
+        self.dest_stats.lower(&mut reached, "destination", dest);
+        (reached.level, reached.note)
     }
 
     fn resident(&self) -> u64 {

@@ -8,6 +8,13 @@
 //! their recorded digest are skipped. A file that reached its final name is
 //! recorded as done, with its size, mtime and level, for the quick check
 //! that lets a repeated send move almost nothing.
+//!
+//! Every block and every finished file carries a [`VerifiedAt`]: the mode
+//! and level it was verified at, and when. A later run trusts a record
+//! only up to that level: a block verified by `fiver` (level `network`) is
+//! re-verified in place by a `riva` run, never taken as `device`. Rows
+//! from journals older than these columns read as level `none`, so they
+//! are always re-verified.
 
 use std::path::Path;
 
@@ -15,14 +22,68 @@ use std::sync::{Mutex, MutexGuard};
 
 use rusqlite::{params, Connection, OptionalExtension};
 
+use crate::verify::{VerifyLevel, VerifyMode};
 use crate::TransferError;
 
 /// Directory under the root that holds intact's own state; paths from the
 /// wire may not enter it.
 pub const STATE_DIR: &str = ".intact";
 
-/// Verified blocks of a file: (block number, digest).
-pub type BlockDigests = Vec<(u64, Vec<u8>)>;
+/// How and when a block or a file was verified.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VerifiedAt {
+    /// The mode that verified it.
+    pub mode: VerifyMode,
+    /// The level that check reached.
+    pub level: VerifyLevel,
+    /// When, in seconds since the epoch.
+    pub at: i64,
+}
+
+impl VerifiedAt {
+    /// Verified now, by `mode`, at `level`.
+    pub fn now(mode: VerifyMode, level: VerifyLevel) -> VerifiedAt {
+        VerifiedAt {
+            mode,
+            level,
+            at: unix_now(),
+        }
+    }
+
+    fn from_row(mode: i64, level: i64, at: i64) -> VerifiedAt {
+        // An id this build does not know is read as the weakest: a record
+        // is trusted only as far as it is understood.
+        VerifiedAt {
+            mode: u8::try_from(mode)
+                .ok()
+                .and_then(VerifyMode::from_wire_id)
+                .unwrap_or(VerifyMode::None),
+            level: u8::try_from(level)
+                .ok()
+                .and_then(VerifyLevel::from_wire_id)
+                .unwrap_or(VerifyLevel::None),
+            at,
+        }
+    }
+}
+
+/// Seconds since the epoch, now.
+pub fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// One verified block as recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockRecord {
+    /// Block number.
+    pub index: u64,
+    /// Its digest (intact's block algorithm).
+    pub digest: Vec<u8>,
+    /// How and when it was verified.
+    pub verified: VerifiedAt,
+}
 
 /// One file's row.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,8 +100,8 @@ pub struct FileRow {
     pub block_size: u32,
     /// Whether the file reached its final name.
     pub done: bool,
-    /// The verification level it reached (wire id), when done.
-    pub level: u8,
+    /// How and when it was verified as a whole, when done.
+    pub verified: VerifiedAt,
 }
 
 /// The journal of one receiving root, shared by all sessions of a server
@@ -86,16 +147,44 @@ impl Journal {
                  mtime_nsec INTEGER NOT NULL,
                  block_size INTEGER NOT NULL,
                  done INTEGER NOT NULL DEFAULT 0,
-                 level INTEGER NOT NULL DEFAULT 0
+                 level INTEGER NOT NULL DEFAULT 0,
+                 mode INTEGER NOT NULL DEFAULT 0,
+                 at INTEGER NOT NULL DEFAULT 0
              );
              CREATE TABLE IF NOT EXISTS blocks (
                  file INTEGER NOT NULL REFERENCES files(id) ON DELETE CASCADE,
                  idx INTEGER NOT NULL,
                  digest BLOB NOT NULL,
+                 mode INTEGER NOT NULL DEFAULT 0,
+                 level INTEGER NOT NULL DEFAULT 0,
+                 at INTEGER NOT NULL DEFAULT 0,
                  PRIMARY KEY (file, idx)
              );",
         )
         .map_err(db_err)?;
+        // How and when each record was verified (added after the first
+        // journals were written: old rows read as level none).
+        for (table, column) in [
+            ("files", "mode"),
+            ("files", "at"),
+            ("blocks", "mode"),
+            ("blocks", "level"),
+            ("blocks", "at"),
+        ] {
+            let has: bool = db
+                .query_row(
+                    &format!("SELECT COUNT(*) FROM pragma_table_info('{table}') WHERE name = ?1"),
+                    params![column],
+                    |r| r.get::<_, i64>(0).map(|n| n > 0),
+                )
+                .map_err(db_err)?;
+            if !has {
+                db.execute_batch(&format!(
+                    "ALTER TABLE {table} ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0"
+                ))
+                .map_err(db_err)?;
+            }
+        }
         Ok(Journal { db: Mutex::new(db) })
     }
 
@@ -109,7 +198,7 @@ impl Journal {
     pub fn lookup(&self, path: &[u8]) -> Result<Option<FileRow>, TransferError> {
         self.db()
             .query_row(
-                "SELECT id, size, mtime_sec, mtime_nsec, block_size, done, level FROM files WHERE path = ?1",
+                "SELECT id, size, mtime_sec, mtime_nsec, block_size, done, mode, level, at FROM files WHERE path = ?1",
                 params![path],
                 |r| {
                     Ok(FileRow {
@@ -119,7 +208,7 @@ impl Journal {
                         mtime_nsec: r.get::<_, i64>(3)? as u32,
                         block_size: r.get::<_, i64>(4)? as u32,
                         done: r.get(5)?,
-                        level: r.get::<_, i64>(6)? as u8,
+                        verified: VerifiedAt::from_row(r.get(6)?, r.get(7)?, r.get(8)?),
                     })
                 },
             )
@@ -143,10 +232,10 @@ impl Journal {
         )
         .map_err(db_err)?;
         tx.execute(
-            "INSERT INTO files (path, size, mtime_sec, mtime_nsec, block_size, done, level)
-             VALUES (?1, ?2, ?3, ?4, ?5, 0, 0)
+            "INSERT INTO files (path, size, mtime_sec, mtime_nsec, block_size, done, level, mode, at)
+             VALUES (?1, ?2, ?3, ?4, ?5, 0, 0, 0, 0)
              ON CONFLICT(path) DO UPDATE SET size = ?2, mtime_sec = ?3, mtime_nsec = ?4,
-                 block_size = ?5, done = 0, level = 0",
+                 block_size = ?5, done = 0, level = 0, mode = 0, at = 0",
             params![
                 path,
                 size as i64,
@@ -173,58 +262,82 @@ impl Journal {
         Ok(())
     }
 
-    /// The blocks recorded for file `id`, with their digests.
-    pub fn blocks(&self, id: i64) -> Result<Vec<(u64, Vec<u8>)>, TransferError> {
+    /// The blocks recorded for file `id`, with their digests and how they
+    /// were verified.
+    pub fn blocks(&self, id: i64) -> Result<Vec<BlockRecord>, TransferError> {
         let db = self.db();
         let mut st = db
-            .prepare("SELECT idx, digest FROM blocks WHERE file = ?1 ORDER BY idx")
+            .prepare("SELECT idx, digest, mode, level, at FROM blocks WHERE file = ?1 ORDER BY idx")
             .map_err(db_err)?;
         let rows = st
-            .query_map(params![id], |r| Ok((r.get::<_, i64>(0)? as u64, r.get(1)?)))
+            .query_map(params![id], |r| {
+                Ok(BlockRecord {
+                    index: r.get::<_, i64>(0)? as u64,
+                    digest: r.get(1)?,
+                    verified: VerifiedAt::from_row(r.get(2)?, r.get(3)?, r.get(4)?),
+                })
+            })
             .map_err(db_err)?;
         rows.collect::<Result<_, _>>().map_err(db_err)
     }
 
-    /// Records verified blocks (the caller has fdatasynced their data).
-    pub fn add_blocks(&self, id: i64, blocks: &[(u64, Vec<u8>)]) -> Result<(), TransferError> {
+    /// Records verified blocks (the caller has fdatasynced their data); a
+    /// block recorded before is replaced, with its new level.
+    pub fn add_blocks(&self, id: i64, blocks: &[BlockRecord]) -> Result<(), TransferError> {
         if blocks.is_empty() {
             return Ok(());
         }
         let mut db = self.db();
         let tx = db.transaction().map_err(db_err)?;
-        {
-            let mut st = tx
-                .prepare("INSERT OR REPLACE INTO blocks (file, idx, digest) VALUES (?1, ?2, ?3)")
-                .map_err(db_err)?;
-            for (idx, digest) in blocks {
-                st.execute(params![id, *idx as i64, digest])
-                    .map_err(db_err)?;
-            }
-        }
+        insert_blocks(&tx, id, blocks)?;
         tx.commit().map_err(db_err)
     }
 
     /// Records, in one transaction, files that reached their final names:
-    /// (row, blocks verified since the last record, level).
-    pub fn done_batch(&self, files: &[(i64, BlockDigests, u8)]) -> Result<(), TransferError> {
+    /// (row, blocks verified since the last record, how the file as a
+    /// whole was verified).
+    pub fn done_batch(&self, files: &[(i64, Vec<BlockRecord>, VerifiedAt)]) -> Result<(), TransferError> {
         let mut db = self.db();
         let tx = db.transaction().map_err(db_err)?;
         {
-            let mut add = tx
-                .prepare("INSERT OR REPLACE INTO blocks (file, idx, digest) VALUES (?1, ?2, ?3)")
-                .map_err(db_err)?;
             let mut done = tx
-                .prepare("UPDATE files SET done = 1, level = ?2 WHERE id = ?1")
+                .prepare("UPDATE files SET done = 1, mode = ?2, level = ?3, at = ?4 WHERE id = ?1")
                 .map_err(db_err)?;
-            for (id, blocks, level) in files {
-                for (idx, digest) in blocks {
-                    add.execute(params![id, *idx as i64, digest])
-                        .map_err(db_err)?;
-                }
-                done.execute(params![id, i64::from(*level)])
-                    .map_err(db_err)?;
+            for (id, blocks, v) in files {
+                insert_blocks(&tx, *id, blocks)?;
+                done.execute(params![
+                    id,
+                    i64::from(v.mode.wire_id()),
+                    i64::from(v.level.wire_id()),
+                    v.at
+                ])
+                .map_err(db_err)?;
             }
         }
         tx.commit().map_err(db_err)
     }
+}
+
+fn insert_blocks(
+    tx: &rusqlite::Transaction<'_>,
+    id: i64,
+    blocks: &[BlockRecord],
+) -> Result<(), TransferError> {
+    let mut st = tx
+        .prepare_cached(
+            "INSERT OR REPLACE INTO blocks (file, idx, digest, mode, level, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        )
+        .map_err(db_err)?;
+    for b in blocks {
+        st.execute(params![
+            id,
+            b.index as i64,
+            b.digest,
+            i64::from(b.verified.mode.wire_id()),
+            i64::from(b.verified.level.wire_id()),
+            b.verified.at
+        ])
+        .map_err(db_err)?;
+    }
+    Ok(())
 }

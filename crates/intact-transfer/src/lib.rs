@@ -32,7 +32,7 @@ pub use copy::{copy, CopyOptions, CopyReport, FileReport, LinkFault, Progress, W
 pub use dest::{partial_name, Destination, Mtime, PartialFile};
 pub use error::TransferError;
 pub use intact_cache::ReadPath;
-pub use journal::{FileRow, Journal, STATE_DIR};
+pub use journal::{BlockRecord, FileRow, Journal, VerifiedAt, STATE_DIR};
 pub use limits::raise_open_file_limit;
 pub use model::RivaModel;
 pub use net::{
@@ -40,4 +40,4 @@ pub use net::{
     SessionSummary, MAX_BYTES_IN_FLIGHT, MAX_FILES_IN_FLIGHT,
 };
 pub use source::{scan, Scan, SourceEntry, SourceKind};
-pub use verify::{DeviceStats, VerifyLevel, VerifyMode};
+pub use verify::{DeviceStats, Reached, VerifyLevel, VerifyMode};

@@ -180,6 +180,9 @@ pub struct DeviceStats {
     pub reads: u64,
     /// Of those, reads whose every byte came from the device.
     pub device_reads: u64,
+    /// Of those, `O_DIRECT` reads the file system served through the page
+    /// cache.
+    pub buffered: u64,
     /// Pages found still resident after eviction, summed.
     pub resident: u64,
     /// Time spent flushing and evicting.
@@ -191,6 +194,7 @@ impl DeviceStats {
     pub fn add(&mut self, out: &ReadOutcome) {
         self.reads += 1;
         self.device_reads += u64::from(out.device);
+        self.buffered += u64::from(out.buffered);
         self.resident += out.resident;
         self.evict += out.evict_time;
     }
@@ -199,38 +203,79 @@ impl DeviceStats {
     pub fn merge(&mut self, other: &DeviceStats) {
         self.reads += other.reads;
         self.device_reads += other.device_reads;
+        self.buffered += other.buffered;
         self.resident += other.resident;
         self.evict += other.evict;
     }
 
-    /// The level these reads support: `device` only when every one reached it.
-    pub fn level(&self) -> VerifyLevel {
-        if self.device_reads == self.reads {
-            VerifyLevel::Device
-        } else {
-            VerifyLevel::Cache
+    /// The level these reads support: `device` only when every one reached
+    /// it; None when there were no reads (they support nothing).
+    pub fn level(&self) -> Option<VerifyLevel> {
+        match self.reads {
+            0 => None,
+            n if self.device_reads == n => Some(VerifyLevel::Device),
+            _ => Some(VerifyLevel::Cache),
         }
     }
 
-    /// The level one end (`source` or `destination`) reached on `backing`,
-    /// and why it is not `device`.
-    pub fn level_at(&self, end: &str, backing: Backing) -> (VerifyLevel, Option<String>) {
-        if let Backing::CacheOnly { fs, why } = backing {
-            return (
-                VerifyLevel::Cache,
-                Some(format!("the {end} is on {fs}: {why}")),
-            );
+    /// Lowers `reached` to what one end (`source` or `destination`) on
+    /// `backing` supports: `cache` with the reason where the file system
+    /// has no device (whether or not reads were made), `cache` where some
+    /// read did not reach the device, unchanged where every read did.
+    pub fn lower(&self, reached: &mut Reached, end: &str, backing: Backing) {
+        if let Some(why) = backing.no_device_reason() {
+            reached.lower(VerifyLevel::Cache, format!("the {end} is on {why}"));
+            return;
         }
-        match self.level() {
-            VerifyLevel::Device => (VerifyLevel::Device, None),
-            l => (
-                l,
-                Some(format!(
-                    "{} of {} re-reads at the {end} found pages still cached after eviction",
-                    self.reads - self.device_reads,
-                    self.reads
-                )),
-            ),
+        if self.level() != Some(VerifyLevel::Cache) {
+            return;
+        }
+        let why = if self.buffered > 0 {
+            format!(
+                "{} of {} O_DIRECT re-reads at the {end} went through the page cache (the file system buffers O_DIRECT, as ext4 data=journal does)",
+                self.buffered, self.reads
+            )
+        } else {
+            format!(
+                "{} of {} re-reads at the {end} found pages still cached after eviction",
+                self.reads - self.device_reads,
+                self.reads
+            )
+        };
+        reached.lower(VerifyLevel::Cache, why);
+    }
+}
+
+/// The level a file reached: the lowest level at which any of its bytes
+/// was checked (in this run, or as recorded when a trusted block was
+/// checked), with the reason it is below the mode's aim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reached {
+    /// The level so far.
+    pub level: VerifyLevel,
+    /// Why it is below the mode's aim, first reason given.
+    pub note: Option<String>,
+}
+
+impl Reached {
+    /// Starts at the level `mode` aims at.
+    pub fn aim(mode: VerifyMode) -> Reached {
+        Reached {
+            level: mode.level(),
+            note: None,
+        }
+    }
+
+    /// Lowers the level to `level` (if it is lower) for reason `why`.
+    pub fn lower(&mut self, level: VerifyLevel, why: impl Into<String>) {
+        if level < self.level {
+            self.level = level;
+            self.note = Some(why.into());
+        } else if level == self.level && self.note.is_none() && level < VerifyLevel::Device {
+            let why = why.into();
+            if !why.is_empty() {
+                self.note = Some(why);
+            }
         }
     }
 }

@@ -111,9 +111,17 @@ fn finish(
             Some(e) => print_err(pb, e),
             None if p.verbose && !p.json => {
                 let level = f.level.map_or("-".into(), |l| l.to_string());
+                let held = match (f.bytes_reverified, f.bytes_trusted, f.trusted_level) {
+                    (0, 0, _) => String::new(),
+                    (r, 0, _) => format!(", {r} B held and re-verified in place"),
+                    (r, t, Some(l)) => format!(
+                        ", {r} B held and re-verified in place, {t} B trusted from the journal at level {l}"
+                    ),
+                    (r, t, None) => format!(", {r} B re-verified in place, {t} B trusted"),
+                };
                 println!(
-                    "{} {} ({} B, level {level}, {} blocks resent)",
-                    f.kind, f.path, f.size, f.blocks_resent
+                    "{} {} ({} B, level {level}, {} B sent, {} blocks resent{held})",
+                    f.kind, f.path, f.size, f.bytes_sent, f.blocks_resent
                 );
             }
             None => {}
@@ -165,6 +173,18 @@ fn finish(
             level,
             report.failed
         );
+        if report.bytes_reverified + report.bytes_trusted > 0 {
+            let trusted_level = report
+                .files
+                .iter()
+                .filter_map(|f| f.trusted_level)
+                .min()
+                .map_or(String::new(), |l| format!(" (recorded level {l} or above)"));
+            println!(
+                "held by the receiver from an earlier run: {} B re-verified in place now, {} B trusted from its journal{trusted_level}; {} B sent",
+                report.bytes_reverified, report.bytes_trusted, report.bytes_sent
+            );
+        }
         if let Some(m) = &report.model {
             println!(
                 "riva model (Eq. 1): {:.2} s predicted vs {:.2} s measured, error {:.1}% (per block: transfer {:.1} ms, checksum {:.1} ms, eviction {:.2} ms; {} blocks over {} streams)",

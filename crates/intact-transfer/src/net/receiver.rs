@@ -7,6 +7,14 @@
 //! blocks are asked for again, and only a fully verified file is fsynced
 //! and renamed to its final name.
 //!
+//! Held blocks (a resume) and files held whole (a repeated send) are
+//! trusted only up to the level their journal records say they were
+//! verified at. Below the mode's aim they are re-verified in place by the
+//! mode's own means (`riva`: evicted and re-read from the device), and
+//! those reads count in the file's level like any other; the FileResult
+//! says how many bytes were re-verified and how many were trusted, and at
+//! which recorded level.
+//!
 //! Riva (and block-mode) blocks are verified off the session thread: a verifier thread
 //! flushes, evicts and re-reads each written block from the device while
 //! the session thread receives and writes the next ones (the RIVA paper's
@@ -30,9 +38,9 @@ use intact_proto::{
 
 use crate::copy::WriteHook;
 use crate::dest::{Destination, Mtime, PartialFile};
-use crate::journal::Journal;
+use crate::journal::{unix_now, BlockRecord, Journal, VerifiedAt};
 use crate::recheck::{recheck_batch, Recheck, BATCH_BYTES};
-use crate::verify::{DeviceStats, VerifyLevel, VerifyMode};
+use crate::verify::{DeviceStats, Reached, VerifyLevel, VerifyMode};
 use crate::TransferError;
 
 /// Messages the reader thread may hold ahead of the session thread.
@@ -70,7 +78,9 @@ pub struct SessionSummary {
 struct Incoming {
     entry: Entry,
     mode: VerifyMode,
-    partial: PartialFile,
+    /// The partial file; None while the file is held whole under its final
+    /// name and no block has come for it.
+    partial: Option<PartialFile>,
     /// Riva: the file shared with the verifier, its device reader, and
     /// what its reads did.
     riva: Option<RivaIn>,
@@ -84,8 +94,30 @@ struct Incoming {
     /// The file's journal row.
     row: i64,
     /// Verified blocks not yet in the journal, and their bytes.
-    unjournaled: Vec<(u64, Vec<u8>)>,
+    unjournaled: Vec<BlockRecord>,
     unjournaled_bytes: u64,
+    /// What the bytes held from an earlier run contributed.
+    held: Held,
+}
+
+/// Bytes a file already held when this run began: re-verified in place,
+/// or trusted from the journal at the level it records.
+#[derive(Debug, Default, Clone, Copy)]
+struct Held {
+    reverified: u64,
+    trusted: u64,
+    /// The lowest level recorded for a trusted block.
+    trusted_level: Option<VerifyLevel>,
+    /// When the oldest trusted block was verified.
+    trusted_at: Option<i64>,
+}
+
+impl Held {
+    fn trust(&mut self, bytes: u64, v: VerifiedAt) {
+        self.trusted += bytes;
+        self.trusted_level = Some(self.trusted_level.map_or(v.level, |l| l.min(v.level)));
+        self.trusted_at = Some(self.trusted_at.map_or(v.at, |t| t.min(v.at)));
+    }
 }
 
 impl Incoming {
@@ -94,17 +126,50 @@ impl Incoming {
         if self.unjournaled.is_empty() {
             return Ok(());
         }
-        self.partial
-            .file()
-            .sync_data()
-            .map_err(|e| TransferError::Destination {
-                path: self.entry.path.to_string(),
-                source: e,
-            })?;
+        if let Some(partial) = &self.partial {
+            partial
+                .file()
+                .sync_data()
+                .map_err(|e| TransferError::Destination {
+                    path: self.entry.path.to_string(),
+                    source: e,
+                })?;
+        }
         journal.add_blocks(self.row, &self.unjournaled)?;
         self.unjournaled.clear();
         self.unjournaled_bytes = 0;
         Ok(())
+    }
+
+    /// The level the receiver's end reached for this file: the mode's aim,
+    /// lowered by every re-read that did not reach the device and by the
+    /// recorded level of every trusted block.
+    fn reached(&self) -> Reached {
+        let mut r = Reached::aim(self.mode);
+        if let (Some(riva), VerifyMode::Riva) = (&self.riva, self.mode) {
+            let b = riva.reader.lock().expect("no panics hold it").backing();
+            riva.stats.lower(&mut r, "destination", b);
+        }
+        if let Some(level) = self.held.trusted_level {
+            r.lower(
+                level,
+                format!(
+                    "{} bytes were trusted from the journal, where they are recorded at level {level}",
+                    self.held.trusted
+                ),
+            );
+        }
+        r
+    }
+
+    /// How the file as a whole was verified, for the journal.
+    fn verified_at(&self, level: VerifyLevel) -> VerifiedAt {
+        let now = unix_now();
+        VerifiedAt {
+            mode: self.mode,
+            level,
+            at: self.held.trusted_at.map_or(now, |t| t.min(now)),
+        }
     }
 }
 
@@ -116,8 +181,8 @@ struct RivaIn {
 }
 
 impl RivaIn {
-    fn open(partial: &PartialFile, path: ReadPath) -> std::io::Result<RivaIn> {
-        let file = Arc::new(partial.file().try_clone()?);
+    fn open(file: &File, path: ReadPath) -> std::io::Result<RivaIn> {
+        let file = Arc::new(file.try_clone()?);
         let reader = DeviceReader::new(&file, path)?;
         Ok(RivaIn {
             file,
@@ -127,11 +192,28 @@ impl RivaIn {
         })
     }
 
-    /// The level the destination's reads reached, and why not `device`.
-    fn level(&self) -> (VerifyLevel, String) {
+    /// Why no read of this file can reach a device, if none can.
+    fn no_device_reason(&self) -> Option<String> {
         let b = self.reader.lock().expect("no panics hold it").backing();
-        let (level, why) = self.stats.level_at("destination", b);
-        (level, why.unwrap_or_default())
+        b.no_device_reason()
+    }
+}
+
+/// The level of a block checked on arrival (its digest against the bytes
+/// received), before any re-read.
+fn arrival_level(mode: VerifyMode) -> VerifyLevel {
+    match mode {
+        VerifyMode::None => VerifyLevel::None,
+        _ => VerifyLevel::Network,
+    }
+}
+
+/// The level of a block re-read by the verifier or in place.
+fn reread_level(out: &intact_cache::ReadOutcome) -> VerifyLevel {
+    if out.device {
+        VerifyLevel::Device
+    } else {
+        VerifyLevel::Cache
     }
 }
 
@@ -429,6 +511,13 @@ impl Session<'_> {
             // A file that already failed: drop its blocks.
             return Ok(());
         };
+        if f.partial.is_none() {
+            // Held whole, but the sender's copy differs: it sends every
+            // block, and the file is written anew under a partial name.
+            if let Err(e) = start_anew(f, self.dest, self.journal, self.opts) {
+                return self.fail_file(b.file, &e.to_string());
+            }
+        }
         let accepted = accept_block(f, b.index, &b.digest, &mut b.data, self.opts);
         let verdict = match accepted {
             Ok(v) => v,
@@ -447,7 +536,8 @@ impl Session<'_> {
             }
             Verdict::Done(ok) => {
                 let digest = Digest::from_bytes(defaults::BLOCK_ALGORITHM, &b.digest);
-                self.block_done(b.file, b.index, ok, digest)
+                let level = arrival_level(f.mode);
+                self.block_done(b.file, b.index, ok, digest, level)
             }
         }
     }
@@ -459,13 +549,18 @@ impl Session<'_> {
         index: u64,
         ok: bool,
         digest: Option<Digest>,
+        level: VerifyLevel,
     ) -> Result<(), TransferError> {
         let Some(f) = self.files.get_mut(&file) else {
             return Ok(());
         };
         if ok && f.mode != VerifyMode::None {
             if let Some(d) = digest {
-                f.unjournaled.push((index, d.as_bytes().to_vec()));
+                f.unjournaled.push(BlockRecord {
+                    index,
+                    digest: d.as_bytes().to_vec(),
+                    verified: VerifiedAt::now(f.mode, level),
+                });
                 f.unjournaled_bytes += u64::from(f.entry.block_size);
                 if f.unjournaled_bytes >= JOURNAL_BATCH {
                     if let Err(e) = f.journal(self.journal) {
@@ -500,7 +595,7 @@ impl Session<'_> {
         if ok {
             f.verified[c.index as usize] = Some(c.digest);
         }
-        self.block_done(c.id, c.index, ok, Some(c.digest))?;
+        self.block_done(c.id, c.index, ok, Some(c.digest), reread_level(&c.outcome))?;
         let end = self
             .files
             .get(&c.id)
@@ -546,15 +641,14 @@ impl Session<'_> {
                     .write_message(&failed(file, &format!("block {} never verified", bad[0])))?;
             }
             Ok(_) => {
-                let riva = f.riva.as_ref().filter(|_| f.mode == VerifyMode::Riva);
-                if let Some((level, why)) = riva.map(RivaIn::level) {
-                    if level < VerifyLevel::Device && f.entry.flags & Entry::REQUIRE_DEVICE != 0 {
-                        let _ = f.journal(self.journal);
-                        self.summary.failed += 1;
-                        let msg = format!("reached level {level}, but --require-level device was asked for: {why}");
-                        self.out.write_message(&failed(file, &msg))?;
-                        return Ok(());
-                    }
+                let reached = f.reached();
+                if reached.level < VerifyLevel::Device && f.entry.flags & Entry::REQUIRE_DEVICE != 0
+                {
+                    let _ = f.journal(self.journal);
+                    self.summary.failed += 1;
+                    let msg = below_required(&reached);
+                    self.out.write_message(&failed(file, &msg))?;
+                    return Ok(());
                 }
                 self.ready.push((file, f));
                 if self.ready.len() >= GROUP_COMMIT_FILES {
@@ -570,7 +664,8 @@ impl Session<'_> {
     }
 }
 
-/// Commits the ready files as one group and sends their results.
+/// Commits the ready files as one group and sends their results. A file
+/// held whole under its final name needs no rename: only its new record.
 fn commit_ready<S: std::io::Read + std::io::Write>(
     conn: &mut Connection<S>,
     dest: &Destination,
@@ -583,39 +678,59 @@ fn commit_ready<S: std::io::Read + std::io::Write>(
     }
     let mut meta = Vec::with_capacity(ready.len());
     let mut batch = Vec::with_capacity(ready.len());
+    let mut in_place = Vec::new();
     for (id, mut f) in ready.drain(..) {
         let mtime = Mtime {
             sec: f.entry.mtime_sec,
             nsec: f.entry.mtime_nsec,
         };
-        let (level, note) = match (&f.riva, f.mode) {
-            (Some(r), VerifyMode::Riva) => r.level(),
-            _ => (f.mode.level(), String::new()),
+        let reached = f.reached();
+        let mut result = FileResult {
+            unchanged: f.partial.is_none(),
+            reverified: f.held.reverified,
+            trusted: f.held.trusted,
+            trusted_level: f.held.trusted_level.map_or(0, VerifyLevel::wire_id),
+            trusted_at: f.held.trusted_at.unwrap_or(0),
+            ..verified(id, reached.level, reached.note.as_deref().unwrap_or(""))
         };
-        let mut result = verified_because(id, level.wire_id(), &note);
-        if let (Some(r), Message::FileResult(fr)) = (&f.riva, &mut result) {
-            fr.resident = r.stats.resident;
-            fr.evict_micros = r.stats.evict.as_micros() as u64;
-            fr.check_micros = r.check.as_micros() as u64;
+        if let Some(r) = &f.riva {
+            result.resident = r.stats.resident;
+            result.evict_micros = r.stats.evict.as_micros() as u64;
+            result.check_micros = r.check.as_micros() as u64;
         }
-        meta.push((id, f.row, std::mem::take(&mut f.unjournaled), level, result));
-        batch.push((f.partial, f.entry.mode, mtime));
+        let record = (
+            f.row,
+            std::mem::take(&mut f.unjournaled),
+            f.verified_at(reached.level),
+        );
+        match f.partial.take() {
+            Some(partial) => {
+                meta.push((id, record, result));
+                batch.push((partial, f.entry.mode, mtime));
+            }
+            None => in_place.push((id, record, result)),
+        }
     }
     let results = dest.commit_batch(batch);
-    let done: Vec<(i64, crate::journal::BlockDigests, u8)> = meta
+    let mut done: Vec<(i64, Vec<BlockRecord>, VerifiedAt)> = meta
         .iter()
         .zip(&results)
         .filter(|(_, r)| r.is_ok())
-        .map(|((_, row, blocks, level, _), _)| (*row, blocks.clone(), level.wire_id()))
+        .map(|((_, record, _), _)| record.clone())
         .collect();
+    done.extend(in_place.iter().map(|(_, record, _)| record.clone()));
     // A journal failure does not undo a durable, verified file; it only
     // means a later send may move it again.
     let _ = journal.done_batch(&done);
-    for ((id, _, _, _, msg), r) in meta.into_iter().zip(results) {
+    let outcomes = meta
+        .into_iter()
+        .zip(results)
+        .chain(in_place.into_iter().map(|m| (m, Ok(()))));
+    for ((id, _, result), r) in outcomes {
         let msg = match r {
             Ok(()) => {
                 summary.verified += 1;
-                msg
+                Message::FileResult(result)
             }
             Err(e) => {
                 summary.failed += 1;
@@ -627,27 +742,42 @@ fn commit_ready<S: std::io::Read + std::io::Write>(
     Ok(())
 }
 
-fn verified_because(file: u64, level: u8, why: &str) -> Message {
-    Message::FileResult(FileResult {
+/// Why a file below `--require-level device` fails.
+fn below_required(reached: &Reached) -> String {
+    format!(
+        "reached level {}, but --require-level device was asked for: {}",
+        reached.level,
+        reached.note.as_deref().unwrap_or("")
+    )
+}
+
+/// A verified result at `level` with `note`.
+fn verified(file: u64, level: VerifyLevel, note: &str) -> FileResult {
+    FileResult {
         file,
         status: FileStatus::Verified,
-        level,
-        message: why.to_string(),
+        level: level.wire_id(),
+        message: note.to_string(),
         resident: 0,
         evict_micros: 0,
         check_micros: 0,
-    })
+        unchanged: false,
+        reverified: 0,
+        trusted: 0,
+        trusted_level: 0,
+        trusted_at: 0,
+    }
+}
+
+fn verified_because(file: u64, level: u8, why: &str) -> Message {
+    let level = VerifyLevel::from_wire_id(level).unwrap_or(VerifyLevel::None);
+    Message::FileResult(verified(file, level, why))
 }
 
 fn failed(file: u64, why: &str) -> Message {
     Message::FileResult(FileResult {
-        file,
         status: FileStatus::Failed,
-        level: 0,
-        message: why.to_string(),
-        resident: 0,
-        evict_micros: 0,
-        check_micros: 0,
+        ..verified(file, VerifyLevel::None, why)
     })
 }
 
@@ -708,7 +838,7 @@ fn begin_file(
             what: "unsupported block algorithm or block size".into(),
         });
     }
-    let blocks = e.size.div_ceil(u64::from(e.block_size)) as usize;
+    let require_device = e.flags & Entry::REQUIRE_DEVICE != 0;
     let same = |r: &crate::journal::FileRow| {
         r.size == e.size
             && r.mtime_sec == e.mtime_sec
@@ -716,136 +846,324 @@ fn begin_file(
             && r.block_size == e.block_size
     };
     let row = journal.lookup(e.path.as_bytes())?.filter(same);
-    // Held whole, unchanged since: the quick check (re-read on --reverify).
+    // Held whole, unchanged since: the quick check.
     if let Some(r) = row.as_ref().filter(|r| r.done) {
-        if let Some(file) = dest.open_final(&e.path) {
-            let meta = file.metadata().ok();
-            let unchanged = meta.is_some_and(|m| {
-                use std::os::unix::fs::MetadataExt;
-                m.len() == e.size
-                    && m.mtime() == e.mtime_sec
-                    && m.mtime_nsec() as u32 == e.mtime_nsec
-            });
-            if unchanged && e.flags & Entry::REVERIFY == 0 {
-                return Ok(verified_because(id, r.level, "unchanged"));
+        if let Some(file) = dest.open_final(&e.path).filter(|f| unchanged_since(f, &e)) {
+            let reverify = e.flags & Entry::REVERIFY != 0;
+            if !reverify && r.verified.level >= mode.level() {
+                // Trusted at the level its record says, no higher.
+                let level = r.verified.level;
+                if require_device && level < VerifyLevel::Device {
+                    return Err(TransferError::Verification {
+                        path: e.path.to_string(),
+                        what: format!("--require-level device: held at level {level}"),
+                    });
+                }
+                let mut held = Held::default();
+                held.trust(e.size, r.verified);
+                return Ok(Message::FileResult(FileResult {
+                    unchanged: true,
+                    trusted: held.trusted,
+                    trusted_level: level.wire_id(),
+                    trusted_at: r.verified.at,
+                    ..verified(id, level, "")
+                }));
             }
-            if unchanged && mode != VerifyMode::None {
-                let good = recorded_blocks_that_match(journal, r.id, &file, &e, buf)?;
-                if good.len() == blocks {
-                    return Ok(verified_because(
-                        id,
-                        VerifyLevel::Cache.wire_id(),
-                        "reverified",
-                    ));
+            if mode != VerifyMode::None {
+                let inc = Incoming::fresh(e.clone(), mode, None, r.id);
+                if let Some((inc, list)) = reverify_whole(inc, journal, &file, opts, buf)? {
+                    files.insert(id, inc);
+                    return Ok(Message::Status {
+                        file: id,
+                        holding: Holding::Whole(list),
+                    });
                 }
             }
         }
     }
     let partial = dest.partial(&e.path, e.size)?;
-    // Block and riva blocks are re-read on the verifier thread, riva's
-    // from the device, block's through the cache.
-    let riva = match mode {
-        VerifyMode::Riva | VerifyMode::Block => {
-            let path = if mode == VerifyMode::Block || opts.reread_through_cache {
-                ReadPath::Cached
-            } else if e.flags & Entry::DIRECT != 0 {
-                ReadPath::Direct
-            } else {
-                ReadPath::Evict
-            };
-            let r = RivaIn::open(&partial, path).map_err(|err| TransferError::Destination {
-                path: e.path.to_string(),
-                source: err,
-            })?;
-            let (level, why) = r.level();
-            if mode == VerifyMode::Riva
-                && e.flags & Entry::REQUIRE_DEVICE != 0
-                && level < VerifyLevel::Device
-            {
-                return Err(TransferError::Verification {
-                    path: e.path.to_string(),
-                    what: format!("--require-level device: {why}"),
-                });
-            }
-            Some(r)
-        }
-        _ => None,
+    let resumed = row.filter(|r| !r.done);
+    let row_id = match &resumed {
+        Some(r) => r.id,
+        None => journal.start(
+            e.path.as_bytes(),
+            e.size,
+            (e.mtime_sec, e.mtime_nsec),
+            e.block_size,
+        )?,
     };
-    let mut verified = vec![None; blocks];
-    let (row_id, holding) = match row.filter(|r| !r.done) {
+    let mut inc = Incoming::fresh(e, mode, Some(partial), row_id);
+    inc.riva = open_verifier(&inc, opts)?;
+    let holding = match resumed {
         Some(r) => {
-            let good = recorded_blocks_that_match(journal, r.id, partial.file(), &e, buf)?;
-            for (i, d) in &good {
-                verified[*i as usize] = Some(*d);
+            let list = reverify_held(&mut inc, journal.blocks(r.id)?, buf)?;
+            if list.is_empty() {
+                Holding::Nothing
+            } else {
+                Holding::Blocks(list)
             }
-            let list: Vec<(u64, Vec<u8>)> = good
-                .iter()
-                .map(|(i, d)| (*i, d.as_bytes().to_vec()))
-                .collect();
-            (
-                r.id,
-                if list.is_empty() {
-                    Holding::Nothing
-                } else {
-                    Holding::Blocks(list)
-                },
-            )
         }
-        None => {
-            let row = journal.start(
-                e.path.as_bytes(),
-                e.size,
-                (e.mtime_sec, e.mtime_nsec),
-                e.block_size,
-            )?;
-            (row, Holding::Nothing)
-        }
+        None => Holding::Nothing,
     };
     journal.reopen(row_id)?;
-    files.insert(
-        id,
-        Incoming {
-            verified,
-            entry: e,
-            mode,
-            partial,
-            riva,
-            checking: 0,
-            ended: None,
-            rounds: 0,
-            row: row_id,
-            unjournaled: Vec::new(),
-            unjournaled_bytes: 0,
-        },
-    );
+    files.insert(id, inc);
     Ok(Message::Status { file: id, holding })
 }
 
-/// The journaled blocks of row `id` whose bytes in `file` still hash to
-/// their recorded digest.
-fn recorded_blocks_that_match(
-    journal: &Journal,
-    id: i64,
-    file: &std::fs::File,
-    e: &Entry,
-    buf: &mut AlignedBuf,
-) -> Result<Vec<(u64, Digest)>, TransferError> {
-    let bs = u64::from(e.block_size);
-    let mut good = Vec::new();
-    for (idx, raw) in journal.blocks(id)? {
-        let offset = idx * bs;
-        let Some(d) = Digest::from_bytes(defaults::BLOCK_ALGORITHM, &raw) else {
-            continue;
-        };
-        if offset >= e.size {
-            continue;
-        }
-        let len = (e.size - offset).min(bs) as usize;
-        if reread_matches(file, offset, len, &d, buf).unwrap_or(false) {
-            good.push((idx, d));
+/// Whether the final file still has the size and mtime the entry announces.
+fn unchanged_since(file: &File, e: &Entry) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    file.metadata().is_ok_and(|m| {
+        m.len() == e.size && m.mtime() == e.mtime_sec && m.mtime_nsec() as u32 == e.mtime_nsec
+    })
+}
+
+impl Incoming {
+    /// A file with nothing verified yet.
+    fn fresh(entry: Entry, mode: VerifyMode, partial: Option<PartialFile>, row: i64) -> Incoming {
+        let blocks = entry.size.div_ceil(u64::from(entry.block_size)) as usize;
+        Incoming {
+            verified: vec![None; blocks],
+            entry,
+            mode,
+            partial,
+            riva: None,
+            checking: 0,
+            ended: None,
+            rounds: 0,
+            row,
+            unjournaled: Vec::new(),
+            unjournaled_bytes: 0,
+            held: Held::default(),
         }
     }
-    Ok(good)
+
+    /// Turns an I/O error on this file into a destination error.
+    fn path_err(&self) -> impl Fn(std::io::Error) -> TransferError + '_ {
+        |err| TransferError::Destination {
+            path: self.entry.path.to_string(),
+            source: err,
+        }
+    }
+}
+
+/// The verifier's reader of the partial file (riva: from the device;
+/// block: through the cache); None in the other modes.
+fn open_verifier(inc: &Incoming, opts: &ReceiveOptions) -> Result<Option<RivaIn>, TransferError> {
+    match &inc.partial {
+        Some(p) => open_reader(inc, p.file(), opts),
+        None => Ok(None),
+    }
+}
+
+/// The verifier's reader of `file`, by the mode's means; with
+/// `--require-level device` a file system without a device fails here.
+fn open_reader(
+    inc: &Incoming,
+    file: &File,
+    opts: &ReceiveOptions,
+) -> Result<Option<RivaIn>, TransferError> {
+    let mode = inc.mode;
+    if !matches!(mode, VerifyMode::Riva | VerifyMode::Block) {
+        return Ok(None);
+    }
+    let path = if mode == VerifyMode::Block || opts.reread_through_cache {
+        ReadPath::Cached
+    } else if inc.entry.flags & Entry::DIRECT != 0 {
+        ReadPath::Direct
+    } else {
+        ReadPath::Evict
+    };
+    let r = RivaIn::open(file, path).map_err(inc.path_err())?;
+    if mode == VerifyMode::Riva && inc.entry.flags & Entry::REQUIRE_DEVICE != 0 {
+        if let Some(why) = r.no_device_reason() {
+            return Err(TransferError::Verification {
+                path: inc.entry.path.to_string(),
+                what: format!("--require-level device: the destination is on {why}"),
+            });
+        }
+    }
+    Ok(Some(r))
+}
+
+/// A held file whose sender's copy differs: forget what was held and
+/// receive every block into a new partial file.
+fn start_anew(
+    f: &mut Incoming,
+    dest: &Destination,
+    journal: &Journal,
+    opts: &ReceiveOptions,
+) -> Result<(), TransferError> {
+    let e = f.entry.clone();
+    let partial = dest.partial(&e.path, e.size)?;
+    let row = journal.start(
+        e.path.as_bytes(),
+        e.size,
+        (e.mtime_sec, e.mtime_nsec),
+        e.block_size,
+    )?;
+    let mut inc = Incoming::fresh(e, f.mode, Some(partial), row);
+    inc.riva = open_verifier(&inc, opts)?;
+    *f = inc;
+    Ok(())
+}
+
+/// A journaled block still inside the file: (index, offset, length, digest).
+type HeldBlock = (u64, u64, usize, Digest);
+
+fn usable_record(e: &Entry, rec: &BlockRecord) -> Option<HeldBlock> {
+    let bs = u64::from(e.block_size);
+    let offset = rec.index.checked_mul(bs).filter(|&o| o < e.size)?;
+    let d = Digest::from_bytes(defaults::BLOCK_ALGORITHM, &rec.digest)?;
+    Some((rec.index, offset, (e.size - offset).min(bs) as usize, d))
+}
+
+/// Re-reads the blocks `items` of `file` by the mode's own means (riva:
+/// evicted and read from the device, counted in the file's device
+/// statistics); returns per block whether it matched and the level its
+/// read reached.
+fn reread_in_place(
+    inc: &mut Incoming,
+    file: &File,
+    items: &[HeldBlock],
+    buf: &mut AlignedBuf,
+) -> Result<Vec<(bool, VerifyLevel)>, TransferError> {
+    let mut out = Vec::with_capacity(items.len());
+    let reader = inc.riva.as_ref().map(|r| Arc::clone(&r.reader));
+    for chunk in batches(items) {
+        let rechecks: Vec<Recheck<'_>> = chunk
+            .iter()
+            .map(|(_, offset, len, digest)| Recheck {
+                file,
+                reader: reader.as_deref(),
+                offset: *offset,
+                len: *len,
+                digest,
+            })
+            .collect();
+        for r in recheck_batch(&rechecks, buf) {
+            let ok = r.ok.map_err(inc.path_err())?;
+            let level = match inc.riva.as_mut() {
+                Some(riva) => {
+                    riva.stats.add(&r.outcome);
+                    riva.check += r.took;
+                    reread_level(&r.outcome)
+                }
+                None => VerifyLevel::Cache,
+            };
+            out.push((ok, level));
+        }
+    }
+    Ok(out)
+}
+
+/// Splits `items` into batches of about [`BATCH_BYTES`].
+fn batches(items: &[HeldBlock]) -> Vec<&[HeldBlock]> {
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, (_, _, len, _)) in items.iter().enumerate() {
+        if bytes > 0 && bytes + len > BATCH_BYTES {
+            out.push(&items[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += len;
+    }
+    if start < items.len() {
+        out.push(&items[start..]);
+    }
+    out
+}
+
+/// A resume: the journaled blocks of the partial file. A block recorded at
+/// the mode's aim or above is trusted (after a check through the cache
+/// that it is still there); a block recorded below it is re-verified in
+/// place by the mode's own means. Returns the blocks held, with digests.
+fn reverify_held(
+    inc: &mut Incoming,
+    records: Vec<BlockRecord>,
+    buf: &mut AlignedBuf,
+) -> Result<Vec<(u64, Vec<u8>)>, TransferError> {
+    let file = inc
+        .partial
+        .as_ref()
+        .expect("a resume has a partial file")
+        .file()
+        .try_clone()
+        .map_err(inc.path_err())?;
+    let aim = inc.mode.level();
+    let mut again = Vec::new();
+    let mut held = Vec::new();
+    for rec in &records {
+        let Some(item) = usable_record(&inc.entry, rec) else {
+            continue;
+        };
+        if rec.verified.level < aim {
+            again.push(item);
+            continue;
+        }
+        let (index, offset, len, d) = item;
+        if reread_matches(&file, offset, len, &d, buf).unwrap_or(false) {
+            inc.verified[index as usize] = Some(d);
+            inc.held.trust(len as u64, rec.verified);
+            held.push((index, d.as_bytes().to_vec()));
+        }
+    }
+    let results = reread_in_place(inc, &file, &again, buf)?;
+    for ((index, _, len, d), (ok, level)) in again.into_iter().zip(results) {
+        if ok {
+            inc.verified[index as usize] = Some(d);
+            inc.held.reverified += len as u64;
+            inc.unjournaled.push(BlockRecord {
+                index,
+                digest: d.as_bytes().to_vec(),
+                verified: VerifiedAt::now(inc.mode, level),
+            });
+            held.push((index, d.as_bytes().to_vec()));
+        }
+    }
+    held.sort_unstable_by_key(|(i, _)| *i);
+    Ok(held)
+}
+
+/// A file held whole under its final name, below the mode's aim or with
+/// `--reverify`: every block is re-verified in place by the mode's own
+/// means. Returns the file (ended without data if the sender's copy
+/// matches) and its digests, or None if a block is missing from the
+/// journal or no longer matches (the file is then received anew).
+fn reverify_whole(
+    mut inc: Incoming,
+    journal: &Journal,
+    file: &File,
+    opts: &ReceiveOptions,
+    buf: &mut AlignedBuf,
+) -> Result<Option<(Incoming, Vec<(u64, Vec<u8>)>)>, TransferError> {
+    let items: Vec<HeldBlock> = journal
+        .blocks(inc.row)?
+        .iter()
+        .filter_map(|r| usable_record(&inc.entry, r))
+        .collect();
+    let complete = items.len() == inc.verified.len()
+        && items.iter().enumerate().all(|(i, it)| it.0 == i as u64);
+    if !complete {
+        return Ok(None);
+    }
+    inc.riva = open_reader(&inc, file, opts)?;
+    let results = reread_in_place(&mut inc, file, &items, buf)?;
+    if results.iter().any(|(ok, _)| !ok) {
+        return Ok(None);
+    }
+    let mut list = Vec::with_capacity(items.len());
+    for ((index, _, len, d), (_, level)) in items.into_iter().zip(results) {
+        inc.verified[index as usize] = Some(d);
+        inc.held.reverified += len as u64;
+        inc.unjournaled.push(BlockRecord {
+            index,
+            digest: d.as_bytes().to_vec(),
+            verified: VerifiedAt::now(inc.mode, level),
+        });
+        list.push((index, d.as_bytes().to_vec()));
+    }
+    Ok(Some((inc, list)))
 }
 
 /// Where a received block stands.
@@ -905,12 +1223,13 @@ fn accept_block(
         path: path.clone(),
         source: e,
     };
-    f.partial
+    let partial = f.partial.as_ref().expect("blocks go to a partial file");
+    partial
         .file()
         .write_all_at(data, offset)
         .map_err(dest_err)?;
     if let Some(hook) = &opts.after_write {
-        hook(f.partial.file(), &path, index, offset, want_len);
+        hook(partial.file(), &path, index, offset, want_len);
     }
     // Block and riva: the verifier re-reads it.
     if let (Some(d), Some(r)) = (&expected, &f.riva) {
@@ -950,6 +1269,10 @@ fn end_file(f: &mut Incoming, buf: &mut AlignedBuf) -> Result<Vec<u64>, Transfer
     let missing: Vec<u64> = (0..f.verified.len() as u64)
         .filter(|&i| f.verified[i as usize].is_none())
         .collect();
+    let Some(partial) = &f.partial else {
+        // Held whole: every block was re-verified in place already.
+        return Ok(missing);
+    };
     if !missing.is_empty() || !matches!(f.mode, VerifyMode::Sequential | VerifyMode::File) {
         return Ok(missing);
     }
@@ -960,7 +1283,7 @@ fn end_file(f: &mut Incoming, buf: &mut AlignedBuf) -> Result<Vec<u64>, Transfer
         let offset = i as u64 * bs;
         let len = (f.entry.size - offset).min(bs) as usize;
         let d = d.as_ref().expect("all verified");
-        let ok = reread_matches(f.partial.file(), offset, len, d, buf).map_err(|e| {
+        let ok = reread_matches(partial.file(), offset, len, d, buf).map_err(|e| {
             TransferError::Destination {
                 path: path.clone(),
                 source: e,

@@ -20,8 +20,8 @@ use std::time::Instant;
 use intact_cache::{DeviceReader, ReadPath};
 use intact_digest::{defaults, hash, AlignedBuf, Hasher};
 use intact_proto::{
-    client_handshake, Block, Connection, Entry, EntryKind, FileEnd, FileStatus, Holding, Key,
-    Message, ProtoError, WirePath,
+    client_handshake, Block, Connection, Entry, EntryKind, FileEnd, FileResult, FileStatus,
+    Holding, Key, Message, ProtoError, WirePath,
 };
 
 use crate::copy::{
@@ -29,7 +29,7 @@ use crate::copy::{
 };
 use crate::net::receiver::block_algorithm_id;
 use crate::source::{scan, SourceEntry, SourceKind};
-use crate::verify::{DeviceStats, VerifyLevel, VerifyMode};
+use crate::verify::{DeviceStats, Reached, VerifyLevel, VerifyMode};
 use crate::TransferError;
 
 /// Files one stream keeps unacknowledged at most. The receiver commits a
@@ -219,12 +219,12 @@ fn source_device(
         path: e.abs.clone(),
         source: err.into(),
     })?;
-    if let (Some(VerifyLevel::Device), intact_cache::Backing::CacheOnly { fs, why }) =
-        (opts.require_level, reader.backing())
+    if let (Some(VerifyLevel::Device), Some(why)) =
+        (opts.require_level, reader.backing().no_device_reason())
     {
         return Err(TransferError::Verification {
             path: e.rel.to_string(),
-            what: format!("--require-level device: the source is on {fs}: {why}"),
+            what: format!("--require-level device: the source is on {why}"),
         });
     }
     Ok(Some((reader, DeviceStats::default())))
@@ -249,6 +249,10 @@ struct Outgoing {
     ended: bool,
     report: FileReport,
     started: Instant,
+    /// A block was sent again: the whole-file digest computed from the
+    /// first reads may include bytes the receiver refused, so it is
+    /// computed again from the source once the file is verified.
+    stale_digest: bool,
 }
 
 struct Stream<'a> {
@@ -432,6 +436,7 @@ impl<'a> Stream<'a> {
             report,
             started: Instant::now(),
             source,
+            stale_digest: false,
         };
         if o.source.is_some() {
             o.report.blocks = e.size.div_ceil(opts.block_size as u64);
@@ -443,15 +448,35 @@ impl<'a> Stream<'a> {
 
     /// The receiver's Status: sends every block it does not hold, and every
     /// block it holds with a digest other than the source's own (checked
-    /// by reading the source here, which costs no network).
+    /// by reading the source here, which costs no network; in `riva` the
+    /// read reaches the device). A file held whole is all or nothing: if
+    /// any block differs, every block is sent.
     fn send_missing(&mut self, id: u64, o: &mut Outgoing, holding: Holding) {
-        let held: HashMap<u64, Vec<u8>> = match holding {
-            Holding::Nothing => HashMap::new(),
-            Holding::Blocks(b) => b.into_iter().collect(),
+        let (mut held, whole_file): (HashMap<u64, Vec<u8>>, bool) = match holding {
+            Holding::Nothing => (HashMap::new(), false),
+            Holding::Blocks(b) => (b.into_iter().collect(), false),
+            Holding::Whole(b) => (b.into_iter().collect(), true),
         };
         let blocks = o.report.blocks;
         let bs = self.ctx.opts.block_size as u64;
         let size = self.ctx.entries[id as usize].size;
+        if whole_file {
+            match self.holds_whole(o, id, &held) {
+                Ok(true) => {
+                    o.report.blocks_skipped = blocks;
+                    o.report.bytes_skipped = size;
+                    self.end_file(id, o);
+                    return;
+                }
+                Ok(false) => held.clear(),
+                Err(err) => {
+                    o.report.error = Some(err.to_string());
+                    o.gave_up.get_or_insert(0);
+                    self.end_file(id, o);
+                    return;
+                }
+            }
+        }
         // The whole-file digest needs every block read; a resumed file has none.
         let mut whole = (held.is_empty() && self.ctx.opts.verify != VerifyMode::None)
             .then(|| Hasher::new(defaults::FILE_ALGORITHM));
@@ -483,16 +508,66 @@ impl<'a> Stream<'a> {
         }
     }
 
-    /// Whether block `index` of the source hashes to `theirs`.
+    /// Whether every block of a file the receiver holds whole matches the
+    /// source's own.
+    fn holds_whole(
+        &mut self,
+        o: &mut Outgoing,
+        id: u64,
+        held: &HashMap<u64, Vec<u8>>,
+    ) -> Result<bool, TransferError> {
+        if held.len() as u64 != o.report.blocks {
+            return Ok(false);
+        }
+        for index in 0..o.report.blocks {
+            match held.get(&index) {
+                Some(theirs) if self.source_block_matches(o, id, index, theirs)? => {}
+                _ => return Ok(false),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Whether block `index` of the source hashes to `theirs`; in `riva`
+    /// the bytes hashed come from the device.
     fn source_block_matches(
         &mut self,
-        o: &Outgoing,
+        o: &mut Outgoing,
         id: u64,
         index: u64,
         theirs: &[u8],
     ) -> Result<bool, TransferError> {
-        let len = self.read_block(o, id, index)?;
-        Ok(hash(defaults::BLOCK_ALGORITHM, &self.buf[..len]).as_bytes() == theirs)
+        let ours = if o.device.is_none() {
+            let len = self.read_block(o, id, index)?;
+            hash(defaults::BLOCK_ALGORITHM, &self.buf[..len])
+                .as_bytes()
+                .to_vec()
+        } else if self.read_block_if_cold(o, id, index)? {
+            let (_, len) = self.block_range(id, index);
+            hash(defaults::BLOCK_ALGORITHM, &self.buf[..len])
+                .as_bytes()
+                .to_vec()
+        } else {
+            self.read_block_from_device(o, id, index, false)?
+        };
+        Ok(ours == theirs)
+    }
+
+    /// The whole-file digest of what the source holds now, read the way a
+    /// resend reads (riva: from the device): after a resend, the digest of
+    /// the bytes finally accepted, not of a first read found wrong.
+    fn digest_again(&mut self, o: &mut Outgoing, id: u64) -> Result<String, TransferError> {
+        let mut whole = Hasher::new(defaults::FILE_ALGORITHM);
+        for index in 0..o.report.blocks {
+            let len = if o.device.is_some() {
+                self.read_block_from_device(o, id, index, true)?;
+                self.block_range(id, index).1
+            } else {
+                self.read_block(o, id, index)?
+            };
+            whole.update(&self.buf[..len]);
+        }
+        Ok(whole.finalize().to_hex())
     }
 
     /// Reads block `index` of entry `id` from the source into the stream's
@@ -617,6 +692,8 @@ impl<'a> Stream<'a> {
         self.conn.write_message(&msg).map_err(TransferError::Path)?;
         o.report.transfer_stage_seconds += stage.elapsed().as_secs_f64();
         o.pending += 1;
+        o.report.bytes_sent += len as u64;
+        o.stale_digest |= resend;
         let total = self.ctx.sent.fetch_add(len as u64, Ordering::Relaxed) + len as u64;
         (self.ctx.progress)(total);
         crate::fault::maybe_kill(total);
@@ -687,66 +764,84 @@ impl<'a> Stream<'a> {
                 let Some(mut o) = self.out.remove(&r.file) else {
                     return;
                 };
-                o.report.unchanged = r.message == "unchanged" || r.message == "reverified";
                 self.release(r.file);
-                let secs = o.started.elapsed().as_secs_f64();
-                o.report.transfer_seconds = (secs - o.report.checksum_seconds).max(0.0);
-                o.report.checksum_seconds += r.check_micros as f64 / 1e6;
-                o.report.verify_stage_seconds = r.check_micros as f64 / 1e6;
-                o.report.evict_seconds += r.evict_micros as f64 / 1e6;
-                o.report.pages_resident += r.resident;
-                match (r.status, o.gave_up, o.report.error.is_some()) {
-                    (FileStatus::Verified, None, false) => {
-                        o.report.level = if o.source.is_some() {
-                            VerifyLevel::from_wire_id(r.level)
-                        } else {
-                            None
-                        };
-                        if !o.report.unchanged && !r.message.is_empty() {
-                            o.report.note = Some(r.message.clone());
-                        }
-                        if let Some((reader, stats)) = &o.device {
-                            o.report.evict_seconds += stats.evict.as_secs_f64();
-                            o.report.pages_resident += stats.resident;
-                            let (level, note) = stats.level_at("source", reader.backing());
-                            if o.report.level.is_some_and(|l| l > level) {
-                                o.report.level = Some(level);
-                                o.report.note = note;
-                            }
-                        }
-                        if !o.report.unchanged && o.source.is_some() {
-                            if let Err(err) = crate::copy::require_level(
-                                self.ctx.opts.require_level,
-                                o.report.level,
-                                &o.report.path,
-                            ) {
-                                // Committed at the receiver, but below the
-                                // level asked for: the run must say so.
-                                o.report.error = Some(err.to_string());
-                                o.report.level = None;
-                            }
-                        }
-                    }
-                    _ => {
-                        o.report.level = None;
-                        if o.report.error.is_none() {
-                            o.report.error = Some(match o.gave_up {
-                                Some(index) => format!(
-                                    "{}: block {index} failed verification {} times",
-                                    o.report.path,
-                                    self.ctx.opts.retries + 1
-                                ),
-                                // The receiver's reasons may name the path already.
-                                None if r.message.starts_with(&o.report.path) => r.message,
-                                None => format!("{}: {}", o.report.path, r.message),
-                            });
-                        }
-                    }
-                }
-                self.report_done(r.file, o.report);
+                let id = r.file;
+                self.file_result(id, &mut o, r);
+                self.report_done(id, o.report);
             }
             Message::Refused { reason } => self.broken = Some(format!("server refused: {reason}")),
             other => self.broken = Some(format!("unexpected {} from the server", other.name())),
+        }
+    }
+
+    /// The receiver's verdict on file `id`, into its report. The level is
+    /// the lower of both ends': the receiver's (its checks in this run and
+    /// the recorded level of what it trusted) and the source's reads.
+    fn file_result(&mut self, id: u64, o: &mut Outgoing, r: FileResult) {
+        o.report.unchanged = r.unchanged;
+        o.report.bytes_reverified = r.reverified;
+        o.report.bytes_trusted = r.trusted;
+        if r.trusted > 0 {
+            o.report.trusted_level = VerifyLevel::from_wire_id(r.trusted_level);
+            o.report.trusted_since = Some(r.trusted_at);
+        }
+        let secs = o.started.elapsed().as_secs_f64();
+        o.report.transfer_seconds = (secs - o.report.checksum_seconds).max(0.0);
+        o.report.checksum_seconds += r.check_micros as f64 / 1e6;
+        o.report.verify_stage_seconds = r.check_micros as f64 / 1e6;
+        o.report.evict_seconds += r.evict_micros as f64 / 1e6;
+        o.report.pages_resident += r.resident;
+        let verified = r.status == FileStatus::Verified;
+        if !verified || o.gave_up.is_some() || o.report.error.is_some() {
+            o.report.level = None;
+            if o.report.error.is_none() {
+                o.report.error = Some(match o.gave_up {
+                    Some(index) => format!(
+                        "{}: block {index} failed verification {} times",
+                        o.report.path,
+                        self.ctx.opts.retries + 1
+                    ),
+                    // The receiver's reasons may name the path already.
+                    None if r.message.starts_with(&o.report.path) => r.message,
+                    None => format!("{}: {}", o.report.path, r.message),
+                });
+            }
+            return;
+        }
+        if o.source.is_none() {
+            o.report.level = None;
+            return;
+        }
+        // An unknown level id reads as the weakest.
+        let mut reached = Reached {
+            level: VerifyLevel::from_wire_id(r.level).unwrap_or(VerifyLevel::None),
+            note: (!r.message.is_empty()).then(|| r.message.clone()),
+        };
+        if let Some((reader, stats)) = &o.device {
+            o.report.evict_seconds += stats.evict.as_secs_f64();
+            o.report.pages_resident += stats.resident;
+            stats.lower(&mut reached, "source", reader.backing());
+        }
+        o.report.level = Some(reached.level);
+        o.report.note = reached.note.filter(|_| reached.level < self.ctx.opts.verify.level());
+        if o.stale_digest && o.report.digest.is_some() {
+            o.report.digest = match self.digest_again(o, id) {
+                Ok(d) => Some(d),
+                Err(err) => {
+                    o.report.error = Some(err.to_string());
+                    None
+                }
+            };
+        }
+        if let Err(err) =
+            crate::copy::require_level(self.ctx.opts.require_level, o.report.level, &o.report.path)
+        {
+            // Committed at the receiver, but below the level asked for:
+            // the run must say so, resumed and unchanged files included.
+            o.report.error = Some(err.to_string());
+        }
+        if o.report.error.is_some() {
+            o.report.level = None;
         }
     }
 
