@@ -30,8 +30,9 @@ pub struct ServerConfig {
 
 /// Serves `listener` until `shutdown` is set (then wake it with a
 /// connection to its address, see [`wake`]). `log` receives one line per
-/// session. Sessions still running at shutdown are left to end with the
-/// process: their partial files stay hidden, nothing unverified is final.
+/// session. At shutdown, running sessions get up to 10 s to end; any still
+/// running then are left to end with the process: their partial files stay
+/// hidden, nothing unverified is final.
 pub fn serve(
     listener: TcpListener,
     cfg: ServerConfig,
@@ -77,8 +78,17 @@ pub fn serve(
             active.fetch_sub(1, Ordering::SeqCst);
         });
     }
+    // Give running sessions a moment to finish their commits and close
+    // their files (a caller may unmount the root next), within a bound.
+    let deadline = std::time::Instant::now() + SHUTDOWN_GRACE;
+    while active.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
     Ok(())
 }
+
+/// How long a stopping server waits for its sessions to end.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 fn session(
     stream: TcpStream,

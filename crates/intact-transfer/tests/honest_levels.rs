@@ -1,0 +1,289 @@
+//! Levels that never lie (root only: a loop-mounted ext4). Each test
+//! makes the device hold other bytes than the page cache under a file the
+//! receiver already holds (a partial file from an interrupted run, or a
+//! file held whole), sends again, and then judges by facts it establishes
+//! itself: the bytes read back after unmounting and mounting the file
+//! system again (so no page cache survives, and intact's own eviction is
+//! not what the check relies on), and the accounting of the report.
+
+use std::fs::{self, File};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use intact_digest::AlignedBuf;
+use intact_faults::{FlipProxy, LoopFs, ProxyFault};
+use intact_transfer::{
+    partial_name, send, CopyReport, FileReport, LocalServer, SendOptions, ServerConfig,
+    TransferError, VerifyLevel, VerifyMode,
+};
+
+const BS: usize = 1 << 20;
+/// Eight blocks and a tail.
+const SIZE: usize = 8 * BS + 4321;
+
+fn usable(test: &str) -> bool {
+    match intact_faults::usable() {
+        Ok(()) => true,
+        Err(why) => {
+            intact_testkit::skip(test, &why);
+            false
+        }
+    }
+}
+
+fn run(cmd: &str, args: &[&str]) {
+    let out = Command::new(cmd).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Unmounts and mounts the file system again: nothing of it stays cached.
+fn remount(fs: &LoopFs) {
+    let mnt = fs.mnt().to_str().unwrap();
+    run("umount", &[mnt]);
+    run("mount", &[fs.device(), mnt]);
+}
+
+fn opts(verify: VerifyMode) -> SendOptions {
+    SendOptions {
+        verify,
+        block_size: BS,
+        streams: 1,
+        retries: 2,
+        ..SendOptions::default()
+    }
+}
+
+/// One send to a fresh in-process server rooted at `root`, optionally
+/// through a proxy that cuts the connection after `cut` bytes.
+fn send_once(
+    src: &Path,
+    root: &Path,
+    o: &SendOptions,
+    cut: Option<u64>,
+) -> Result<CopyReport, TransferError> {
+    let server = LocalServer::start(ServerConfig::local(root)).unwrap();
+    let r = match cut {
+        Some(n) => {
+            let proxy = FlipProxy::start(server.addr(), ProxyFault::CutAfter(n)).unwrap();
+            send(&[src.to_path_buf()], &proxy.addr(), o, &|_| {})
+        }
+        None => send(&[src.to_path_buf()], &server.addr(), o, &|_| {}),
+    };
+    server.stop().unwrap();
+    r
+}
+
+fn the_file(r: &CopyReport) -> &FileReport {
+    r.files.iter().find(|f| f.kind == "file").expect("one file")
+}
+
+struct Case {
+    fs: LoopFs,
+    _src_dir: tempfile::TempDir,
+    src: PathBuf,
+    data: Vec<u8>,
+    root: PathBuf,
+}
+
+impl Case {
+    fn new() -> Case {
+        let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+        let fs = LoopFs::new(tmp, 64).unwrap();
+        let src_dir = tempfile::tempdir_in(tmp).unwrap();
+        let data = intact_sample::bytes(SIZE, 7);
+        let src = src_dir.path().join("data.bin");
+        fs::write(&src, &data).unwrap();
+        let root = fs.mnt().join("root");
+        Case {
+            fs,
+            _src_dir: src_dir,
+            src,
+            data,
+            root,
+        }
+    }
+
+    /// The stored file's bytes after a remount (no cache survives it).
+    fn stored(&self) -> Vec<u8> {
+        remount(&self.fs);
+        fs::read(self.root.join("data.bin")).unwrap()
+    }
+
+    /// Flips a bit on the device under `path` at `offset` and proves it:
+    /// the loop device (read with O_DIRECT) holds the flipped byte while
+    /// the page cache still holds the good one.
+    fn flip_under(&self, path: &Path, offset: u64) {
+        let f = File::open(path).unwrap();
+        self.fs.flip_bit_under(&f, offset).unwrap();
+        let good = self.data[offset as usize];
+        assert_eq!(self.device_byte(&f, offset), good ^ 1, "the flip missed");
+        let mut cached = [0u8];
+        f.read_exact_at(&mut cached, offset).unwrap();
+        assert_eq!(cached[0], good, "the page cache should keep the good byte");
+    }
+
+    /// The byte at `offset` of `file` as the loop device holds it.
+    fn device_byte(&self, file: &File, offset: u64) -> u8 {
+        let phys = intact_cache::physical_offset(file, offset)
+            .unwrap()
+            .expect("in a plain extent");
+        let dev = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(self.fs.device())
+            .unwrap();
+        let page = phys / 4096 * 4096;
+        let mut buf = AlignedBuf::new(4096);
+        dev.read_exact_at(&mut buf, page).unwrap();
+        buf[(phys - page) as usize]
+    }
+}
+
+/// Every byte of the file is accounted for exactly once: sent, held and
+/// re-verified in place, or held and trusted from the journal.
+fn accounted(f: &FileReport) {
+    assert!(f.error.is_none(), "{:?}", f.error);
+    assert_eq!(
+        f.bytes_sent - resent_bytes(f) + f.bytes_reverified + f.bytes_trusted,
+        f.size,
+        "{f:#?}"
+    );
+}
+
+/// Bytes of resends (the tests' resends are of whole blocks).
+fn resent_bytes(f: &FileReport) -> u64 {
+    f.blocks_resent * BS as u64
+}
+
+/// Lie 1: blocks journaled by a `fiver` run (level network) are not
+/// trusted by a later `riva` run; damage on the device under one of them
+/// is found by re-reading it from the device, and repaired.
+#[test]
+fn a_resume_re_verifies_held_blocks_below_its_level() {
+    if !usable("a_resume_re_verifies_held_blocks_below_its_level") {
+        return;
+    }
+    let c = Case::new();
+    // Interrupted fiver send: the proxy cuts after about five blocks.
+    let first = send_once(
+        &c.src,
+        &c.root,
+        &opts(VerifyMode::Fiver),
+        Some(5 * BS as u64),
+    );
+    assert!(first.is_err() || first.as_ref().unwrap().failed > 0);
+    let partial = c.root.join(partial_name("data.bin".as_ref()));
+    assert!(partial.exists(), "the interrupted run left no partial file");
+    // The good copy stays cached: a resume that re-read through the cache
+    // would miss the flip.
+    c.flip_under(&partial, 101);
+
+    let r = send_once(&c.src, &c.root, &opts(VerifyMode::Riva), None).unwrap();
+    let f = the_file(&r);
+    assert_eq!(r.failed, 0, "{:?}", f.error);
+    // The fact first: the device now holds the source's bytes.
+    assert!(c.stored() == c.data, "the device differs from the source");
+    assert_eq!(f.level, Some(VerifyLevel::Device), "{f:#?}");
+    accounted(f);
+    assert_eq!(f.bytes_trusted, 0, "fiver's blocks must not be trusted by riva");
+    assert!(f.bytes_reverified > 0, "no held block was re-verified: {f:#?}");
+}
+
+/// Lie 2: a file held whole, recorded at level network by `fiver`, is not
+/// reported `device` (nor passed under `--require-level device`) without
+/// being re-read from the device; damage there is found and repaired.
+#[test]
+fn an_unchanged_file_below_the_level_asked_is_re_verified() {
+    if !usable("an_unchanged_file_below_the_level_asked_is_re_verified") {
+        return;
+    }
+    let c = Case::new();
+    let r = send_once(&c.src, &c.root, &opts(VerifyMode::Fiver), None).unwrap();
+    assert_eq!(r.failed, 0);
+    assert_eq!(the_file(&r).level, Some(VerifyLevel::Network));
+
+    // Sent again in fiver: trusted at its recorded level, nothing sent.
+    let r = send_once(&c.src, &c.root, &opts(VerifyMode::Fiver), None).unwrap();
+    let f = the_file(&r);
+    assert!(f.unchanged && f.bytes_sent == 0, "{f:#?}");
+    assert_eq!(f.bytes_trusted, SIZE as u64);
+    assert_eq!(f.trusted_level, Some(VerifyLevel::Network));
+    assert_eq!(f.level, Some(VerifyLevel::Network));
+
+    let final_path = c.root.join("data.bin");
+    let at = 3 * BS as u64 + 17;
+    c.flip_under(&final_path, at);
+
+    let mut o = opts(VerifyMode::Riva);
+    o.require_level = Some(VerifyLevel::Device);
+    let r = send_once(&c.src, &c.root, &o, None).unwrap();
+    let f = the_file(&r);
+    assert!(c.stored() == c.data, "the device differs from the source");
+    assert_eq!(r.failed, 0, "{:?}", f.error);
+    assert_eq!(f.level, Some(VerifyLevel::Device));
+    accounted(f);
+    assert!(!f.unchanged, "a damaged file was reported unchanged: {f:#?}");
+    assert_eq!(f.bytes_trusted, 0);
+}
+
+/// An undamaged file held at level network is re-verified in place (both
+/// ends read from the device, nothing sent) and then reaches `device`; a
+/// third run trusts that record and says so.
+#[test]
+fn an_unchanged_file_is_re_verified_in_place_then_trusted() {
+    if !usable("an_unchanged_file_is_re_verified_in_place_then_trusted") {
+        return;
+    }
+    let c = Case::new();
+    send_once(&c.src, &c.root, &opts(VerifyMode::Fiver), None).unwrap();
+    let mut o = opts(VerifyMode::Riva);
+    o.require_level = Some(VerifyLevel::Device);
+    let r = send_once(&c.src, &c.root, &o, None).unwrap();
+    let f = the_file(&r);
+    assert_eq!(r.failed, 0, "{:?}", f.error);
+    assert!(f.unchanged, "{f:#?}");
+    assert_eq!(
+        (f.bytes_sent, f.bytes_reverified, f.bytes_trusted),
+        (0, SIZE as u64, 0)
+    );
+    assert_eq!(f.level, Some(VerifyLevel::Device));
+    assert!(f.pages_resident == 0);
+
+    let r = send_once(&c.src, &c.root, &o, None).unwrap();
+    let f = the_file(&r);
+    assert!(f.unchanged);
+    assert_eq!(
+        (f.bytes_sent, f.bytes_reverified, f.bytes_trusted),
+        (0, 0, SIZE as u64)
+    );
+    assert_eq!(f.trusted_level, Some(VerifyLevel::Device));
+    assert!(f.trusted_since.is_some_and(|t| t > 0));
+    assert_eq!(f.level, Some(VerifyLevel::Device));
+    assert!(c.stored() == c.data);
+}
+
+/// `--reverify` re-reads a file held at `device` by riva's means: damage
+/// on the device is found and the file is sent again.
+#[test]
+fn reverify_reads_the_device() {
+    if !usable("reverify_reads_the_device") {
+        return;
+    }
+    let c = Case::new();
+    send_once(&c.src, &c.root, &opts(VerifyMode::Riva), None).unwrap();
+    let final_path = c.root.join("data.bin");
+    c.flip_under(&final_path, 5);
+    let mut o = opts(VerifyMode::Riva);
+    o.reverify = true;
+    let r = send_once(&c.src, &c.root, &o, None).unwrap();
+    let f = the_file(&r);
+    assert_eq!(r.failed, 0, "{:?}", f.error);
+    assert!(!f.unchanged);
+    assert_eq!(f.bytes_sent, SIZE as u64);
+    assert!(c.stored() == c.data);
+}
