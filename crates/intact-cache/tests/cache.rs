@@ -63,11 +63,10 @@ fn eviction_really_evicts_a_fresh_256_mib_file() {
     let before = resident(&f, 0, len).unwrap();
     assert!(before > 0, "a freshly written file should be cached");
     // The device gets a wrong first byte in every page (the file is synced
-    // first); the cache keeps the right ones.
+    // first); the cache keeps the right ones, as far as memory allows (not
+    // checked: a page dropped by the kernel, or by a drop_caches elsewhere
+    // on the machine, only reads from the device sooner).
     assert_eq!(fs.flip_every_page_under(&f, 0, len).unwrap(), len / PAGE);
-    let mut byte = [0u8; 1];
-    f.read_exact_at(&mut byte, 0).unwrap();
-    assert_eq!(byte[0], data[0], "the cache should still serve page 0");
     let ev = evict(&f, 0, len).unwrap();
     assert_eq!(ev.pages, len / PAGE);
     assert_eq!(ev.resident, 0, "pages left after eviction: {ev:?}");
@@ -95,13 +94,19 @@ fn reading_back_brings_pages_in_and_evicting_a_range_leaves_far_pages() {
     let len = pages * PAGE;
     let data = write_file(&path, len as usize);
     let f = File::open(&path).unwrap();
+    // Wrong bytes on the device under every page (the file is synced
+    // first), so a page read later shows whether the device served it.
+    fs.flip_every_page_under(&f, 0, len).unwrap();
     evict(&f, 0, len).unwrap();
     let mut buf = vec![0u8; len as usize];
     f.read_exact_at(&mut buf, 0).unwrap();
-    assert!(buf == data);
+    assert!(
+        buf == flipped(&data),
+        "the read back did not reach the device"
+    );
     assert_eq!(resident(&f, 0, len).unwrap(), pages);
-    // Wrong bytes on the device under every page; the cache holds the right
-    // ones, so a page read afterwards shows which of the two served it.
+    // Flipped back on the device only: now the device holds the right
+    // bytes and the cache the wrong ones.
     fs.flip_every_page_under(&f, 0, len).unwrap();
     // An unaligned range covers its partial pages too (pages 10..=14).
     let ev = evict(&f, 10 * PAGE + 100, 4 * PAGE).unwrap();
@@ -109,23 +114,18 @@ fn reading_back_brings_pages_in_and_evicting_a_range_leaves_far_pages() {
     assert_eq!(ev.resident, 0);
     assert_eq!(resident(&f, 10 * PAGE, 5 * PAGE).unwrap(), 0);
     f.read_exact_at(&mut buf, 0).unwrap();
-    let device = flipped(&data);
     let p = PAGE as usize;
     for page in 10..15 {
         let r = page * p..(page + 1) * p;
         assert!(
-            buf[r.clone()] == device[r],
+            buf[r.clone()] == data[r],
             "page {page} was evicted but not read from the device"
         );
     }
-    // Eviction may widen to a large folio's bounds (2 MiB), never further:
-    // the second half of the file is still the cache's (right) bytes.
-    let far = 1024 * p..2048 * p;
-    assert!(
-        buf[far.clone()] == data[far.clone()],
-        "pages far from the evicted range were dropped: {:?}",
-        differing_pages(&buf[far.clone()], &data[far]).len()
-    );
+    // Eviction may widen to a large folio's bounds (2 MiB), never further.
+    // (mincore, not bytes: those pages are clean, so a drop_caches elsewhere
+    // on the machine could drop them in either case.)
+    assert_eq!(resident(&f, 1024 * PAGE, 1024 * PAGE).unwrap(), 1024);
 }
 
 #[test]
@@ -148,15 +148,20 @@ fn device_reads_return_the_device_bytes_at_boundary_sizes() {
         let data = write_file(&path, size);
         let f = File::options().read(true).write(true).open(&path).unwrap();
         // The device holds a wrong byte in every page, the cache the right
-        // ones: the cached read must see the cache's, the device reads the
-        // device's.
+        // ones: device reads must return the device's bytes. Then the right
+        // bytes are written again (dirty pages, which nothing but a flush
+        // drops; the device keeps the wrong ones) and the cached read must
+        // return the cache's.
         fs.flip_every_page_under(&f, 0, size as u64).unwrap();
         let device = flipped(&data);
         for (wanted, expect) in [
-            (ReadPath::Cached, &data),
             (ReadPath::Direct, &device),
             (ReadPath::Evict, &device),
+            (ReadPath::Cached, &data),
         ] {
+            if wanted == ReadPath::Cached {
+                f.write_all_at(&data, 0).unwrap();
+            }
             let mut r = DeviceReader::new(&f, wanted).unwrap();
             assert_eq!(r.path(), wanted, "{wanted}: {:?}", r.fallback());
             let mut buf = AlignedBuf::new(block);
@@ -195,11 +200,9 @@ fn an_unaligned_offset_is_read_from_the_device_by_eviction_instead() {
     let path = fs.mnt().join("f");
     let data = write_file(&path, 10_000);
     let f = File::open(&path).unwrap();
-    // Page 1 starts at 4096, inside the range read below.
+    // Wrong bytes on the device (page 1 starts at 4096, inside the range
+    // read below); the cache holds the right ones.
     fs.flip_every_page_under(&f, 0, 10_000).unwrap();
-    let mut byte = [0u8; 1];
-    f.read_exact_at(&mut byte, 4096).unwrap();
-    assert_eq!(byte[0], data[4096], "the cache should hold the right byte");
     let mut r = DeviceReader::new(&f, ReadPath::Direct).unwrap();
     let mut buf = AlignedBuf::new(8192);
     let out = r.read(&f, 100, 5000, &mut buf).unwrap();
