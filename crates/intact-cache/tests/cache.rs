@@ -1,27 +1,25 @@
-//! Eviction, device reads and extents on the disk under the build tree.
+//! Eviction, device reads and extents, proven on a device each test makes
+//! itself (an ext4 on a loop device, root only): a byte is changed on the
+//! device under a file while the page cache keeps the right one, so the
+//! bytes a read returns say where they came from.
 
 use std::fs::File;
 use std::io::Write;
-use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
 
-use intact_cache::{backing, evict, extents, resident, DeviceReader, ReadPath, PAGE};
+use intact_cache::{evict, extents, resident, DeviceReader, ReadPath, PAGE};
 use intact_digest::AlignedBuf;
+use intact_faults::LoopFs;
 
-/// A directory on the disk that holds the build (not tmpfs), or None with
-/// a loud line when that disk has no device under it.
-fn disk_dir(test: &str) -> Option<tempfile::TempDir> {
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let probe = File::create(dir.path().join("probe")).unwrap();
-    let b = backing(&probe).unwrap();
-    if !b.has_device() {
-        eprintln!(
-            "SKIP {test}: the build tree is on {} (no device to evict to)",
-            b.fs()
-        );
+/// A fresh ext4 of `mib` MiB on a loop device, or None after a loud skip
+/// where loop devices cannot be made (not root, tools missing).
+fn loop_ext4(test: &str, mib: u64) -> Option<LoopFs> {
+    if let Err(why) = intact_faults::usable() {
+        intact_testkit::skip(test, &why);
         return None;
     }
-    Some(dir)
+    Some(LoopFs::new(Path::new(env!("CARGO_TARGET_TMPDIR")), mib).unwrap())
 }
 
 fn write_file(path: &PathBuf, len: usize) -> Vec<u8> {
@@ -31,49 +29,109 @@ fn write_file(path: &PathBuf, len: usize) -> Vec<u8> {
     data
 }
 
+/// `data` as the device holds it after `flip_every_page_under` over all of
+/// it: the lowest bit of each page's first byte flipped.
+fn flipped(data: &[u8]) -> Vec<u8> {
+    let mut d = data.to_vec();
+    for p in (0..d.len()).step_by(PAGE as usize) {
+        d[p] ^= 1;
+    }
+    d
+}
+
+/// Pages of `a` and `b` (same length) that differ, by index.
+fn differing_pages(a: &[u8], b: &[u8]) -> Vec<usize> {
+    a.chunks(PAGE as usize)
+        .zip(b.chunks(PAGE as usize))
+        .enumerate()
+        .filter(|(_, (x, y))| x != y)
+        .map(|(i, _)| i)
+        .collect()
+}
+
 #[test]
 fn eviction_really_evicts_a_fresh_256_mib_file() {
-    let Some(dir) = disk_dir("eviction_really_evicts_a_fresh_256_mib_file") else {
+    const T: &str = "eviction_really_evicts_a_fresh_256_mib_file";
+    let Some(fs) = loop_ext4(T, 320) else {
         return;
     };
-    let path = dir.path().join("big");
+    let path = fs.mnt().join("big");
     let len = 256u64 << 20;
-    write_file(&path, len as usize);
+    let data = write_file(&path, len as usize);
     let f = File::open(&path).unwrap();
     // Just written: its pages are in the cache (dirty, most of them).
     let before = resident(&f, 0, len).unwrap();
     assert!(before > 0, "a freshly written file should be cached");
+    // The device gets a wrong first byte in every page (the file is synced
+    // first); the cache keeps the right ones, as far as memory allows (not
+    // checked: a page dropped by the kernel, or by a drop_caches elsewhere
+    // on the machine, only reads from the device sooner).
+    assert_eq!(fs.flip_every_page_under(&f, 0, len).unwrap(), len / PAGE);
     let ev = evict(&f, 0, len).unwrap();
     assert_eq!(ev.pages, len / PAGE);
     assert_eq!(ev.resident, 0, "pages left after eviction: {ev:?}");
     assert_eq!(resident(&f, 0, len).unwrap(), 0, "mincore disagrees");
+    // The fact: every page now read comes from the device.
+    let mut buf = vec![0u8; len as usize];
+    f.read_exact_at(&mut buf, 0).unwrap();
+    let want = flipped(&data);
+    assert!(
+        buf == want,
+        "{} of {} pages were still served by the cache after eviction",
+        differing_pages(&buf, &want).len(),
+        len / PAGE
+    );
 }
 
 #[test]
 fn reading_back_brings_pages_in_and_evicting_a_range_leaves_far_pages() {
-    let Some(dir) = disk_dir("evicting_a_range_leaves_far_pages") else {
+    const T: &str = "reading_back_brings_pages_in_and_evicting_a_range_leaves_far_pages";
+    let Some(fs) = loop_ext4(T, 64) else {
         return;
     };
-    let path = dir.path().join("f");
+    let path = fs.mnt().join("f");
     let pages = 2048u64; // 8 MiB
-    write_file(&path, (pages * PAGE) as usize);
+    let len = pages * PAGE;
+    let data = write_file(&path, len as usize);
     let f = File::open(&path).unwrap();
-    evict(&f, 0, pages * PAGE).unwrap();
-    let mut buf = vec![0u8; (pages * PAGE) as usize];
+    // Wrong bytes on the device under every page (the file is synced
+    // first), so a page read later shows whether the device served it.
+    fs.flip_every_page_under(&f, 0, len).unwrap();
+    evict(&f, 0, len).unwrap();
+    let mut buf = vec![0u8; len as usize];
     f.read_exact_at(&mut buf, 0).unwrap();
-    assert_eq!(resident(&f, 0, pages * PAGE).unwrap(), pages);
-    // An unaligned range covers its partial pages too.
+    assert!(
+        buf == flipped(&data),
+        "the read back did not reach the device"
+    );
+    assert_eq!(resident(&f, 0, len).unwrap(), pages);
+    // Flipped back on the device only: now the device holds the right
+    // bytes and the cache the wrong ones.
+    fs.flip_every_page_under(&f, 0, len).unwrap();
+    // An unaligned range covers its partial pages too (pages 10..=14).
     let ev = evict(&f, 10 * PAGE + 100, 4 * PAGE).unwrap();
     assert_eq!(ev.pages, 5);
     assert_eq!(ev.resident, 0);
     assert_eq!(resident(&f, 10 * PAGE, 5 * PAGE).unwrap(), 0);
+    f.read_exact_at(&mut buf, 0).unwrap();
+    let p = PAGE as usize;
+    for page in 10..15 {
+        let r = page * p..(page + 1) * p;
+        assert!(
+            buf[r.clone()] == data[r],
+            "page {page} was evicted but not read from the device"
+        );
+    }
     // Eviction may widen to a large folio's bounds (2 MiB), never further.
+    // (mincore, not bytes: those pages are clean, so a drop_caches elsewhere
+    // on the machine could drop them in either case.)
     assert_eq!(resident(&f, 1024 * PAGE, 1024 * PAGE).unwrap(), 1024);
 }
 
 #[test]
-fn device_reads_return_the_bytes_at_boundary_sizes() {
-    let Some(dir) = disk_dir("device_reads_return_the_bytes_at_boundary_sizes") else {
+fn device_reads_return_the_device_bytes_at_boundary_sizes() {
+    const T: &str = "device_reads_return_the_device_bytes_at_boundary_sizes";
+    let Some(fs) = loop_ext4(T, 64) else {
         return;
     };
     let block = 64 * 1024usize;
@@ -86,21 +144,42 @@ fn device_reads_return_the_bytes_at_boundary_sizes() {
         block + 1,
         3 * block + 123,
     ] {
-        let path = dir.path().join(format!("f{size}"));
+        let path = fs.mnt().join(format!("f{size}"));
         let data = write_file(&path, size);
         let f = File::options().read(true).write(true).open(&path).unwrap();
-        for wanted in [ReadPath::Evict, ReadPath::Direct, ReadPath::Cached] {
+        // The device holds a wrong byte in every page, the cache the right
+        // ones: device reads must return the device's bytes. Then the right
+        // bytes are written again (dirty pages, which nothing but a flush
+        // drops; the device keeps the wrong ones) and the cached read must
+        // return the cache's.
+        fs.flip_every_page_under(&f, 0, size as u64).unwrap();
+        let device = flipped(&data);
+        for (wanted, expect) in [
+            (ReadPath::Direct, &device),
+            (ReadPath::Evict, &device),
+            (ReadPath::Cached, &data),
+        ] {
+            if wanted == ReadPath::Cached {
+                f.write_all_at(&data, 0).unwrap();
+            }
             let mut r = DeviceReader::new(&f, wanted).unwrap();
+            assert_eq!(r.path(), wanted, "{wanted}: {:?}", r.fallback());
             let mut buf = AlignedBuf::new(block);
             let mut offset = 0;
             while offset < size {
                 let len = (size - offset).min(block);
                 let out = r.read(&f, offset as u64, len, &mut buf).unwrap();
-                assert_eq!(
-                    &buf[..len],
-                    &data[offset..offset + len],
-                    "{wanted} at {offset}"
+                assert!(
+                    buf[..len] == expect[offset..offset + len],
+                    "{wanted} size {size} at {offset}: pages {:?} are not the {}'s",
+                    differing_pages(&buf[..len], &expect[offset..offset + len]),
+                    if wanted == ReadPath::Cached {
+                        "cache"
+                    } else {
+                        "device"
+                    }
                 );
+                // The reader's claim agrees with where the bytes came from.
                 assert_eq!(
                     out.device,
                     wanted != ReadPath::Cached,
@@ -113,27 +192,33 @@ fn device_reads_return_the_bytes_at_boundary_sizes() {
 }
 
 #[test]
-fn an_unaligned_offset_is_read_by_eviction_instead() {
-    let Some(dir) = disk_dir("an_unaligned_offset_is_read_by_eviction_instead") else {
+fn an_unaligned_offset_is_read_from_the_device_by_eviction_instead() {
+    const T: &str = "an_unaligned_offset_is_read_from_the_device_by_eviction_instead";
+    let Some(fs) = loop_ext4(T, 64) else {
         return;
     };
-    let path = dir.path().join("f");
+    let path = fs.mnt().join("f");
     let data = write_file(&path, 10_000);
     let f = File::open(&path).unwrap();
+    // Wrong bytes on the device (page 1 starts at 4096, inside the range
+    // read below); the cache holds the right ones.
+    fs.flip_every_page_under(&f, 0, 10_000).unwrap();
     let mut r = DeviceReader::new(&f, ReadPath::Direct).unwrap();
     let mut buf = AlignedBuf::new(8192);
     let out = r.read(&f, 100, 5000, &mut buf).unwrap();
-    assert_eq!(&buf[..5000], &data[100..5100]);
+    assert!(
+        buf[..5000] == flipped(&data)[100..5100],
+        "the unaligned read was not served by the device"
+    );
     assert!(out.device);
 }
 
 #[test]
 fn tmpfs_has_no_device() {
-    let Ok(f) = tempfile::tempfile_in("/dev/shm") else {
-        eprintln!("SKIP tmpfs_has_no_device: no /dev/shm here");
+    let Some(tmp) = intact_testkit::tmpfs("tmpfs_has_no_device") else {
         return;
     };
-    let mut f = f;
+    let mut f = tempfile::tempfile_in(tmp.path()).unwrap();
     f.write_all(&[1u8; 10_000]).unwrap();
     let mut r = DeviceReader::new(&f, ReadPath::Evict).unwrap();
     let mut buf = AlignedBuf::new(10_000);
@@ -143,23 +228,35 @@ fn tmpfs_has_no_device() {
 }
 
 #[test]
-fn extents_cover_a_synced_file() {
-    let Some(dir) = disk_dir("extents_cover_a_synced_file") else {
+fn extents_say_where_the_bytes_are_on_the_device() {
+    const T: &str = "extents_say_where_the_bytes_are_on_the_device";
+    let Some(fs) = loop_ext4(T, 64) else {
         return;
     };
-    let path = dir.path().join("f");
-    write_file(&path, 1 << 20);
+    let path = fs.mnt().join("f");
+    let data = write_file(&path, 1 << 20);
     let f = File::open(&path).unwrap();
-    let ext = match extents(&f) {
-        Ok(e) => e,
-        Err(e) => {
-            eprintln!("SKIP extents_cover_a_synced_file: FIEMAP not supported here: {e}");
-            return;
-        }
-    };
+    f.sync_all().unwrap();
+    let ext = extents(&f).unwrap();
     let covered: u64 = ext.iter().filter(|e| e.is_plain()).map(|e| e.length).sum();
     assert!(covered >= 1 << 20, "{ext:?}");
     assert_eq!(ext[0].logical, 0);
+    // The fact: the device holds the file's bytes where the extents say.
+    let dev = File::options()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(fs.device())
+        .unwrap();
+    for e in ext.iter().filter(|e| e.is_plain()) {
+        let mut buf = AlignedBuf::new(e.length.div_ceil(PAGE) as usize * PAGE as usize);
+        dev.read_exact_at(&mut buf, e.physical).unwrap();
+        let lo = e.logical as usize;
+        let hi = (e.logical + e.length).min(data.len() as u64) as usize;
+        assert!(
+            buf[..hi - lo] == data[lo..hi],
+            "the device does not hold the file's bytes at {e:?}"
+        );
+    }
 }
 
 /// A ramfs mounted for one test (root only), unmounted on every path.
@@ -175,9 +272,9 @@ impl Drop for Ramfs {
 
 #[test]
 fn direct_falls_back_to_eviction_where_o_direct_is_refused() {
-    // SAFETY: no arguments, no memory.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIP direct_falls_back_to_eviction: needs root to mount a ramfs");
+    const T: &str = "direct_falls_back_to_eviction_where_o_direct_is_refused";
+    if !intact_testkit::is_root() {
+        intact_testkit::skip(T, "needs root to mount a ramfs");
         return;
     }
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
@@ -187,7 +284,7 @@ fn direct_falls_back_to_eviction_where_o_direct_is_refused() {
         .status()
         .is_ok_and(|s| s.success());
     if !ok {
-        eprintln!("SKIP direct_falls_back_to_eviction: cannot mount a ramfs here");
+        intact_testkit::skip(T, "root, but mount -t ramfs failed");
         return;
     }
     let fs = Ramfs(dir);
@@ -205,7 +302,7 @@ fn direct_falls_back_to_eviction_where_o_direct_is_refused() {
     let mut buf = AlignedBuf::new(16_384);
     let out = r.read(&f, 0, 10_000, &mut buf).unwrap();
     assert_eq!(&buf[..10_000], &data[..]);
-    // And ramfs has no device: the read cannot count as one.
+    // The test mounted a ramfs, which has no device: the read cannot
+    // count as a device read.
     assert!(!out.device);
-    assert!(!r.backing().has_device());
 }

@@ -74,7 +74,10 @@ fn write_error_case(verify: VerifyMode) -> (CopyReport, Vec<u8>, Vec<u8>) {
 #[test]
 fn riva_detects_and_repairs_a_write_error_that_fiver_and_block_miss() {
     if let Err(why) = intact_faults::usable() {
-        eprintln!("SKIP riva_detects_and_repairs_a_write_error: {why}");
+        intact_testkit::skip(
+            "riva_detects_and_repairs_a_write_error_that_fiver_and_block_miss",
+            &why,
+        );
         return;
     }
     // fiver and block: success reported, corruption on the device.
@@ -143,7 +146,10 @@ fn read_error_case(verify: VerifyMode) -> (CopyReport, Vec<u8>, Vec<u8>) {
 #[test]
 fn riva_detects_a_source_read_error_that_fiver_copies_silently() {
     if let Err(why) = intact_faults::usable() {
-        eprintln!("SKIP riva_detects_a_source_read_error: {why}");
+        intact_testkit::skip(
+            "riva_detects_a_source_read_error_that_fiver_copies_silently",
+            &why,
+        );
         return;
     }
     let (r, data, got) = read_error_case(VerifyMode::Fiver);

@@ -59,10 +59,13 @@ fn files(r: &CopyReport) -> impl Iterator<Item = &intact_transfer::FileReport> {
 
 #[test]
 fn a_tmpfs_destination_reaches_only_cache_and_require_level_device_fails_there() {
-    let Ok(root) = tempfile::tempdir_in("/dev/shm") else {
-        eprintln!("SKIP a_tmpfs_destination_reaches_only_cache: no /dev/shm");
+    // A tmpfs the test mounted (root) or saw to be one (/dev/shm).
+    let Some(tmp) = intact_testkit::tmpfs(
+        "a_tmpfs_destination_reaches_only_cache_and_require_level_device_fails_there",
+    ) else {
         return;
     };
+    let root = tempfile::tempdir_in(tmp.path()).unwrap();
     let src_dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let src = source(src_dir.path(), 3, BS + 10);
     let r = with_server(root.path(), None, |addr| {
@@ -73,7 +76,7 @@ fn a_tmpfs_destination_reaches_only_cache_and_require_level_device_fails_there()
         assert_eq!(f.level, Some(VerifyLevel::Cache), "{f:?}");
         assert!(f.note.as_deref().unwrap_or("").contains("tmpfs"), "{f:?}");
     }
-    let root2 = tempfile::tempdir_in("/dev/shm").unwrap();
+    let root2 = tempfile::tempdir_in(tmp.path()).unwrap();
     let r = with_server(root2.path(), None, |addr| {
         let o = opts(VerifyMode::Riva, Some(VerifyLevel::Device));
         send(&src, &addr, &o, &|_| {}).unwrap()
@@ -92,7 +95,10 @@ fn a_tmpfs_destination_reaches_only_cache_and_require_level_device_fails_there()
 #[test]
 fn riva_over_the_network_repairs_a_write_error_that_fiver_leaves() {
     if let Err(why) = intact_faults::usable() {
-        eprintln!("SKIP riva_over_the_network_repairs_a_write_error: {why}");
+        intact_testkit::skip(
+            "riva_over_the_network_repairs_a_write_error_that_fiver_leaves",
+            &why,
+        );
         return;
     }
     for (mode, resent) in [(VerifyMode::Fiver, 0), (VerifyMode::Riva, 1)] {

@@ -3,6 +3,8 @@
 use std::fs;
 use std::process::Command;
 
+mod common;
+
 fn intact(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_intact"))
         .args(args)
@@ -50,21 +52,34 @@ fn copies_a_tree_and_reports_in_json() {
         fs::read(dst.join("data/a/b/x.dat")).unwrap(),
         intact_sample::bytes(300_000, 1)
     );
+}
 
-    // Human summary by default.
-    let out = intact(&["copy", s, d]);
-    assert!(out.status.success());
-    let text = String::from_utf8_lossy(&out.stdout);
-    // riva by default, and the level it really reached on this disk.
-    let probe = fs::File::open(dst.join("data/a/b/x.dat")).unwrap();
-    let level = if intact_cache::backing(&probe).unwrap().has_device() {
-        "device"
-    } else {
-        "cache"
+#[test]
+fn by_default_riva_reaches_the_device_of_a_mounted_ext4_and_says_so() {
+    const T: &str = "by_default_riva_reaches_the_device_of_a_mounted_ext4_and_says_so";
+    // The destination is an ext4 this test made on a loop device: a device
+    // is under it, so riva must reach level device there.
+    let Some(lfs) = common::loop_ext4(T, 64) else {
+        return;
     };
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let src = dir.path().join("data");
+    fs::create_dir_all(src.join("a/b")).unwrap();
+    fs::write(src.join("a/b/x.dat"), intact_sample::bytes(300_000, 1)).unwrap();
+    let dst = lfs.mnt().join("out");
+    // Human summary by default, riva by default.
+    let out = intact(&["copy", src.to_str().unwrap(), dst.to_str().unwrap()]);
     assert!(
-        text.contains(&format!("verify riva: level {level}")),
-        "{text}"
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("verify riva: level device"), "{text}");
+    assert_eq!(
+        common::on_device(&dst.join("data/a/b/x.dat")),
+        intact_sample::bytes(300_000, 1),
+        "the device does not hold the source's bytes"
     );
 }
 
@@ -114,8 +129,10 @@ fn failures_and_usage_errors_have_their_exit_status() {
 
 #[test]
 fn a_tmpfs_destination_warns_and_require_level_device_fails_there() {
-    let Ok(shm) = tempfile::tempdir_in("/dev/shm") else {
-        eprintln!("SKIP a_tmpfs_destination_warns: no /dev/shm here");
+    // A tmpfs the test mounted (root) or saw to be one (/dev/shm).
+    let Some(shm) =
+        intact_testkit::tmpfs("a_tmpfs_destination_warns_and_require_level_device_fails_there")
+    else {
         return;
     };
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
@@ -148,9 +165,8 @@ fn a_tmpfs_destination_warns_and_require_level_device_fails_there() {
 /// Runs intact as the unprivileged user nobody (tests run as root, and
 /// root reads everything), or None with a loud line when that cannot be.
 fn as_nobody(test: &str, args: &[&str]) -> Option<std::process::Output> {
-    // SAFETY: no arguments, no memory.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIP {test}: needs root to switch to the user nobody");
+    if !intact_testkit::is_root() {
+        intact_testkit::skip(test, "needs root to switch to the user nobody");
         return None;
     }
     let out = std::process::Command::new("setpriv")
@@ -161,7 +177,10 @@ fn as_nobody(test: &str, args: &[&str]) -> Option<std::process::Output> {
     match out {
         Ok(o) => Some(o),
         Err(e) => {
-            eprintln!("SKIP {test}: setpriv (util-linux) is not available: {e}");
+            intact_testkit::skip(
+                test,
+                &format!("setpriv (util-linux, scripts/setup installs it) is not available: {e}"),
+            );
             None
         }
     }
@@ -183,7 +202,8 @@ fn permission_denied_fails_that_file_only_with_a_clear_message() {
     let c = std::ffi::CString::new(dst.to_str().unwrap()).unwrap();
     assert_eq!(unsafe { libc::chown(c.as_ptr(), 65534, 65534) }, 0);
     let (s, d) = (src.to_str().unwrap(), dst.to_str().unwrap());
-    let Some(out) = as_nobody("permission_denied_fails_that_file_only", &["copy", s, d]) else {
+    const T: &str = "permission_denied_fails_that_file_only_with_a_clear_message";
+    let Some(out) = as_nobody(T, &["copy", s, d]) else {
         return;
     };
     assert_eq!(out.status.code(), Some(1));
@@ -203,7 +223,7 @@ fn permission_denied_fails_that_file_only_with_a_clear_message() {
     fs::create_dir(&locked).unwrap();
     let open = src.join("open.dat");
     let out = as_nobody(
-        "permission_denied",
+        T,
         &["copy", open.to_str().unwrap(), locked.to_str().unwrap()],
     )
     .unwrap();

@@ -43,15 +43,13 @@ impl Drop for SmallFs {
 mod common;
 use common::Server;
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
 #[test]
 fn disk_full_fails_cleanly_and_the_send_completes_after_space_is_freed() {
-    if !is_root() {
-        eprintln!("SKIPPED disk_full: not root, cannot mount a small tmpfs to fill");
+    if !intact_testkit::is_root() {
+        intact_testkit::skip(
+            "disk_full_fails_cleanly_and_the_send_completes_after_space_is_freed",
+            "needs root to mount a small tmpfs to fill",
+        );
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -356,22 +356,25 @@ fn bad_input_gets_clear_messages_and_the_right_exit_status() {
         assert!(!out.stderr.is_empty(), "{usage:?} explains itself");
     }
 
-    // An unreadable file (not for root, who reads everything).
-    if !is_root() {
-        let p = dir.path().join("secret.dat");
-        fs::write(&p, b"x").unwrap();
-        fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o000)).unwrap();
-        let mut c = intact();
-        c.args(["sum", "secret.dat"]);
-        let out = run(c, dir.path());
-        assert_eq!(out.status.code(), Some(1));
-        assert!(String::from_utf8_lossy(&out.stderr).contains("Permission denied"));
-    }
-}
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
+    // An unreadable file. Root reads everything, so as root (CI) intact
+    // runs as the user nobody (setpriv, util-linux; scripts/setup).
+    use std::os::unix::fs::PermissionsExt;
+    let p = dir.path().join("secret.dat");
+    fs::write(&p, b"x").unwrap();
+    fs::set_permissions(&p, fs::Permissions::from_mode(0o000)).unwrap();
+    let mut c = if intact_testkit::is_root() {
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(env!("CARGO_BIN_EXE_intact"));
+        c
+    } else {
+        intact()
+    };
+    c.args(["sum", "secret.dat"]);
+    let out = run(c, dir.path());
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Permission denied"));
 }
 
 #[test]

@@ -68,3 +68,29 @@ impl Drop for Server {
         let _ = self.child.wait();
     }
 }
+
+/// A fresh ext4 of `mib` MiB on a loop device, made by the test (so that
+/// the test knows a device is under it), or None after a loud, counted
+/// skip where loop devices cannot be made (not root, tools missing).
+pub fn loop_ext4(test: &str, mib: u64) -> Option<intact_faults::LoopFs> {
+    if let Err(why) = intact_faults::usable() {
+        intact_testkit::skip(test, &why);
+        return None;
+    }
+    Some(intact_faults::LoopFs::new(Path::new(env!("CARGO_TARGET_TMPDIR")), mib).unwrap())
+}
+
+/// `path`'s bytes as its device holds them: the page cache is dropped
+/// (and `mincore` shows it gone) before the read.
+pub fn on_device(path: &Path) -> Vec<u8> {
+    let f = std::fs::File::open(path).unwrap();
+    let len = f.metadata().unwrap().len();
+    let ev = intact_cache::evict(&f, 0, len).unwrap();
+    assert_eq!(
+        ev.resident,
+        0,
+        "could not drop {} from the cache",
+        path.display()
+    );
+    std::fs::read(path).unwrap()
+}
