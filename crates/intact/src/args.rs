@@ -196,11 +196,15 @@ round trips. A block that fails verification is resent alone, up to
 --retries times; then that file fails and the others go on.
 
 Resume: the server keeps a journal of verified blocks (SQLite, in
-ROOT/.intact/). Running the same send again after either side was
-interrupted sends only the blocks not yet verified (they are re-hashed on
-the server first, not trusted), and a file the server already holds whole
-and unchanged (same size and mtime, recorded as verified) is not sent at
-all, like rsync's quick check; --reverify re-reads those instead.
+ROOT/.intact/), with the mode and level each was verified at. Running the
+same send again after either side was interrupted sends only the blocks
+not yet verified, and a file the server already holds whole and unchanged
+(same size and mtime, recorded as verified) is not sent at all, like
+rsync's quick check. What is held counts only at the level it was checked
+at: held blocks and files recorded below what --verify aims at are
+re-verified in place by that mode (riva: re-read from the device at both
+ends); --reverify re-verifies every held file that way. The report counts
+bytes sent, re-verified in place and trusted from the journal.
 
 Exit status: 0 if everything arrived verified; 1 if anything failed;
 2 for usage errors.";
@@ -255,8 +259,9 @@ pub struct SendArgs {
     #[arg(long, value_name = "F")]
     pub key_file: Option<PathBuf>,
 
-    /// Re-check files the server already holds (by re-reading them) instead
-    /// of trusting its journal's record of them.
+    /// Re-verify files the server already holds, by the --verify mode's
+    /// own means (riva: re-read from the device at both ends), instead of
+    /// trusting its journal's record of them.
     #[arg(long)]
     pub reverify: bool,
 
