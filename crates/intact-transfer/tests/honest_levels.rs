@@ -287,3 +287,39 @@ fn reverify_reads_the_device() {
     assert_eq!(f.bytes_sent, SIZE as u64);
     assert!(c.stored() == c.data);
 }
+
+/// The whole-file digest a sender reports is that of the bytes finally
+/// accepted: with the source's page cache holding a wrong byte (its device
+/// right), riva sends the cached block, the receiver refuses it, the resend
+/// reads the device; the report's BLAKE3 must be the true source's.
+#[test]
+fn the_reported_digest_is_of_the_bytes_accepted() {
+    if !usable("the_reported_digest_is_of_the_bytes_accepted") {
+        return;
+    }
+    let c = Case::new();
+    let sdir = c.fs.mnt().join("src");
+    fs::create_dir_all(&sdir).unwrap();
+    let src = sdir.join("data.bin");
+    fs::write(&src, &c.data).unwrap();
+    let at = 2 * BS as u64 + 99;
+    let f = File::open(&src).unwrap();
+    // Device wrong, then the wrong byte read into the cache, then the
+    // device put right again: the cache alone holds the wrong byte.
+    c.fs.flip_bit_under(&f, at).unwrap();
+    let ev = intact_cache::evict(&f, 0, SIZE as u64).unwrap();
+    assert_eq!(ev.resident, 0);
+    let cached = fs::read(&src).unwrap();
+    assert_eq!(cached[at as usize], c.data[at as usize] ^ 1, "cache not wrong");
+    c.fs.flip_bit_under(&f, at).unwrap();
+    assert_eq!(c.device_byte(&f, at), c.data[at as usize], "device not right");
+    drop(f);
+
+    let r = send_once(&src, &c.root, &opts(VerifyMode::Riva), None).unwrap();
+    let rep = the_file(&r);
+    assert_eq!(r.failed, 0, "{:?}", rep.error);
+    assert!(rep.blocks_resent >= 1, "the wrong cached block was not refused");
+    let truth = blake3::hash(&c.data).to_hex().to_string();
+    assert_eq!(rep.digest.as_deref(), Some(truth.as_str()));
+    assert!(c.stored() == c.data);
+}
