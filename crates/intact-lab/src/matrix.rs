@@ -61,8 +61,11 @@ pub struct Cell {
     pub evidence: String,
     /// Anything else worth reading (the level reported, why it failed).
     pub detail: String,
-    /// Wall-clock seconds.
+    /// Wall-clock seconds (of the last attempt).
     pub seconds: f64,
+    /// Times the cell was run again because another job dropped the
+    /// machine's caches while it ran (`drop_pagecache` in `/proc/vmstat`).
+    pub reruns: u32,
 }
 
 impl Cell {

@@ -147,6 +147,7 @@ pub(crate) fn run_cell(
         evidence,
         detail,
         seconds: 0.0,
+        reruns: 0,
     })
 }
 
