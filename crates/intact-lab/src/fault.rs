@@ -100,6 +100,22 @@ impl Fault {
         matches!(self, Fault::CrashSender | Fault::CrashServer)
     }
 
+    /// Whether the fault hides behind (or sits in) the page cache, so that
+    /// another job dropping the machine's caches mid-cell would change it:
+    /// such a cell is run again (see `quiet`). The wire, crash and
+    /// disk-full faults do not care.
+    pub fn cache_sensitive(self) -> bool {
+        matches!(
+            self,
+            Fault::DeviceWrite
+                | Fault::DeviceWriteExtreme
+                | Fault::SourceRead
+                | Fault::HeldBlockResume
+                | Fault::UnchangedDamaged
+                | Fault::DirectDataJournal
+        )
+    }
+
     /// The outcomes a `riva` cell may end in. Repaired everywhere; for
     /// `unchanged-damaged` and `direct-data-journal` an honest failure too:
     /// a file damaged after it was verified, or a `--read-path` that cannot

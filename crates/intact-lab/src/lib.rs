@@ -95,7 +95,7 @@ pub fn run_matrix(cfg: &MatrixConfig, progress: &dyn Fn(&Cell)) -> Result<Matrix
                     let mut cell = cells::run_cell(cfg, fault, mode, size, &src, intact)?;
                     cell.seconds = t.elapsed().as_secs_f64();
                     cell.reruns = attempt - 1;
-                    if quiet::cache_drops() == before {
+                    if !fault.cache_sensitive() || quiet::cache_drops() == before {
                         break cell;
                     }
                     if attempt == quiet::ATTEMPTS {

@@ -5,7 +5,8 @@
 //! bytes). A `echo 3 > /proc/sys/vm/drop_caches` by another job on the
 //! machine (benchmarks do it) in the middle of a cell changes the fault:
 //! a MISSED turns into a "repaired", a LIE into a pass. The kernel counts
-//! those drops in `/proc/vmstat` (`drop_pagecache`), so a cell during which
+//! those drops in `/proc/vmstat` (`drop_pagecache`), so a cell whose fault
+//! is cache-sensitive ([`crate::Fault::cache_sensitive`]) and during which
 //! the count moved is run again.
 
 /// How many times a cell is run when a global cache drop disturbs it.
