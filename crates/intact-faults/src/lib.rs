@@ -10,11 +10,15 @@
 //!   undetected read error.
 //! - [`FlipProxy`]: a TCP proxy on loopback that flips bits in the stream
 //!   at chosen offsets, or cuts the connection after N bytes.
-//! - [`loop_devices_of`] lists loop devices still attached to files under a
-//!   directory, so that a run can prove it left none behind.
+//!   [`LoopFs::remount`] empties the file system's page cache (ground truth
+//!   for the lab); [`LoopFs::device_byte_under`] reads the device under a
+//!   file with `O_DIRECT`.
+//! - [`loop_devices_of`] and [`mounts_under`] list loop devices still
+//!   attached to files under a directory and file systems still mounted
+//!   there, so that a run can prove it left none behind.
 
 mod loopfs;
 mod proxy;
 
-pub use loopfs::{loop_devices_of, usable, LoopFs};
+pub use loopfs::{loop_devices_of, mounts_under, usable, LoopFs};
 pub use proxy::{FlipProxy, ProxyFault};

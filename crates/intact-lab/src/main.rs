@@ -21,8 +21,9 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Every fault against every verification mode and size; ground truth
-    /// is read from the device. Exit 1 if a riva cell is not repaired, a
-    /// fault left no trace, or a loop device was left behind.
+    /// is read from the device after a remount. Exit 1 on any LIE, if a
+    /// riva cell does not end as its fault requires, a fault left no trace,
+    /// or a loop device or mount was left behind.
     Matrix(MatrixArgs),
 }
 
@@ -36,7 +37,8 @@ struct MatrixArgs {
     modes: Vec<VerifyMode>,
     /// Faults [default: all]: device-write, device-write-extreme,
     /// source-read, network-flip, network-cut, network-stall, memory,
-    /// crash-sender, crash-server, disk-full.
+    /// crash-sender, crash-server, disk-full, held-block-resume,
+    /// unchanged-damaged, direct-data-journal.
     #[arg(long, value_delimiter = ',')]
     faults: Vec<Fault>,
     /// Kill-and-resume trials per crash cell.
@@ -48,6 +50,12 @@ struct MatrixArgs {
     /// The intact binary for the crash faults [default: next to this one].
     #[arg(long)]
     intact: Option<PathBuf>,
+    /// The negative control: the receiver's riva re-reads through the page
+    /// cache (broken on purpose); the riva device-write cells must come out
+    /// MISSED, or the lab cannot fail. Defaults to those cells (riva;
+    /// device-write, device-write-extreme) unless --modes/--faults are given.
+    #[arg(long)]
+    negative_control: bool,
     /// Print the matrix as JSON.
     #[arg(long)]
     json: bool,
@@ -80,18 +88,23 @@ fn main() -> anyhow::Result<ExitCode> {
     let cfg = MatrixConfig {
         dir: a.dir.clone(),
         sizes: a.sizes.clone(),
-        modes: if a.modes.is_empty() {
+        modes: if a.modes.is_empty() && a.negative_control {
+            vec![VerifyMode::Riva]
+        } else if a.modes.is_empty() {
             VerifyMode::ALL.to_vec()
         } else {
             a.modes.clone()
         },
-        faults: if a.faults.is_empty() {
+        faults: if a.faults.is_empty() && a.negative_control {
+            Fault::NEGATIVE_CONTROL.to_vec()
+        } else if a.faults.is_empty() {
             Fault::ALL.to_vec()
         } else {
             a.faults.clone()
         },
         crash_trials: a.crash_trials,
         intact,
+        negative_control: a.negative_control,
     };
     let json = a.json;
     let m = run_matrix(&cfg, &|c| {
@@ -122,7 +135,12 @@ fn main() -> anyhow::Result<ExitCode> {
 
 fn print_table(m: &Matrix, cfg: &MatrixConfig) {
     println!(
-        "intact-lab matrix: ground truth read from the device (page cache dropped, mincore-confirmed); {} of RAM here, so every file below stays cached; files larger than RAM cannot be made here",
+        "intact-lab matrix{}: ground truth read from the device after a remount of the loop file system (nothing of it cached); {} of RAM here, so every file below stays cached; files larger than RAM cannot be made here",
+        if m.negative_control {
+            " (NEGATIVE CONTROL: riva re-reads through the cache)"
+        } else {
+            ""
+        },
         size_name(m.ram_bytes / (1 << 20) * (1 << 20))
     );
     for &size in &cfg.sizes {
@@ -146,7 +164,7 @@ fn print_table(m: &Matrix, cfg: &MatrixConfig) {
             println!("{row}");
         }
     }
-    println!("\nrepaired = detected, resent or resumed, device right; failed = detected, run failed, nothing wrong under a final name; MISSED = silent corruption (exit 0, device wrong); NO-EFFECT = the fault left no trace (a lab bug)");
+    println!("\nrepaired = detected, resent or resumed, device right; failed = detected, run failed, nothing wrong under a final name; MISSED = silent corruption (exit 0, device wrong, no device level claimed); LIE = exit 0, device wrong, yet level `device` reported or --require-level device passed; NO-EFFECT = the fault left no trace (a lab bug)");
     for s in &m.skipped {
         println!("skipped: {s}");
     }

@@ -1,40 +1,136 @@
-//! CI's fault matrix (issue 5): small sizes, a few crash trials, every
-//! fault against every mode, with the real `intact` binary for crashes.
-//! Fails if a riva cell is not repaired, a fault left no trace, a loop
-//! device or a namespace is left behind, or a cache-level mode stops
-//! showing the misses the papers predict.
+//! CI's fault matrix: small sizes, a few crash trials, every fault against
+//! every mode (the level faults against fiver and riva), with the real
+//! `intact` binary for crashes; and the negative control, which proves the
+//! lab able to fail.
+//!
+//! Fails on any LIE (a level reported that its check did not pass), any
+//! NO-EFFECT, a riva cell that does not end as its fault requires
+//! (`Fault::riva_accepts`: repaired; for unchanged-damaged and
+//! direct-data-journal, repaired or an honest failure), a loop device,
+//! mount or namespace left behind, or a cache-level mode that stops showing
+//! the misses the papers predict.
 
 use std::path::PathBuf;
 
-use intact_lab::{run_matrix, Fault, MatrixConfig, Outcome};
+use intact_lab::{run_matrix, Cell, Fault, Matrix, MatrixConfig, Outcome};
 use intact_transfer::VerifyMode;
+
+fn config(dir: &std::path::Path) -> MatrixConfig {
+    MatrixConfig {
+        dir: dir.to_path_buf(),
+        // One block, and several blocks (4 MiB blocks).
+        sizes: vec![1 << 20, 9 << 20],
+        modes: VerifyMode::ALL.to_vec(),
+        faults: Vec::new(),
+        crash_trials: 2,
+        intact: Some(PathBuf::from(env!("CARGO_BIN_EXE_intact"))),
+        negative_control: false,
+    }
+}
+
+fn run(cfg: &MatrixConfig) -> Matrix {
+    let m = run_matrix(cfg, &|c| {
+        eprintln!(
+            "{}: {} ({}; {})",
+            c.label(),
+            c.outcome.short(),
+            c.evidence,
+            c.detail
+        )
+    })
+    .unwrap();
+    assert!(m.skipped.is_empty(), "{:?}", m.skipped);
+    m
+}
+
+fn no_leftovers(m: &Matrix, dir: &std::path::Path) {
+    assert!(m.leftover_loops.is_empty(), "{:?}", m.leftover_loops);
+    assert!(m.leftover_mounts.is_empty(), "{:?}", m.leftover_mounts);
+    assert!(intact_faults::loop_devices_of(dir).is_empty());
+    assert!(intact_faults::mounts_under(dir).is_empty());
+}
+
+fn list(cells: &[&Cell]) -> String {
+    cells
+        .iter()
+        .map(|c| {
+            format!(
+                "\n  {}: {} ({}; {})",
+                c.label(),
+                c.outcome.short(),
+                c.evidence,
+                c.detail
+            )
+        })
+        .collect()
+}
 
 #[test]
 fn the_small_fault_matrix() {
     if let Err(why) = intact_faults::usable() {
-        eprintln!("SKIP the_small_fault_matrix: {why}");
-        return;
+        return intact_testkit::skip("the_small_fault_matrix", &why);
     }
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let cfg = MatrixConfig {
-        dir: dir.path().to_path_buf(),
-        // One block, and several blocks (4 MiB blocks).
-        sizes: vec![1 << 20, 9 << 20],
-        modes: VerifyMode::ALL.to_vec(),
-        faults: Fault::ALL.to_vec(),
-        crash_trials: 2,
-        intact: Some(PathBuf::from(env!("CARGO_BIN_EXE_intact"))),
-    };
-    let m = run_matrix(&cfg, &|c| eprintln!("{}: {:?}", c.label(), c.outcome)).unwrap();
-    assert!(m.skipped.is_empty(), "{:?}", m.skipped);
-    assert_eq!(m.cells.len(), 2 * 6 * Fault::ALL.len());
+    let classic: Vec<Fault> = Fault::ALL
+        .into_iter()
+        .filter(|f| !Fault::LEVELS.contains(f))
+        .collect();
+    let mut m = run(&MatrixConfig {
+        faults: classic.clone(),
+        ..config(dir.path())
+    });
+    assert_eq!(m.cells.len(), 2 * 6 * classic.len());
+    // The level faults build on a fiver run; fiver shows what a mode that
+    // claims only the network makes of them (MISSED, never LIE), riva must
+    // repair them or fail honestly.
+    let levels = run(&MatrixConfig {
+        faults: Fault::LEVELS.to_vec(),
+        modes: vec![VerifyMode::Fiver, VerifyMode::Riva],
+        ..config(dir.path())
+    });
+    assert_eq!(levels.cells.len(), 2 * 2 * Fault::LEVELS.len());
+    m.cells.extend(levels.cells.iter().cloned());
+    m.leftover_loops
+        .extend(levels.leftover_loops.iter().cloned());
+    m.leftover_mounts
+        .extend(levels.leftover_mounts.iter().cloned());
+
+    // The lab judges levels: no report may claim what its check did not pass.
+    let lies: Vec<&Cell> = m
+        .cells
+        .iter()
+        .filter(|c| c.outcome == Outcome::Lie)
+        .collect();
+    assert!(
+        lies.is_empty(),
+        "LIE: a level claimed, the device differs:{}",
+        list(&lies)
+    );
+    let no_effect: Vec<&Cell> = m
+        .cells
+        .iter()
+        .filter(|c| c.outcome == Outcome::NoEffect)
+        .collect();
+    assert!(no_effect.is_empty(), "NO-EFFECT:{}", list(&no_effect));
+    let riva_wrong: Vec<&Cell> = m
+        .cells
+        .iter()
+        .filter(|c| c.mode == VerifyMode::Riva && !c.fault.riva_accepts().contains(&c.outcome))
+        .collect();
+    assert!(
+        riva_wrong.is_empty(),
+        "riva cells not repaired:{}",
+        list(&riva_wrong)
+    );
     assert!(m.problems().is_empty(), "{:#?}", m.problems());
+    no_leftovers(&m, dir.path());
     let netns = std::process::Command::new("ip")
         .args(["netns", "list"])
         .output();
     if let Ok(out) = netns {
         assert!(!String::from_utf8_lossy(&out.stdout).contains("intact-lab"));
     }
+
     let outcome = |f: Fault, mode: VerifyMode| {
         let cells: Vec<_> = m
             .cells
@@ -64,6 +160,16 @@ fn the_small_fault_matrix() {
             assert_eq!(outcome(f, mode), Outcome::Missed, "{} {mode}", f.name());
         }
     }
+    // fiver claims the network only: the level faults get past it, and it
+    // says so by its level (MISSED, not LIE).
+    for f in Fault::LEVELS {
+        assert_eq!(
+            outcome(f, VerifyMode::Fiver),
+            Outcome::Missed,
+            "{} fiver",
+            f.name()
+        );
+    }
     // The network check catches the wire; only `none` lets it through.
     assert_eq!(
         outcome(Fault::NetworkFlip, VerifyMode::None),
@@ -87,4 +193,28 @@ fn the_small_fault_matrix() {
             assert_eq!(outcome(f, mode), Outcome::Repaired, "{} {mode}", f.name());
         }
     }
+}
+
+/// A riva broken on purpose (its re-read served by the page cache) must
+/// miss the device faults: the lab is able to fail. It reports level
+/// `cache`, so the cells are MISSED rather than LIE.
+#[test]
+fn the_negative_control_is_caught() {
+    if let Err(why) = intact_faults::usable() {
+        return intact_testkit::skip("the_negative_control_is_caught", &why);
+    }
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let m = run(&MatrixConfig {
+        sizes: vec![9 << 20],
+        modes: vec![VerifyMode::Riva],
+        faults: Fault::NEGATIVE_CONTROL.to_vec(),
+        negative_control: true,
+        ..config(dir.path())
+    });
+    assert_eq!(m.cells.len(), Fault::NEGATIVE_CONTROL.len());
+    for c in &m.cells {
+        assert_eq!(c.outcome, Outcome::Missed, "{}: {}", c.label(), c.detail);
+    }
+    assert!(m.problems().is_empty(), "{:#?}", m.problems());
+    no_leftovers(&m, dir.path());
 }
