@@ -93,7 +93,7 @@ pub(crate) fn held_block_resume(ctx: &Ctx) -> Result<Verdict, LabError> {
         }
     };
     let partial = ctx.root.join(partial_name(OsStr::new("data.bin")));
-    if !held.iter().any(|(i, _)| *i == 0) || !partial.exists() {
+    if !held.iter().any(|b| b.index == 0) || !partial.exists() {
         return Ok((
             Outcome::NoEffect,
             format!(
