@@ -89,6 +89,10 @@ pub struct Block {
     pub file: u64,
     /// Block number (offset = index × block size).
     pub index: u64,
+    /// The level the sender's read behind `digest` reached (intact's level
+    /// id): `device` when it came from the source's device. The receiver
+    /// records the lower of this and its own check's level.
+    pub source_level: u8,
     /// Digest of `data`.
     pub digest: Vec<u8>,
     /// The bytes.
@@ -187,6 +191,9 @@ pub enum Message {
         /// How many blocks the file has; the receiver commits only if this
         /// matches its own count ([`FileEnd::ABANDON`] never does).
         blocks: u64,
+        /// The level the sender's reads of the source reached for the
+        /// whole file (intact's level id): the receiver records no more.
+        source_level: u8,
         /// Digest of the whole file.
         digest: Vec<u8>,
     },
@@ -289,6 +296,7 @@ impl Message {
                 w.u8(BLOCK);
                 w.u64(b.file);
                 w.u64(b.index);
+                w.u8(b.source_level);
                 w.bytes(&b.digest);
                 w.bytes(&b.data);
             }
@@ -301,11 +309,13 @@ impl Message {
             Message::FileEnd {
                 file,
                 blocks,
+                source_level,
                 digest,
             } => {
                 w.u8(FILE_END);
                 w.u64(*file);
                 w.u64(*blocks);
+                w.u8(*source_level);
                 w.bytes(digest);
             }
             Message::FileResult(r) => {
@@ -407,6 +417,7 @@ impl Message {
             BLOCK => Message::Block(Block {
                 file: r.u64()?,
                 index: r.u64()?,
+                source_level: r.u8()?,
                 digest: r.bytes(MAX_DIGEST)?.to_vec(),
                 data: r.bytes(MAX_BLOCK)?.to_vec(),
             }),
@@ -418,6 +429,7 @@ impl Message {
             FILE_END => Message::FileEnd {
                 file: r.u64()?,
                 blocks: r.u64()?,
+                source_level: r.u8()?,
                 digest: r.bytes(MAX_DIGEST)?.to_vec(),
             },
             FILE_RESULT => Message::FileResult(FileResult {

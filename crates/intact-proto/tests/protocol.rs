@@ -74,11 +74,13 @@ fn arb_message() -> impl Strategy<Value = Message> {
             any::<u64>(),
             any::<u64>(),
             proptest::collection::vec(any::<u8>(), 0..64),
-            proptest::collection::vec(any::<u8>(), 0..5000)
+            proptest::collection::vec(any::<u8>(), 0..5000),
+            any::<u8>()
         )
-            .prop_map(|(file, index, digest, data)| Message::Block(Block {
+            .prop_map(|(file, index, digest, data, source_level)| Message::Block(Block {
                 file,
                 index,
+                source_level,
                 digest,
                 data
             })),
@@ -87,11 +89,13 @@ fn arb_message() -> impl Strategy<Value = Message> {
         (
             any::<u64>(),
             any::<u64>(),
-            proptest::collection::vec(any::<u8>(), 0..64)
+            proptest::collection::vec(any::<u8>(), 0..64),
+            any::<u8>()
         )
-            .prop_map(|(file, blocks, digest)| Message::FileEnd {
+            .prop_map(|(file, blocks, digest, source_level)| Message::FileEnd {
                 file,
                 blocks,
+                source_level,
                 digest
             }),
         (
@@ -264,6 +268,7 @@ fn messages_survive_byte_at_a_time_delivery_and_eof_is_told_apart() {
         Message::Block(Block {
             file: 7,
             index: 3,
+            source_level: 3,
             digest: vec![1; 16],
             data: vec![0xAB; 200_000],
         }),

@@ -52,7 +52,9 @@ impl VerifiedAt {
 
     fn from_row(mode: i64, level: i64, at: i64) -> VerifiedAt {
         // An id this build does not know is read as the weakest: a record
-        // is trusted only as far as it is understood.
+        // is trusted only as far as it is understood; one without a time
+        // predates these records.
+        let level = if at <= 0 { 0 } else { level };
         VerifiedAt {
             mode: u8::try_from(mode)
                 .ok()
@@ -183,6 +185,12 @@ impl Journal {
                     "ALTER TABLE {table} ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0"
                 ))
                 .map_err(db_err)?;
+                if (table, column) == ("files", "mode") {
+                    // Older builds wrote files.level by rules that could
+                    // claim more than was checked: none of it is trusted.
+                    db.execute_batch("UPDATE files SET level = 0")
+                        .map_err(db_err)?;
+                }
             }
         }
         Ok(Journal { db: Mutex::new(db) })
@@ -295,7 +303,8 @@ impl Journal {
 
     /// Records, in one transaction, files that reached their final names:
     /// (row, blocks verified since the last record, how the file as a
-    /// whole was verified).
+    /// whole was verified); every block of such a file is capped at the
+    /// file's level.
     pub fn done_batch(&self, files: &[(i64, Vec<BlockRecord>, VerifiedAt)]) -> Result<(), TransferError> {
         let mut db = self.db();
         let tx = db.transaction().map_err(db_err)?;
@@ -303,8 +312,15 @@ impl Journal {
             let mut done = tx
                 .prepare("UPDATE files SET done = 1, mode = ?2, level = ?3, at = ?4 WHERE id = ?1")
                 .map_err(db_err)?;
+            let mut cap = tx
+                .prepare("UPDATE blocks SET level = MIN(level, ?2) WHERE file = ?1")
+                .map_err(db_err)?;
             for (id, blocks, v) in files {
                 insert_blocks(&tx, *id, blocks)?;
+                // No block of a file is recorded above the file's level
+                // (which includes what the source's reads reached).
+                cap.execute(params![id, i64::from(v.level.wire_id())])
+                    .map_err(db_err)?;
                 done.execute(params![
                     id,
                     i64::from(v.mode.wire_id()),

@@ -34,6 +34,7 @@ use intact_cache::{DeviceReader, ReadPath};
 use intact_digest::{defaults, hash, Algorithm, AlignedBuf, Digest};
 use intact_proto::{
     Connection, Entry, EntryKind, FileResult, FileStatus, Holding, Message, ProtoError, WirePath,
+    MAX_STATUS_BLOCKS,
 };
 
 use crate::copy::WriteHook;
@@ -98,25 +99,57 @@ struct Incoming {
     unjournaled_bytes: u64,
     /// What the bytes held from an earlier run contributed.
     held: Held,
+    /// The level the sender's reads of the source reached (its FileEnd).
+    source_level: Option<VerifyLevel>,
 }
 
-/// Bytes a file already held when this run began: re-verified in place,
-/// or trusted from the journal at the level it records.
-#[derive(Debug, Default, Clone, Copy)]
+/// Blocks a file already held when this run began: re-verified in place,
+/// or trusted from the journal at the level it records. A held block the
+/// sender replaces (its source changed) is forgotten here.
+#[derive(Debug, Default, Clone)]
 struct Held {
-    reverified: u64,
-    trusted: u64,
-    /// The lowest level recorded for a trusted block.
-    trusted_level: Option<VerifyLevel>,
-    /// When the oldest trusted block was verified.
-    trusted_at: Option<i64>,
+    /// Per block: its length, and the record it was trusted on (None:
+    /// re-verified in place in this run).
+    blocks: HashMap<u64, (u64, Option<VerifiedAt>)>,
 }
 
 impl Held {
-    fn trust(&mut self, bytes: u64, v: VerifiedAt) {
-        self.trusted += bytes;
-        self.trusted_level = Some(self.trusted_level.map_or(v.level, |l| l.min(v.level)));
-        self.trusted_at = Some(self.trusted_at.map_or(v.at, |t| t.min(v.at)));
+    fn trust(&mut self, index: u64, bytes: u64, v: VerifiedAt) {
+        self.blocks.insert(index, (bytes, Some(v)));
+    }
+
+    fn reverified(&mut self, index: u64, bytes: u64) {
+        self.blocks.insert(index, (bytes, None));
+    }
+
+    fn forget(&mut self, index: u64) {
+        self.blocks.remove(&index);
+    }
+
+    fn reverified_bytes(&self) -> u64 {
+        self.blocks
+            .values()
+            .filter(|(_, v)| v.is_none())
+            .map(|(n, _)| n)
+            .sum()
+    }
+
+    fn trusted_bytes(&self) -> u64 {
+        self.blocks
+            .values()
+            .filter(|(_, v)| v.is_some())
+            .map(|(n, _)| n)
+            .sum()
+    }
+
+    /// The lowest level recorded for a trusted block.
+    fn trusted_level(&self) -> Option<VerifyLevel> {
+        self.blocks.values().filter_map(|(_, v)| v.map(|v| v.level)).min()
+    }
+
+    /// When the oldest trusted block was verified.
+    fn trusted_at(&self) -> Option<i64> {
+        self.blocks.values().filter_map(|(_, v)| v.map(|v| v.at)).min()
     }
 }
 
@@ -150,12 +183,15 @@ impl Incoming {
             let b = riva.reader.lock().expect("no panics hold it").backing();
             riva.stats.lower(&mut r, "destination", b);
         }
-        if let Some(level) = self.held.trusted_level {
+        if let Some(level) = self.source_level {
+            r.lower(level, format!("the source's reads reached level {level}"));
+        }
+        if let Some(level) = self.held.trusted_level() {
             r.lower(
                 level,
                 format!(
                     "{} bytes were trusted from the journal, where they are recorded at level {level}",
-                    self.held.trusted
+                    self.held.trusted_bytes()
                 ),
             );
         }
@@ -168,7 +204,7 @@ impl Incoming {
         VerifiedAt {
             mode: self.mode,
             level,
-            at: self.held.trusted_at.map_or(now, |t| t.min(now)),
+            at: self.held.trusted_at().map_or(now, |t| t.min(now)),
         }
     }
 }
@@ -208,6 +244,11 @@ fn arrival_level(mode: VerifyMode) -> VerifyLevel {
     }
 }
 
+/// A level from the wire; an id this build does not know is the weakest.
+fn wire_level(id: u8) -> VerifyLevel {
+    VerifyLevel::from_wire_id(id).unwrap_or(VerifyLevel::None)
+}
+
 /// The level of a block re-read by the verifier or in place.
 fn reread_level(out: &intact_cache::ReadOutcome) -> VerifyLevel {
     if out.device {
@@ -221,6 +262,8 @@ fn reread_level(out: &intact_cache::ReadOutcome) -> VerifyLevel {
 struct Check {
     id: u64,
     index: u64,
+    /// The level of the sender's read behind the digest.
+    source_level: VerifyLevel,
     offset: u64,
     len: usize,
     digest: Digest,
@@ -232,6 +275,7 @@ struct Check {
 struct Checked {
     id: u64,
     index: u64,
+    source_level: VerifyLevel,
     digest: Digest,
     ok: Result<bool, std::io::Error>,
     outcome: intact_cache::ReadOutcome,
@@ -278,6 +322,7 @@ fn verifier(jobs: mpsc::Receiver<Check>, events: mpsc::Sender<Event>, block_size
             let done = Checked {
                 id: c.id,
                 index: c.index,
+                source_level: c.source_level,
                 digest: c.digest,
                 ok: r.ok,
                 outcome: r.outcome,
@@ -446,11 +491,17 @@ impl Session<'_> {
                 self.out.write_message(&reply)?;
             }
             Message::Block(b) => self.block(b)?,
-            Message::FileEnd { file, blocks, .. } => {
+            Message::FileEnd {
+                file,
+                blocks,
+                source_level,
+                ..
+            } => {
                 let Some(f) = self.files.get_mut(&file) else {
                     return Ok(());
                 };
                 f.ended = Some(blocks);
+                f.source_level = Some(wire_level(source_level));
                 if f.checking == 0 {
                     self.end(file)?;
                 }
@@ -518,7 +569,7 @@ impl Session<'_> {
                 return self.fail_file(b.file, &e.to_string());
             }
         }
-        let accepted = accept_block(f, b.index, &b.digest, &mut b.data, self.opts);
+        let accepted = accept_block(f, &mut b, self.opts);
         let verdict = match accepted {
             Ok(v) => v,
             Err(e @ (TransferError::Destination { .. } | TransferError::Journal(_))) => {
@@ -536,7 +587,7 @@ impl Session<'_> {
             }
             Verdict::Done(ok) => {
                 let digest = Digest::from_bytes(defaults::BLOCK_ALGORITHM, &b.digest);
-                let level = arrival_level(f.mode);
+                let level = arrival_level(f.mode).min(wire_level(b.source_level));
                 self.block_done(b.file, b.index, ok, digest, level)
             }
         }
@@ -595,7 +646,8 @@ impl Session<'_> {
         if ok {
             f.verified[c.index as usize] = Some(c.digest);
         }
-        self.block_done(c.id, c.index, ok, Some(c.digest), reread_level(&c.outcome))?;
+        let level = reread_level(&c.outcome).min(c.source_level);
+        self.block_done(c.id, c.index, ok, Some(c.digest), level)?;
         let end = self
             .files
             .get(&c.id)
@@ -687,10 +739,10 @@ fn commit_ready<S: std::io::Read + std::io::Write>(
         let reached = f.reached();
         let mut result = FileResult {
             unchanged: f.partial.is_none(),
-            reverified: f.held.reverified,
-            trusted: f.held.trusted,
-            trusted_level: f.held.trusted_level.map_or(0, VerifyLevel::wire_id),
-            trusted_at: f.held.trusted_at.unwrap_or(0),
+            reverified: f.held.reverified_bytes(),
+            trusted: f.held.trusted_bytes(),
+            trusted_level: f.held.trusted_level().map_or(0, VerifyLevel::wire_id),
+            trusted_at: f.held.trusted_at().unwrap_or(0),
             ..verified(id, reached.level, reached.note.as_deref().unwrap_or(""))
         };
         if let Some(r) = &f.riva {
@@ -859,11 +911,9 @@ fn begin_file(
                         what: format!("--require-level device: held at level {level}"),
                     });
                 }
-                let mut held = Held::default();
-                held.trust(e.size, r.verified);
                 return Ok(Message::FileResult(FileResult {
                     unchanged: true,
-                    trusted: held.trusted,
+                    trusted: e.size,
                     trusted_level: level.wire_id(),
                     trusted_at: r.verified.at,
                     ..verified(id, level, "")
@@ -935,6 +985,7 @@ impl Incoming {
             unjournaled: Vec::new(),
             unjournaled_bytes: 0,
             held: Held::default(),
+            source_level: None,
         }
     }
 
@@ -1104,7 +1155,7 @@ fn reverify_held(
         let (index, offset, len, d) = item;
         if reread_matches(&file, offset, len, &d, buf).unwrap_or(false) {
             inc.verified[index as usize] = Some(d);
-            inc.held.trust(len as u64, rec.verified);
+            inc.held.trust(index, len as u64, rec.verified);
             held.push((index, d.as_bytes().to_vec()));
         }
     }
@@ -1112,7 +1163,7 @@ fn reverify_held(
     for ((index, _, len, d), (ok, level)) in again.into_iter().zip(results) {
         if ok {
             inc.verified[index as usize] = Some(d);
-            inc.held.reverified += len as u64;
+            inc.held.reverified(index, len as u64);
             inc.unjournaled.push(BlockRecord {
                 index,
                 digest: d.as_bytes().to_vec(),
@@ -1122,6 +1173,13 @@ fn reverify_held(
         }
     }
     held.sort_unstable_by_key(|(i, _)| *i);
+    // One Status lists at most MAX_STATUS_BLOCKS blocks: hold only those,
+    // so that every other block is sent and counted once.
+    for (index, _) in held.iter().skip(MAX_STATUS_BLOCKS) {
+        inc.verified[*index as usize] = None;
+        inc.held.forget(*index);
+    }
+    held.truncate(MAX_STATUS_BLOCKS);
     Ok(held)
 }
 
@@ -1142,7 +1200,10 @@ fn reverify_whole(
         .iter()
         .filter_map(|r| usable_record(&inc.entry, r))
         .collect();
+    // One Status lists at most MAX_STATUS_BLOCKS blocks; a larger file is
+    // received anew rather than half held.
     let complete = items.len() == inc.verified.len()
+        && items.len() <= MAX_STATUS_BLOCKS
         && items.iter().enumerate().all(|(i, it)| it.0 == i as u64);
     if !complete {
         return Ok(None);
@@ -1155,7 +1216,7 @@ fn reverify_whole(
     let mut list = Vec::with_capacity(items.len());
     for ((index, _, len, d), (_, level)) in items.into_iter().zip(results) {
         inc.verified[index as usize] = Some(d);
-        inc.held.reverified += len as u64;
+        inc.held.reverified(index, len as u64);
         inc.unjournaled.push(BlockRecord {
             index,
             digest: d.as_bytes().to_vec(),
@@ -1175,14 +1236,15 @@ enum Verdict {
 }
 
 /// Checks and writes one block, and hands it to the verifier (block and
-/// riva modes) or marks it verified.
+/// riva modes) or marks it verified. A block for a slot already held from
+/// an earlier run replaces it (the sender's copy differs), unless it is
+/// the same block again.
 fn accept_block(
     f: &mut Incoming,
-    index: u64,
-    digest: &[u8],
-    data: &mut [u8],
+    b: &mut intact_proto::Block,
     opts: &ReceiveOptions,
 ) -> Result<Verdict, TransferError> {
+    let index = b.index;
     let bs = u64::from(f.entry.block_size);
     let Some(slot) = f.verified.get(index as usize) else {
         return Err(ProtoError::Malformed {
@@ -1193,23 +1255,29 @@ fn accept_block(
     };
     let offset = index * bs;
     let want_len = (f.entry.size - offset).min(bs) as usize;
-    if data.len() != want_len {
+    if b.data.len() != want_len {
         return Err(ProtoError::Malformed {
             message: "Block",
             detail: "block length does not match the file",
         }
         .into());
     }
-    if slot.is_some() {
-        return Ok(Verdict::Done(true));
+    let digest = Digest::from_bytes(defaults::BLOCK_ALGORITHM, &b.digest);
+    if let Some(held) = slot {
+        if digest.is_some_and(|d| d.ct_eq(held)) {
+            return Ok(Verdict::Done(true));
+        }
+        f.verified[index as usize] = None;
+        f.held.forget(index);
     }
     let expected = match f.mode {
         VerifyMode::None => None,
-        _ => match Digest::from_bytes(defaults::BLOCK_ALGORITHM, digest) {
+        _ => match digest {
             Some(d) => Some(d),
             None => return Ok(Verdict::Done(false)),
         },
     };
+    let data = &mut b.data[..];
     if let Some(d) = &expected {
         if !hash(defaults::BLOCK_ALGORITHM, data).ct_eq(d) {
             return Ok(Verdict::Done(false));
@@ -1236,6 +1304,7 @@ fn accept_block(
         return Ok(Verdict::Check(Check {
             id: f.entry.file,
             index,
+            source_level: wire_level(b.source_level),
             offset,
             len: want_len,
             digest: *d,

@@ -265,6 +265,8 @@ struct Stream<'a> {
     buf: AlignedBuf,
     /// Riva: the device-level read of a block, for its digest.
     dev: AlignedBuf,
+    /// Riva: whether the last device-level read reached the device.
+    last_read_device: bool,
     broken: Option<String>,
 }
 
@@ -300,6 +302,7 @@ impl<'a> Stream<'a> {
             } else {
                 0
             }),
+            last_read_device: false,
             broken: None,
         })
     }
@@ -608,6 +611,7 @@ impl<'a> Stream<'a> {
         {
             Some(out) => {
                 stats.add(&out);
+                self.last_read_device = out.device;
                 Ok(true)
             }
             None => Ok(false),
@@ -637,6 +641,7 @@ impl<'a> Stream<'a> {
             .read(source, offset, len, buf)
             .map_err(|err| source_read_error(e, err))?;
         stats.add(&out);
+        self.last_read_device = out.device;
         Ok(hash(defaults::BLOCK_ALGORITHM, &buf[..len])
             .as_bytes()
             .to_vec())
@@ -683,9 +688,16 @@ impl<'a> Stream<'a> {
             w.update(data);
         }
         o.report.checksum_seconds += t.elapsed().as_secs_f64();
+        // The level the digest's read reached at this end.
+        let source_level = match (riva, self.last_read_device) {
+            (true, true) => VerifyLevel::Device,
+            (true, false) => VerifyLevel::Cache,
+            (false, _) => self.ctx.opts.verify.level(),
+        };
         let msg = Message::Block(Block {
             file: id,
             index,
+            source_level: source_level.wire_id(),
             digest,
             data: data.to_vec(),
         });
@@ -717,6 +729,7 @@ impl<'a> Stream<'a> {
         let msg = Message::FileEnd {
             file: id,
             blocks,
+            source_level: self.source_level(o).level.wire_id(),
             digest: Vec::new(),
         };
         if let Err(err) = self.conn.write_message(&msg) {
@@ -774,6 +787,16 @@ impl<'a> Stream<'a> {
         }
     }
 
+    /// The level this end's reads of the source support for a file: the
+    /// mode's aim, lowered where a riva read did not reach the device.
+    fn source_level(&self, o: &Outgoing) -> Reached {
+        let mut reached = Reached::aim(self.ctx.opts.verify);
+        if let Some((reader, stats)) = &o.device {
+            stats.lower(&mut reached, "source", reader.backing());
+        }
+        reached
+    }
+
     /// The receiver's verdict on file `id`, into its report. The level is
     /// the lower of both ends': the receiver's (its checks in this run and
     /// the recorded level of what it trusted) and the source's reads.
@@ -783,7 +806,7 @@ impl<'a> Stream<'a> {
         o.report.bytes_trusted = r.trusted;
         if r.trusted > 0 {
             o.report.trusted_level = VerifyLevel::from_wire_id(r.trusted_level);
-            o.report.trusted_since = Some(r.trusted_at);
+            o.report.trusted_since = (r.trusted_at > 0).then_some(r.trusted_at);
         }
         let secs = o.started.elapsed().as_secs_f64();
         o.report.transfer_seconds = (secs - o.report.checksum_seconds).max(0.0);
