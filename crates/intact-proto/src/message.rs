@@ -344,7 +344,11 @@ impl Message {
                 match holding {
                     Holding::Nothing => w.u8(0),
                     Holding::Blocks(b) | Holding::Whole(b) => {
-                        w.u8(if matches!(holding, Holding::Whole(_)) { 2 } else { 1 });
+                        w.u8(if matches!(holding, Holding::Whole(_)) {
+                            2
+                        } else {
+                            1
+                        });
                         let b = &b[..b.len().min(MAX_STATUS_BLOCKS)];
                         w.u32(b.len() as u32);
                         for (i, d) in b {

@@ -77,13 +77,15 @@ fn arb_message() -> impl Strategy<Value = Message> {
             proptest::collection::vec(any::<u8>(), 0..5000),
             any::<u8>()
         )
-            .prop_map(|(file, index, digest, data, source_level)| Message::Block(Block {
-                file,
-                index,
-                source_level,
-                digest,
-                data
-            })),
+            .prop_map(
+                |(file, index, digest, data, source_level)| Message::Block(Block {
+                    file,
+                    index,
+                    source_level,
+                    digest,
+                    data
+                })
+            ),
         (any::<u64>(), any::<u64>(), any::<bool>())
             .prop_map(|(file, index, ok)| Message::BlockResult { file, index, ok }),
         (
@@ -106,26 +108,35 @@ fn arb_message() -> impl Strategy<Value = Message> {
             any::<[u64; 5]>(),
             (any::<u8>(), any::<i64>(), any::<bool>())
         )
-            .prop_map(|(file, ok, level, message, [resident, evict, check, reverified, trusted], (trusted_level, trusted_at, unchanged))| {
-                Message::FileResult(FileResult {
+            .prop_map(
+                |(
                     file,
-                    status: if ok {
-                        FileStatus::Verified
-                    } else {
-                        FileStatus::Failed
-                    },
+                    ok,
                     level,
                     message,
-                    resident,
-                    evict_micros: evict,
-                    check_micros: check,
-                    unchanged,
-                    reverified,
-                    trusted,
-                    trusted_level,
-                    trusted_at,
-                })
-            }),
+                    [resident, evict, check, reverified, trusted],
+                    (trusted_level, trusted_at, unchanged),
+                )| {
+                    Message::FileResult(FileResult {
+                        file,
+                        status: if ok {
+                            FileStatus::Verified
+                        } else {
+                            FileStatus::Failed
+                        },
+                        level,
+                        message,
+                        resident,
+                        evict_micros: evict,
+                        check_micros: check,
+                        unchanged,
+                        reverified,
+                        trusted,
+                        trusted_level,
+                        trusted_at,
+                    })
+                }
+            ),
         Just(Message::Bye),
         Just(Message::Waiting),
         (

@@ -305,7 +305,10 @@ impl Journal {
     /// (row, blocks verified since the last record, how the file as a
     /// whole was verified); every block of such a file is capped at the
     /// file's level.
-    pub fn done_batch(&self, files: &[(i64, Vec<BlockRecord>, VerifiedAt)]) -> Result<(), TransferError> {
+    pub fn done_batch(
+        &self,
+        files: &[(i64, Vec<BlockRecord>, VerifiedAt)],
+    ) -> Result<(), TransferError> {
         let mut db = self.db();
         let tx = db.transaction().map_err(db_err)?;
         {

@@ -190,8 +190,14 @@ fn a_resume_re_verifies_held_blocks_below_its_level() {
     assert!(c.stored() == c.data, "the device differs from the source");
     assert_eq!(f.level, Some(VerifyLevel::Device), "{f:#?}");
     accounted(f);
-    assert_eq!(f.bytes_trusted, 0, "fiver's blocks must not be trusted by riva");
-    assert!(f.bytes_reverified > 0, "no held block was re-verified: {f:#?}");
+    assert_eq!(
+        f.bytes_trusted, 0,
+        "fiver's blocks must not be trusted by riva"
+    );
+    assert!(
+        f.bytes_reverified > 0,
+        "no held block was re-verified: {f:#?}"
+    );
 }
 
 /// Lie 2: a file held whole, recorded at level network by `fiver`, is not
@@ -227,7 +233,10 @@ fn an_unchanged_file_below_the_level_asked_is_re_verified() {
     assert_eq!(r.failed, 0, "{:?}", f.error);
     assert_eq!(f.level, Some(VerifyLevel::Device));
     accounted(f);
-    assert!(!f.unchanged, "a damaged file was reported unchanged: {f:#?}");
+    assert!(
+        !f.unchanged,
+        "a damaged file was reported unchanged: {f:#?}"
+    );
     assert_eq!(f.bytes_trusted, 0);
 }
 
@@ -310,15 +319,26 @@ fn the_reported_digest_is_of_the_bytes_accepted() {
     let ev = intact_cache::evict(&f, 0, SIZE as u64).unwrap();
     assert_eq!(ev.resident, 0);
     let cached = fs::read(&src).unwrap();
-    assert_eq!(cached[at as usize], c.data[at as usize] ^ 1, "cache not wrong");
+    assert_eq!(
+        cached[at as usize],
+        c.data[at as usize] ^ 1,
+        "cache not wrong"
+    );
     c.fs.flip_bit_under(&f, at).unwrap();
-    assert_eq!(c.device_byte(&f, at), c.data[at as usize], "device not right");
+    assert_eq!(
+        c.device_byte(&f, at),
+        c.data[at as usize],
+        "device not right"
+    );
     drop(f);
 
     let r = send_once(&src, &c.root, &opts(VerifyMode::Riva), None).unwrap();
     let rep = the_file(&r);
     assert_eq!(r.failed, 0, "{:?}", rep.error);
-    assert!(rep.blocks_resent >= 1, "the wrong cached block was not refused");
+    assert!(
+        rep.blocks_resent >= 1,
+        "the wrong cached block was not refused"
+    );
     let truth = blake3::hash(&c.data).to_hex().to_string();
     assert_eq!(rep.digest.as_deref(), Some(truth.as_str()));
     assert!(c.stored() == c.data);

@@ -144,12 +144,18 @@ impl Held {
 
     /// The lowest level recorded for a trusted block.
     fn trusted_level(&self) -> Option<VerifyLevel> {
-        self.blocks.values().filter_map(|(_, v)| v.map(|v| v.level)).min()
+        self.blocks
+            .values()
+            .filter_map(|(_, v)| v.map(|v| v.level))
+            .min()
     }
 
     /// When the oldest trusted block was verified.
     fn trusted_at(&self) -> Option<i64> {
-        self.blocks.values().filter_map(|(_, v)| v.map(|v| v.at)).min()
+        self.blocks
+            .values()
+            .filter_map(|(_, v)| v.map(|v| v.at))
+            .min()
     }
 }
 

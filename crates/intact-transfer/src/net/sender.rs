@@ -846,7 +846,9 @@ impl<'a> Stream<'a> {
             stats.lower(&mut reached, "source", reader.backing());
         }
         o.report.level = Some(reached.level);
-        o.report.note = reached.note.filter(|_| reached.level < self.ctx.opts.verify.level());
+        o.report.note = reached
+            .note
+            .filter(|_| reached.level < self.ctx.opts.verify.level());
         if o.stale_digest && o.report.digest.is_some() {
             o.report.digest = match self.digest_again(o, id) {
                 Ok(d) => Some(d),
