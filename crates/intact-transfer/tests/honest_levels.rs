@@ -6,159 +6,12 @@
 //! system again (so no page cache survives, and intact's own eviction is
 //! not what the check relies on), and the accounting of the report.
 
+mod common;
+
 use std::fs::{self, File};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use intact_digest::AlignedBuf;
-use intact_faults::{FlipProxy, LoopFs, ProxyFault};
-use intact_transfer::{
-    partial_name, send, CopyReport, FileReport, LocalServer, SendOptions, ServerConfig,
-    TransferError, VerifyLevel, VerifyMode,
-};
-
-const BS: usize = 1 << 20;
-/// Eight blocks and a tail.
-const SIZE: usize = 8 * BS + 4321;
-
-fn usable(test: &str) -> bool {
-    match intact_faults::usable() {
-        Ok(()) => true,
-        Err(why) => {
-            intact_testkit::skip(test, &why);
-            false
-        }
-    }
-}
-
-fn run(cmd: &str, args: &[&str]) {
-    let out = Command::new(cmd).args(args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{cmd} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// Unmounts and mounts the file system again: nothing of it stays cached.
-fn remount(fs: &LoopFs) {
-    let mnt = fs.mnt().to_str().unwrap();
-    run("umount", &[mnt]);
-    run("mount", &[fs.device(), mnt]);
-}
-
-fn opts(verify: VerifyMode) -> SendOptions {
-    SendOptions {
-        verify,
-        block_size: BS,
-        streams: 1,
-        retries: 2,
-        ..SendOptions::default()
-    }
-}
-
-/// One send to a fresh in-process server rooted at `root`, optionally
-/// through a proxy that cuts the connection after `cut` bytes.
-fn send_once(
-    src: &Path,
-    root: &Path,
-    o: &SendOptions,
-    cut: Option<u64>,
-) -> Result<CopyReport, TransferError> {
-    let server = LocalServer::start(ServerConfig::local(root)).unwrap();
-    let r = match cut {
-        Some(n) => {
-            let proxy = FlipProxy::start(server.addr(), ProxyFault::CutAfter(n)).unwrap();
-            send(&[src.to_path_buf()], &proxy.addr(), o, &|_| {})
-        }
-        None => send(&[src.to_path_buf()], &server.addr(), o, &|_| {}),
-    };
-    server.stop().unwrap();
-    r
-}
-
-fn the_file(r: &CopyReport) -> &FileReport {
-    r.files.iter().find(|f| f.kind == "file").expect("one file")
-}
-
-struct Case {
-    fs: LoopFs,
-    _src_dir: tempfile::TempDir,
-    src: PathBuf,
-    data: Vec<u8>,
-    root: PathBuf,
-}
-
-impl Case {
-    fn new() -> Case {
-        let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
-        let fs = LoopFs::new(tmp, 64).unwrap();
-        let src_dir = tempfile::tempdir_in(tmp).unwrap();
-        let data = intact_sample::bytes(SIZE, 7);
-        let src = src_dir.path().join("data.bin");
-        fs::write(&src, &data).unwrap();
-        let root = fs.mnt().join("root");
-        Case {
-            fs,
-            _src_dir: src_dir,
-            src,
-            data,
-            root,
-        }
-    }
-
-    /// The stored file's bytes after a remount (no cache survives it).
-    fn stored(&self) -> Vec<u8> {
-        remount(&self.fs);
-        fs::read(self.root.join("data.bin")).unwrap()
-    }
-
-    /// Flips a bit on the device under `path` at `offset` and proves it:
-    /// the loop device (read with O_DIRECT) holds the flipped byte while
-    /// the page cache still holds the good one.
-    fn flip_under(&self, path: &Path, offset: u64) {
-        let f = File::open(path).unwrap();
-        self.fs.flip_bit_under(&f, offset).unwrap();
-        let good = self.data[offset as usize];
-        assert_eq!(self.device_byte(&f, offset), good ^ 1, "the flip missed");
-        let mut cached = [0u8];
-        f.read_exact_at(&mut cached, offset).unwrap();
-        assert_eq!(cached[0], good, "the page cache should keep the good byte");
-    }
-
-    /// The byte at `offset` of `file` as the loop device holds it.
-    fn device_byte(&self, file: &File, offset: u64) -> u8 {
-        let phys = intact_cache::physical_offset(file, offset)
-            .unwrap()
-            .expect("in a plain extent");
-        let dev = fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(self.fs.device())
-            .unwrap();
-        let page = phys / 4096 * 4096;
-        let mut buf = AlignedBuf::new(4096);
-        dev.read_exact_at(&mut buf, page).unwrap();
-        buf[(phys - page) as usize]
-    }
-}
-
-/// Every byte of the file is accounted for exactly once: sent, held and
-/// re-verified in place, or held and trusted from the journal.
-fn accounted(f: &FileReport) {
-    assert!(f.error.is_none(), "{:?}", f.error);
-    assert_eq!(
-        f.bytes_sent - resent_bytes(f) + f.bytes_reverified + f.bytes_trusted,
-        f.size,
-        "{f:#?}"
-    );
-}
-
-/// Bytes of resends (the tests' resends are of whole blocks).
-fn resent_bytes(f: &FileReport) -> u64 {
-    f.blocks_resent * BS as u64
-}
+use common::*;
+use intact_transfer::{partial_name, VerifyLevel, VerifyMode};
 
 /// Lie 1: blocks journaled by a `fiver` run (level network) are not
 /// trusted by a later `riva` run; damage on the device under one of them
@@ -189,7 +42,7 @@ fn a_resume_re_verifies_held_blocks_below_its_level() {
     // The fact first: the device now holds the source's bytes.
     assert!(c.stored() == c.data, "the device differs from the source");
     assert_eq!(f.level, Some(VerifyLevel::Device), "{f:#?}");
-    accounted(f);
+    accounted(f, BS as u64);
     assert_eq!(
         f.bytes_trusted, 0,
         "fiver's blocks must not be trusted by riva"
@@ -232,7 +85,7 @@ fn an_unchanged_file_below_the_level_asked_is_re_verified() {
     assert!(c.stored() == c.data, "the device differs from the source");
     assert_eq!(r.failed, 0, "{:?}", f.error);
     assert_eq!(f.level, Some(VerifyLevel::Device));
-    accounted(f);
+    accounted(f, BS as u64);
     assert!(
         !f.unchanged,
         "a damaged file was reported unchanged: {f:#?}"

@@ -5,170 +5,14 @@
 //! `honest_levels.rs`, by facts the test establishes itself: the bytes
 //! read back after a remount, and the report's accounting.
 
-use std::fs::{self, File};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod common;
 
-use intact_digest::AlignedBuf;
-use intact_faults::{FlipProxy, LoopFs, ProxyFault};
-use intact_transfer::{
-    partial_name, send, CopyReport, FileReport, LocalServer, ReadPath, SendOptions, ServerConfig,
-    TransferError, VerifyLevel, VerifyMode, STATE_DIR,
-};
+use std::fs;
+use std::path::Path;
 
-const BS: usize = 1 << 20;
-/// Eight blocks and a tail.
-const SIZE: usize = 8 * BS + 4321;
-
-fn usable(test: &str) -> bool {
-    match intact_faults::usable() {
-        Ok(()) => true,
-        Err(why) => {
-            intact_testkit::skip(test, &why);
-            false
-        }
-    }
-}
-
-fn run(cmd: &str, args: &[&str]) {
-    let out = Command::new(cmd).args(args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{cmd} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// Unmounts and mounts the file system again: nothing of it stays cached.
-fn remount(fs: &LoopFs) {
-    let mnt = fs.mnt().to_str().unwrap();
-    run("umount", &[mnt]);
-    run("mount", &[fs.device(), mnt]);
-}
-
-fn opts(verify: VerifyMode) -> SendOptions {
-    SendOptions {
-        verify,
-        block_size: BS,
-        streams: 1,
-        retries: 2,
-        ..SendOptions::default()
-    }
-}
-
-/// One send to a fresh in-process server rooted at `root`, optionally
-/// through a proxy that cuts the connection after `cut` bytes.
-fn send_once(
-    src: &Path,
-    root: &Path,
-    o: &SendOptions,
-    cut: Option<u64>,
-) -> Result<CopyReport, TransferError> {
-    let server = LocalServer::start(ServerConfig::local(root)).unwrap();
-    let r = match cut {
-        Some(n) => {
-            let proxy = FlipProxy::start(server.addr(), ProxyFault::CutAfter(n)).unwrap();
-            send(&[src.to_path_buf()], &proxy.addr(), o, &|_| {})
-        }
-        None => send(&[src.to_path_buf()], &server.addr(), o, &|_| {}),
-    };
-    server.stop().unwrap();
-    r
-}
-
-fn the_file(r: &CopyReport) -> &FileReport {
-    r.files.iter().find(|f| f.kind == "file").expect("one file")
-}
-
-/// Every byte of the file is accounted for exactly once: sent, held and
-/// re-verified in place, or held and trusted from the journal (resends
-/// are of whole blocks of `bs`).
-fn accounted(f: &FileReport, bs: u64) {
-    assert!(f.error.is_none(), "{:?}", f.error);
-    assert_eq!(
-        f.bytes_sent - f.blocks_resent * bs + f.bytes_reverified + f.bytes_trusted,
-        f.size,
-        "sent {} (resent blocks {}) + re-verified {} + trusted {} != size {}",
-        f.bytes_sent,
-        f.blocks_resent,
-        f.bytes_reverified,
-        f.bytes_trusted,
-        f.size
-    );
-}
-
-/// Rewrites `len` bytes of `path` at `offset` in place and puts its
-/// modification time back, to the nanosecond: same size, same mtime,
-/// other bytes (what a quick check cannot see).
-fn rewrite_keeping_mtime(path: &Path, offset: u64, bytes: &[u8]) {
-    let mtime = fs::metadata(path).unwrap().modified().unwrap();
-    let f = fs::OpenOptions::new().write(true).open(path).unwrap();
-    f.write_all_at(bytes, offset).unwrap();
-    f.set_modified(mtime).unwrap();
-    drop(f);
-    assert_eq!(fs::metadata(path).unwrap().modified().unwrap(), mtime);
-}
-
-struct Case {
-    fs: LoopFs,
-    _src_dir: tempfile::TempDir,
-    src: PathBuf,
-    data: Vec<u8>,
-    root: PathBuf,
-}
-
-impl Case {
-    fn new() -> Case {
-        let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
-        let fs = LoopFs::new(tmp, 64).unwrap();
-        let src_dir = tempfile::tempdir_in(tmp).unwrap();
-        let data = intact_sample::bytes(SIZE, 7);
-        let src = src_dir.path().join("data.bin");
-        fs::write(&src, &data).unwrap();
-        let root = fs.mnt().join("root");
-        Case {
-            fs,
-            _src_dir: src_dir,
-            src,
-            data,
-            root,
-        }
-    }
-
-    /// The stored file's bytes after a remount (no cache survives it).
-    fn stored(&self) -> Vec<u8> {
-        remount(&self.fs);
-        fs::read(self.root.join("data.bin")).unwrap()
-    }
-
-    /// Flips a bit on the device under `path` at `offset` and proves it:
-    /// the device holds the flipped byte, the page cache the good one.
-    fn flip_under(&self, path: &Path, offset: u64) {
-        let f = File::open(path).unwrap();
-        self.fs.flip_bit_under(&f, offset).unwrap();
-        let good = self.data[offset as usize];
-        assert_eq!(self.device_byte(&f, offset), good ^ 1, "the flip missed");
-        let mut cached = [0u8];
-        f.read_exact_at(&mut cached, offset).unwrap();
-        assert_eq!(cached[0], good, "the page cache should keep the good byte");
-    }
-
-    fn device_byte(&self, file: &File, offset: u64) -> u8 {
-        let phys = intact_cache::physical_offset(file, offset)
-            .unwrap()
-            .expect("in a plain extent");
-        let dev = fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(self.fs.device())
-            .unwrap();
-        let page = phys / 4096 * 4096;
-        let mut buf = AlignedBuf::new(4096);
-        dev.read_exact_at(&mut buf, page).unwrap();
-        buf[(phys - page) as usize]
-    }
-}
+use common::*;
+use intact_faults::LoopFs;
+use intact_transfer::{partial_name, ReadPath, SendOptions, VerifyLevel, VerifyMode, STATE_DIR};
 
 /// Finding 1 (most serious). A resume: the receiver holds block 0 of a
 /// partial file (journaled by an interrupted run). The source's block 0
@@ -322,10 +166,20 @@ fn a_resume_beyond_one_status_counts_each_byte_once() {
         block_size: SMALL,
         ..opts(VerifyMode::Fiver)
     };
-    // About 60 bytes of Block message per block (a 16-byte xxh3 digest):
-    // ~310,000 blocks pass before the cut.
-    let first = send_once(&src, &root, &o, Some(18 << 20));
+    // 62 bytes on the wire per block (its frame, a 16-byte xxh3 digest,
+    // 16 bytes of data): 400,000 blocks are 23.6 MiB; the cut lets about
+    // 380,000 through, of which the receiver journals what it got to.
+    let first = send_once(&src, &root, &o, Some(45 << 19));
     assert!(first.is_err() || first.as_ref().unwrap().failed > 0);
+    // The case needs more blocks journaled than one Status can list.
+    let journal = intact_transfer::Journal::open(&root).unwrap();
+    let row = journal.lookup(b"data.bin").unwrap().expect("journaled");
+    let journaled = journal.blocks(row.id).unwrap().len();
+    drop(journal);
+    assert!(
+        journaled > intact_proto::MAX_STATUS_BLOCKS,
+        "only {journaled} blocks journaled before the cut: the case is not made"
+    );
 
     let r = send_once(&src, &root, &o, None).unwrap();
     let f = the_file(&r);
@@ -386,10 +240,7 @@ fn direct_reads_on_data_journal_ext4_are_not_device() {
     if !usable("direct_reads_on_data_journal_ext4_are_not_device") {
         return;
     }
-    let c = Case::new();
-    let mnt = c.fs.mnt().to_str().unwrap();
-    run("umount", &[mnt]);
-    run("mount", &["-o", "data=journal", c.fs.device(), mnt]);
+    let c = Case::with_options("data=journal");
     let o = SendOptions {
         read_path: ReadPath::Direct,
         ..opts(VerifyMode::Riva)

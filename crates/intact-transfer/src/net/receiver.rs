@@ -995,6 +995,25 @@ impl Incoming {
         }
     }
 
+    /// A held block re-verified in place at `level`: verified, counted,
+    /// and recorded anew; returns its (index, digest) for the Status.
+    fn reverified_in_place(
+        &mut self,
+        index: u64,
+        len: usize,
+        d: Digest,
+        level: VerifyLevel,
+    ) -> (u64, Vec<u8>) {
+        self.verified[index as usize] = Some(d);
+        self.held.reverified(index, len as u64);
+        self.unjournaled.push(BlockRecord {
+            index,
+            digest: d.as_bytes().to_vec(),
+            verified: VerifiedAt::now(self.mode, level),
+        });
+        (index, d.as_bytes().to_vec())
+    }
+
     /// Turns an I/O error on this file into a destination error.
     fn path_err(&self) -> impl Fn(std::io::Error) -> TransferError + '_ {
         |err| TransferError::Destination {
@@ -1064,6 +1083,9 @@ fn start_anew(
     *f = inc;
     Ok(())
 }
+
+/// Blocks and their digests, as a Status lists them.
+type BlockList = Vec<(u64, Vec<u8>)>;
 
 /// A journaled block still inside the file: (index, offset, length, digest).
 type HeldBlock = (u64, u64, usize, Digest);
@@ -1139,7 +1161,7 @@ fn reverify_held(
     inc: &mut Incoming,
     records: Vec<BlockRecord>,
     buf: &mut AlignedBuf,
-) -> Result<Vec<(u64, Vec<u8>)>, TransferError> {
+) -> Result<BlockList, TransferError> {
     let file = inc
         .partial
         .as_ref()
@@ -1168,14 +1190,7 @@ fn reverify_held(
     let results = reread_in_place(inc, &file, &again, buf)?;
     for ((index, _, len, d), (ok, level)) in again.into_iter().zip(results) {
         if ok {
-            inc.verified[index as usize] = Some(d);
-            inc.held.reverified(index, len as u64);
-            inc.unjournaled.push(BlockRecord {
-                index,
-                digest: d.as_bytes().to_vec(),
-                verified: VerifiedAt::now(inc.mode, level),
-            });
-            held.push((index, d.as_bytes().to_vec()));
+            held.push(inc.reverified_in_place(index, len, d, level));
         }
     }
     held.sort_unstable_by_key(|(i, _)| *i);
@@ -1200,7 +1215,7 @@ fn reverify_whole(
     file: &File,
     opts: &ReceiveOptions,
     buf: &mut AlignedBuf,
-) -> Result<Option<(Incoming, Vec<(u64, Vec<u8>)>)>, TransferError> {
+) -> Result<Option<(Incoming, BlockList)>, TransferError> {
     let items: Vec<HeldBlock> = journal
         .blocks(inc.row)?
         .iter()
@@ -1221,14 +1236,7 @@ fn reverify_whole(
     }
     let mut list = Vec::with_capacity(items.len());
     for ((index, _, len, d), (_, level)) in items.into_iter().zip(results) {
-        inc.verified[index as usize] = Some(d);
-        inc.held.reverified(index, len as u64);
-        inc.unjournaled.push(BlockRecord {
-            index,
-            digest: d.as_bytes().to_vec(),
-            verified: VerifiedAt::now(inc.mode, level),
-        });
-        list.push((index, d.as_bytes().to_vec()));
+        list.push(inc.reverified_in_place(index, len, d, level));
     }
     Ok(Some((inc, list)))
 }

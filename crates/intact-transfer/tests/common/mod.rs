@@ -1,0 +1,153 @@
+// Each test binary uses a different part of this module.
+#![allow(dead_code)]
+
+//! Shared by the level tests: a loop-mounted ext4 per case, an in-process
+//! server, faults on the device under a file with the page cache keeping
+//! the good copy, and judgement by bytes read after a remount.
+
+use std::fs::{self, File};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use intact_faults::{FlipProxy, LoopFs, ProxyFault};
+use intact_transfer::{
+    send, CopyReport, FileReport, LocalServer, SendOptions, ServerConfig, TransferError, VerifyMode,
+};
+
+pub const BS: usize = 1 << 20;
+/// Eight blocks and a tail.
+pub const SIZE: usize = 8 * BS + 4321;
+
+pub fn usable(test: &str) -> bool {
+    match intact_faults::usable() {
+        Ok(()) => true,
+        Err(why) => {
+            intact_testkit::skip(test, &why);
+            false
+        }
+    }
+}
+
+/// Unmounts and mounts the file system again: nothing of it stays cached.
+pub fn remount(fs: &LoopFs) {
+    fs.remount().unwrap();
+}
+
+pub fn opts(verify: VerifyMode) -> SendOptions {
+    SendOptions {
+        verify,
+        block_size: BS,
+        streams: 1,
+        retries: 2,
+        ..SendOptions::default()
+    }
+}
+
+/// One send to a fresh in-process server rooted at `root`, optionally
+/// through a proxy that cuts the connection after `cut` bytes.
+pub fn send_once(
+    src: &Path,
+    root: &Path,
+    o: &SendOptions,
+    cut: Option<u64>,
+) -> Result<CopyReport, TransferError> {
+    let server = LocalServer::start(ServerConfig::local(root)).unwrap();
+    let r = match cut {
+        Some(n) => {
+            let proxy = FlipProxy::start(server.addr(), ProxyFault::CutAfter(n)).unwrap();
+            send(&[src.to_path_buf()], &proxy.addr(), o, &|_| {})
+        }
+        None => send(&[src.to_path_buf()], &server.addr(), o, &|_| {}),
+    };
+    server.stop().unwrap();
+    r
+}
+
+pub fn the_file(r: &CopyReport) -> &FileReport {
+    r.files.iter().find(|f| f.kind == "file").expect("one file")
+}
+
+/// Every byte of the file is accounted for exactly once: sent, held and
+/// re-verified in place, or held and trusted from the journal (resends
+/// are of whole blocks of `bs`).
+pub fn accounted(f: &FileReport, bs: u64) {
+    assert!(f.error.is_none(), "{:?}", f.error);
+    assert_eq!(
+        f.bytes_sent - f.blocks_resent * bs + f.bytes_reverified + f.bytes_trusted,
+        f.size,
+        "sent {} (resent blocks {}) + re-verified {} + trusted {} != size {}",
+        f.bytes_sent,
+        f.blocks_resent,
+        f.bytes_reverified,
+        f.bytes_trusted,
+        f.size
+    );
+}
+
+/// Rewrites `len` bytes of `path` at `offset` in place and puts its
+/// modification time back, to the nanosecond: same size, same mtime,
+/// other bytes (what a quick check cannot see).
+pub fn rewrite_keeping_mtime(path: &Path, offset: u64, bytes: &[u8]) {
+    let mtime = fs::metadata(path).unwrap().modified().unwrap();
+    let f = fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.write_all_at(bytes, offset).unwrap();
+    f.set_modified(mtime).unwrap();
+    drop(f);
+    assert_eq!(fs::metadata(path).unwrap().modified().unwrap(), mtime);
+}
+
+pub struct Case {
+    pub fs: LoopFs,
+    _src_dir: tempfile::TempDir,
+    pub src: PathBuf,
+    pub data: Vec<u8>,
+    pub root: PathBuf,
+}
+
+impl Case {
+    /// A fresh 64 MiB ext4 and a source file of `SIZE` bytes beside it.
+    pub fn new() -> Case {
+        Case::with_options("")
+    }
+
+    /// The same, the ext4 mounted with `options` (e.g. `data=journal`).
+    pub fn with_options(options: &str) -> Case {
+        let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+        let fs = LoopFs::with_options(tmp, 64, options).unwrap();
+        let src_dir = tempfile::tempdir_in(tmp).unwrap();
+        let data = intact_sample::bytes(SIZE, 7);
+        let src = src_dir.path().join("data.bin");
+        fs::write(&src, &data).unwrap();
+        let root = fs.mnt().join("root");
+        Case {
+            fs,
+            _src_dir: src_dir,
+            src,
+            data,
+            root,
+        }
+    }
+
+    /// The stored file's bytes after a remount (no cache survives it).
+    pub fn stored(&self) -> Vec<u8> {
+        remount(&self.fs);
+        fs::read(self.root.join("data.bin")).unwrap()
+    }
+
+    /// Flips a bit on the device under `path` at `offset` and proves it:
+    /// the device holds the flipped byte, the page cache the good one.
+    pub fn flip_under(&self, path: &Path, offset: u64) {
+        let f = File::open(path).unwrap();
+        self.fs.flip_bit_under(&f, offset).unwrap();
+        let good = self.data[offset as usize];
+        assert_eq!(self.device_byte(&f, offset), good ^ 1, "the flip missed");
+        let mut cached = [0u8];
+        f.read_exact_at(&mut cached, offset).unwrap();
+        assert_eq!(cached[0], good, "the page cache should keep the good byte");
+    }
+
+    /// The byte at `offset` of `file` as the loop device holds it.
+    pub fn device_byte(&self, file: &File, offset: u64) -> u8 {
+        self.fs.device_byte_under(file, offset).unwrap()
+    }
+}
