@@ -4,7 +4,7 @@
 //! link between two network namespaces joined by a veth pair and shaped
 //! with tc (the network is the bottleneck; the RIVA paper's HPCLab-WS).
 //! Overheads are against `none` and against `fiver` (the paper's Eq. 3);
-//! for riva the run's own model (Eq. 1) and its error (Eq. 2) are shown.
+//! for riva the run's own model (Eq. 1, circular: see `model`) is shown.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -39,7 +39,7 @@ pub struct VerifyArgs {
 }
 
 /// The datasets, each as parts made side by side under one source.
-fn datasets(scale: f64) -> Vec<(&'static str, Vec<Dataset>)> {
+pub(crate) fn datasets(scale: f64) -> Vec<(&'static str, Vec<Dataset>)> {
     let n = |x: f64| ((x * scale) as u64).max(1);
     vec![
         (
@@ -126,7 +126,7 @@ pub fn run(a: &VerifyArgs) -> anyhow::Result<()> {
                 "\n{name}: {files} files, {:.0} MiB; {regime}\n",
                 bytes as f64 / MIB as f64
             );
-            println!("| mode | median s | MiB/s | overhead vs none | overhead vs fiver (Eq. 3) | riva model (Eq. 1) s | model error (Eq. 2) |");
+            println!("| mode | median s | MiB/s | overhead vs none | overhead vs fiver (Eq. 3) | riva's own model (same run; circular, see `model`) s | its error |");
             println!("|---|---:|---:|---:|---:|---:|---:|");
             let dst = a.dir.join("verify-dst");
             let mut results = Vec::new();
@@ -166,7 +166,7 @@ pub fn run(a: &VerifyArgs) -> anyhow::Result<()> {
             }
         }
     }
-    println!("\noverhead = (t_mode - t_base) / t_base; riva model from the run's measured per-block stage times.");
+    println!("\noverhead = (t_mode - t_base) / t_base; riva's own model is fed with the same run's stage times, whose transfer stage includes the sender waiting for the verifier: it cannot fail by much. `intact-bench model` predicts riva from separate runs.");
     println!("command: cargo run --release -p intact-bench -- verify");
     Ok(())
 }
@@ -174,7 +174,7 @@ pub fn run(a: &VerifyArgs) -> anyhow::Result<()> {
 /// One timed send into a fresh server (in the namespace for the shaped
 /// regime); returns seconds to the end of the final sync and, for riva,
 /// the model's (predicted seconds, error %) from the JSON report.
-fn send_once(
+pub(crate) fn send_once(
     intact: &Path,
     src: &Path,
     dst: &Path,
@@ -238,7 +238,7 @@ fn send_once(
 
 /// A network namespace joined to this one by a veth pair shaped to
 /// 1 Gbit/s in both directions; deleted (with its veth) on drop.
-struct Netns {
+pub(crate) struct Netns {
     name: String,
 }
 
