@@ -401,3 +401,27 @@ fn walk(p: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_verify_pass_reads_every_block_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut stream = intact_sample::SampleBytes::new(1);
+        std::fs::create_dir_all(dir.path().join("a/.intact")).unwrap();
+        std::fs::create_dir_all(dir.path().join(".intact")).unwrap();
+        intact_sample::write_file(&dir.path().join(".intact/j"), 1000, &mut stream).unwrap();
+        // 9 MiB + 1: three blocks; twenty 16 KiB files: one each.
+        intact_sample::write_file(&dir.path().join("a/big"), (9 << 20) + 1, &mut stream).unwrap();
+        for i in 0..20 {
+            let p = dir.path().join(format!("a/s{i}"));
+            intact_sample::write_file(&p, 16 << 10, &mut stream).unwrap();
+        }
+        for threads in [1, 4] {
+            let p = verify_pass(dir.path(), threads).unwrap();
+            assert_eq!(p.blocks, 23, "{threads} threads");
+        }
+    }
+}

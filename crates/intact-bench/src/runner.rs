@@ -245,3 +245,27 @@ pub fn command_line() -> String {
     let args: Vec<String> = std::env::args().skip(1).collect();
     format!("intact-bench {}", args.join(" "))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interleaved_alternates_the_order() {
+        let mut order = Vec::new();
+        let out = interleaved(3, 3, |i| {
+            order.push(i);
+            Ok(i * 10)
+        })
+        .unwrap();
+        assert_eq!(order, [0, 1, 2, 2, 1, 0, 0, 1, 2]);
+        assert_eq!(out, [vec![0; 3], vec![10; 3], vec![20; 3]]);
+    }
+
+    #[test]
+    fn spread_is_min_median_max() {
+        let s = Spread::of(&[3.0, 1.0, 2.0, 10.0]);
+        assert_eq!((s.min, s.median, s.max), (1.0, 2.5, 10.0));
+        assert_eq!(s.to_string(), "1.00 / 2.50 / 10.00");
+    }
+}
