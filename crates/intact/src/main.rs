@@ -2,14 +2,20 @@
 //! library crates under `crates/`.
 
 mod args;
+mod block_size;
 mod check;
 mod copy;
 mod demo;
+mod exit;
+mod generate;
 mod hashing;
 mod ordered;
 mod reliability;
 mod serve;
+mod stdout;
 mod sum;
+mod summary;
+mod verify_help;
 
 use std::process::ExitCode;
 
@@ -27,10 +33,12 @@ fn main() -> ExitCode {
         Command::Sum(a) => sum::run(a),
         Command::Demo(a) => demo::run(a),
         Command::Reliability(a) => reliability::run(a),
+        Command::Completions(a) => generate::completions(a),
+        Command::Man(a) => generate::man(a),
     };
     result.unwrap_or_else(|e| {
         eprintln!("intact: {}", describe(&e));
-        ExitCode::FAILURE
+        exit::status_of(&e)
     })
 }
 
