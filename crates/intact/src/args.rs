@@ -349,7 +349,7 @@ pub struct SumArgs {
     #[arg(value_name = "PATH")]
     pub paths: Vec<PathBuf>,
 
-    /// Digest algorithm: crc32c, xxh3, xxh128, blake3, sha256, sha1, md5, adler32 [default: blake3].
+    /// Digest algorithm: crc32c, xxh3, xxh128, blake3, sha256, sha1, md5, adler32, sha512 [default: blake3].
     /// With --check, lines tagged with an algorithm (e.g. `XXH3 (f) = ...`) use their tag.
     #[arg(short, long, value_name = "A", value_parser = parse_algorithm)]
     pub algo: Option<Algorithm>,
@@ -361,6 +361,26 @@ pub struct SumArgs {
     /// With --check, do not print a line for each file that matched.
     #[arg(short, long, requires = "check")]
     pub quiet: bool,
+
+    /// With --check, print nothing on standard output; the exit status tells.
+    #[arg(long, requires = "check", conflicts_with = "json")]
+    pub status: bool,
+
+    /// With --check, skip files the lists name that do not exist.
+    #[arg(long, requires = "check")]
+    pub ignore_missing: bool,
+
+    /// With --check, fail on improperly formatted lines (intact always does; for sha256sum scripts).
+    #[arg(long, requires = "check")]
+    pub strict: bool,
+
+    /// Print BSD-style lines (`SHA256 (NAME) = HEX`) for every algorithm.
+    #[arg(long, conflicts_with_all = ["check", "json"])]
+    pub tag: bool,
+
+    /// End each line with NUL, not newline, and do not escape names.
+    #[arg(short, long, conflicts_with_all = ["check", "json"])]
+    pub zero: bool,
 
     /// Hash regular files found under directories (symlinks and special files are skipped with a note).
     #[arg(short, long, conflicts_with = "check")]

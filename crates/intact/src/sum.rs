@@ -43,6 +43,10 @@ pub fn run(args: &SumArgs) -> anyhow::Result<ExitCode> {
         files: Vec::new(),
         summary: Summary::default(),
     };
+    let style = manifest::LineStyle {
+        bsd_tag: args.tag,
+        zero: args.zero,
+    };
     let mut write_failed = None;
     let mut done = 0;
     for_each_ordered(
@@ -56,7 +60,7 @@ pub fn run(args: &SumArgs) -> anyhow::Result<ExitCode> {
             report.summary.add(&entry);
             match outcome {
                 Ok((d, _)) if !args.json => {
-                    let line = manifest::format_line(&d.digests.whole, input.name());
+                    let line = manifest::format_line_as(&d.digests.whole, input.name(), style);
                     if let Err(e) = hashing::print_out(&pb, &line) {
                         write_failed.get_or_insert(e);
                     }
