@@ -167,7 +167,11 @@ mod tests {
 
     #[test]
     fn digest_lengths_name_the_candidates() {
-        let names = |n| Algorithm::with_hex_len(n).map(Algorithm::name).collect::<Vec<_>>();
+        let names = |n| {
+            Algorithm::with_hex_len(n)
+                .map(Algorithm::name)
+                .collect::<Vec<_>>()
+        };
         assert_eq!(names(64), ["blake3", "sha256"]);
         assert_eq!(names(128), ["sha512"]);
         assert_eq!(names(32), ["xxh128", "md5"]);

@@ -282,9 +282,15 @@ mod tests {
             zero: false,
         };
         let line = format_line_as(&d, Path::new("a\\b"), tag);
-        assert_eq!(line, format!("\\SHA256 (a\\\\b) = {}\n", d.to_hex()).into_bytes());
+        assert_eq!(
+            line,
+            format!("\\SHA256 (a\\\\b) = {}\n", d.to_hex()).into_bytes()
+        );
         let parsed = parse_line(&line[..line.len() - 1]).unwrap().unwrap();
-        assert_eq!((parsed.tagged, parsed.path), (Some(Algorithm::Sha256), "a\\b".into()));
+        assert_eq!(
+            (parsed.tagged, parsed.path),
+            (Some(Algorithm::Sha256), "a\\b".into())
+        );
         let zero = LineStyle {
             bsd_tag: false,
             zero: true,

@@ -155,7 +155,7 @@ fn every_path_matches_the_reference_at_boundary_sizes() {
             }
             assert_eq!(h.finalize().to_hex(), want, "{alg} streamed, {len} B");
 
-            for strategy in [ReadStrategy::Auto, ReadStrategy::Read] {
+            for strategy in [ReadStrategy::Auto, ReadStrategy::Read, ReadStrategy::Mmap] {
                 for parallel in [false, true] {
                     let plan = DigestPlan {
                         parallel,
@@ -169,7 +169,11 @@ fn every_path_matches_the_reference_at_boundary_sizes() {
                         "{alg} file {plan:?}, {len} B"
                     );
                     assert_eq!(got.digests.len, len as u64);
-                    let mapped = strategy == ReadStrategy::Auto && len >= 64 * 1024;
+                    let mapped = match strategy {
+                        ReadStrategy::Auto => len >= 64 * 1024,
+                        ReadStrategy::Read => false,
+                        ReadStrategy::Mmap => len > 0,
+                    };
                     let expect = if mapped {
                         ReadPath::Mmap
                     } else {
@@ -177,6 +181,38 @@ fn every_path_matches_the_reference_at_boundary_sizes() {
                     };
                     assert_eq!(got.read_path, expect, "{plan:?} {len} B");
                 }
+            }
+        }
+    }
+}
+
+/// A file of several mapping windows (16 MiB each) and a bit: the serial
+/// mapped path maps, pre-faults and unmaps window by window, the parallel
+/// one maps it whole; both must give the reference digest.
+#[test]
+fn files_of_several_mapping_windows_match_the_reference() {
+    let pool = pool();
+    let dir = tempfile::tempdir().unwrap();
+    let len = 2 * 16 * 1024 * 1024 + PAGE_SIZE + 1;
+    let input = data(len, 99);
+    let path = dir.path().join("windows");
+    std::fs::write(&path, &input).unwrap();
+    for alg in [
+        Algorithm::Xxh3_64,
+        Algorithm::Sha256,
+        Algorithm::Blake3,
+        Algorithm::Crc32c,
+    ] {
+        let want = reference_hex(alg, &input);
+        for strategy in [ReadStrategy::Auto, ReadStrategy::Read, ReadStrategy::Mmap] {
+            for parallel in [false, true] {
+                let plan = DigestPlan {
+                    parallel,
+                    strategy,
+                    ..DigestPlan::whole(alg)
+                };
+                let got = pool.install(|| digest_file(&path, &plan)).unwrap();
+                assert_eq!(got.digests.whole.to_hex(), want, "{alg} {plan:?}");
             }
         }
     }

@@ -405,6 +405,10 @@ pub struct SumArgs {
     /// Never memory-map files; always read them into aligned buffers.
     #[arg(long)]
     pub no_mmap: bool,
+
+    /// Memory-map every regular file (to measure; the default picks per file).
+    #[arg(long, conflicts_with = "no_mmap")]
+    pub mmap: bool,
 }
 
 #[derive(Debug, Args)]

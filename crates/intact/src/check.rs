@@ -10,7 +10,6 @@ use serde::Serialize;
 
 use crate::args::SumArgs;
 use crate::hashing::{self, Input};
-use crate::ordered::for_each_ordered;
 use crate::sum::{plan, DEFAULT_ALGORITHM};
 
 /// One file a list names, with the digest it must have.
@@ -114,15 +113,15 @@ pub fn run(args: &SumArgs) -> anyhow::Result<ExitCode> {
     }
     summary.malformed_lines = malformed.len() as u64;
 
-    let pool = hashing::thread_pool(args.jobs)?;
     let pb = hashing::progress_bar(expected.iter().map(|e| e.input.size()).sum());
     let mut files = Vec::new();
     let mut failed_as = Vec::new();
     let mut done = 0;
-    for_each_ordered(
-        &pool,
+    hashing::for_each_hashed(
+        args.jobs,
         &expected,
-        |e| hashing::hash_input(&e.input, &plan(args, e.digest.algorithm())),
+        |e| &e.input,
+        |e| plan(args, e.digest.algorithm()),
         |e, outcome| {
             done += 1;
             hashing::advance(&pb, &e.input, done);
@@ -164,7 +163,7 @@ pub fn run(args: &SumArgs) -> anyhow::Result<ExitCode> {
                 files.push(checked);
             }
         },
-    );
+    )?;
     pb.finish_and_clear();
     summary.seconds = hashing::secs(start.elapsed());
     if !args.status {

@@ -562,13 +562,17 @@ fn a_list_that_fails_every_line_says_which_algorithm_it_may_be_for() {
     fs::write(d.join("MD5SUMS"), &md5).unwrap();
     let out = intact_in(d, &["sum", "-c", "-a", "xxh128", "MD5SUMS"]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("may be for md5; try --algo md5"), "{out:?}");
+    assert!(
+        text(&out.stderr).contains("may be for md5; try --algo md5"),
+        "{out:?}"
+    );
     // Without -a the length fits no BLAKE3 digest: the line says which fit.
     let out = intact_in(d, &["sum", "-c", "MD5SUMS"]);
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(text(&out.stdout), "");
     assert!(
-        text(&out.stderr).contains("32 hex digits fit another algorithm: try --algo xxh128 or --algo md5"),
+        text(&out.stderr)
+            .contains("32 hex digits fit another algorithm: try --algo xxh128 or --algo md5"),
         "{out:?}"
     );
     // A tagged line names its algorithm: a mismatch there is a mismatch.
@@ -624,7 +628,10 @@ fn tag_lines_are_byte_identical_to_the_gnu_tools() {
     // blake3 has no GNU tool; its tag is BLAKE3, and it checks back.
     let got = intact_in(d, &["sum", "--tag", "f0.dat"]);
     assert_ok(&got, "blake3 --tag");
-    assert!(text(&got.stdout).starts_with("BLAKE3 (f0.dat) = "), "{got:?}");
+    assert!(
+        text(&got.stdout).starts_with("BLAKE3 (f0.dat) = "),
+        "{got:?}"
+    );
     // --tag makes no sense when checking, as in coreutils: usage error.
     let out = intact_in(d, &["sum", "-c", "--tag", "f1.dat"]);
     assert_eq!(out.status.code(), Some(2));
@@ -715,12 +722,18 @@ fn status_ignore_missing_and_strict_behave_as_in_coreutils() {
             assert!(!stderr.contains("gone"), "{args:?}: {stderr}");
         }
         if flags.contains(&"ONLY_MISSING") {
-            assert!(stderr.contains("ONLY_MISSING: no file was verified"), "{stderr}");
+            assert!(
+                stderr.contains("ONLY_MISSING: no file was verified"),
+                "{stderr}"
+            );
         }
     }
     // --status still names a file it could not read on stderr, as coreutils.
     let got = intact_in(d, &["sum", "-a", "sha256", "-c", "--status", "MISSING"]);
-    assert!(text(&got.stderr).contains("gone: No such file or directory"), "{got:?}");
+    assert!(
+        text(&got.stderr).contains("gone: No such file or directory"),
+        "{got:?}"
+    );
     // Where intact is deliberately stricter: a malformed line fails the
     // run even without --strict (sha256sum exits 0); stdout is the same.
     let want = tool_in(d, "sha256sum", &["-c", "MALFORMED"]);
@@ -734,4 +747,104 @@ fn status_ignore_missing_and_strict_behave_as_in_coreutils() {
         assert_eq!(out.status.code(), Some(2), "{flag}");
         assert_eq!(text(&out.stdout), "", "{flag}");
     }
+}
+
+/// Runs `cmd` to the end and returns its output and peak RSS in MiB (from
+/// the kernel's accounting of that child, `wait4`).
+// The child is reaped by wait4 (for its rusage), which clippy cannot see.
+#[allow(clippy::zombie_processes)]
+fn run_with_peak_rss(mut cmd: Command, dir: &Path) -> (Output, f64) {
+    use std::io::Read;
+    let mut child = cmd
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("command starts");
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_end(&mut stdout)
+        .unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_end(&mut stderr)
+        .unwrap();
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is valid; pid is our unreaped child.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut usage) };
+    assert_eq!(rc, child.id() as libc::pid_t);
+    use std::os::unix::process::ExitStatusExt;
+    let out = Output {
+        status: std::process::ExitStatus::from_raw(status),
+        stdout,
+        stderr,
+    };
+    (out, usage.ru_maxrss as f64 / 1024.0)
+}
+
+#[test]
+fn large_files_are_mapped_a_window_at_a_time_and_match_the_tools() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let size = 160 * MIB;
+    intact_sample::write_file(
+        &d.join("big.dat"),
+        size as u64,
+        &mut intact_sample::SampleBytes::new(21),
+    )
+    .unwrap();
+    fs::write(d.join("small.dat"), data(4096, 22)).unwrap();
+    let before = listing(d);
+
+    // One thread hashes XXH3: the file is mapped 16 MiB at a time, so the
+    // process stays far below the file's size (it held all 160 MiB before).
+    let mut c = intact();
+    c.args(["sum", "-a", "xxh3", "big.dat"]);
+    let (got, rss) = run_with_peak_rss(c, d);
+    assert_ok(&got, "xxh3 big");
+    assert_eq!(got.stdout, tool_in(d, "xxhsum -H3", &["big.dat"]).stdout);
+    assert!(rss < 100.0, "peak RSS {rss:.0} MiB for a 160 MiB file");
+
+    // The same through every strategy, and BLAKE3 split across threads.
+    for extra in [&["--no-mmap"][..], &["--mmap"], &["--jobs", "1"]] {
+        let mut args = vec!["sum", "-a", "xxh3"];
+        args.extend(extra);
+        args.push("big.dat");
+        let out = intact_in(d, &args);
+        assert_ok(&out, &format!("{extra:?}"));
+        assert_eq!(out.stdout, got.stdout, "{extra:?}");
+    }
+    let out = intact_in(d, &["sum", "big.dat", "small.dat"]);
+    assert_ok(&out, "blake3");
+    assert_eq!(
+        out.stdout,
+        tool_in(d, "b3sum", &["big.dat", "small.dat"]).stdout
+    );
+
+    // The read path each choice really took.
+    for (flags, file, path) in [
+        (&[][..], "big.dat", "mmap"),
+        (&[][..], "small.dat", "read"),
+        (&["--mmap"], "small.dat", "mmap"),
+        (&["--no-mmap"], "big.dat", "read"),
+    ] {
+        let mut args = vec!["sum", "--json", "-a", "xxh3"];
+        args.extend(flags);
+        args.push(file);
+        let out = intact_in(d, &args);
+        assert_ok(&out, &format!("{args:?}"));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["files"][0]["read_path"], path, "{args:?}");
+    }
+    let out = intact_in(d, &["sum", "--mmap", "--no-mmap", "small.dat"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(text(&out.stdout), "");
+    assert_eq!(listing(d), before);
 }
