@@ -213,7 +213,7 @@ const SUM_ABOUT: &str = "\
 Print or check file digests.
 
 Output lines have the format of the usual tool for each algorithm, so lists
-interoperate both ways: sha256 and sha1 and md5 like sha256sum/sha1sum/md5sum,
+interoperate both ways: sha256, sha512, sha1 and md5 like sha256sum/sha512sum/sha1sum/md5sum,
 blake3 like b3sum, xxh128 like `xxhsum -H2`, xxh3 like `xxhsum -H3`
 (`XXH3 (NAME) = HEX`). crc32c and adler32 print `HEX  NAME` (8 hex digits,
 big-endian, as xrdcp prints them).
