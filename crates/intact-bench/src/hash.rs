@@ -1,4 +1,9 @@
-//! `intact-bench hash`: intact sum vs b3sum, xxhsum, openssl, md5sum.
+//! `intact-bench hash`: intact sum vs b3sum, xxhsum, openssl, md5sum;
+//! with `--strategies`, whole processes per file size, directory and read
+//! strategy (see [`strategies`]).
+
+mod proc_time;
+mod strategies;
 
 use std::path::PathBuf;
 
@@ -10,12 +15,34 @@ pub struct HashArgs {
     /// Size of the test file, in GiB.
     #[arg(long, default_value_t = 2)]
     size_gib: u64,
-    /// Runs per measurement (the median is reported).
-    #[arg(long, default_value_t = 5)]
-    runs: usize,
+    /// Runs per measurement (the median is reported) [default: 5; 7 with --strategies].
+    #[arg(long)]
+    runs: Option<usize>,
     /// Directory for the test file (tmpfs, so the disk is not measured).
     #[arg(long, default_value = "/dev/shm")]
     dir: PathBuf,
+    /// Instead: whole `intact sum` processes (default, --no-mmap, --mmap)
+    /// against xxhsum -H3, b3sum and sha256sum, per size and directory.
+    #[arg(long)]
+    strategies: bool,
+    /// With --strategies: the directories (file systems) to measure in.
+    #[arg(long, value_delimiter = ',', default_value = "/dev/shm,/var/tmp")]
+    dirs: Vec<PathBuf>,
+    /// With --strategies: file sizes in bytes (K, M, G suffixes: powers of 1024).
+    #[arg(long, value_delimiter = ',', value_parser = parse_size, default_value = "4K,1M,64M,1G")]
+    sizes: Vec<u64>,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let (num, shift) = match s.trim().to_ascii_uppercase() {
+        t if t.ends_with('K') => (t[..t.len() - 1].to_string(), 10),
+        t if t.ends_with('M') => (t[..t.len() - 1].to_string(), 20),
+        t if t.ends_with('G') => (t[..t.len() - 1].to_string(), 30),
+        t => (t, 0),
+    };
+    num.parse::<u64>()
+        .map(|n| n << shift)
+        .map_err(|_| format!("'{s}' is not a size (examples: 4K, 1M, 1G)"))
 }
 
 /// One row: an algorithm, how intact computes it, and the public tool.
@@ -29,6 +56,10 @@ struct Row {
 
 pub fn run(a: &HashArgs) -> anyhow::Result<()> {
     let intact = intact_binary()?;
+    if a.strategies {
+        return strategies::run(&intact, &a.dirs, &a.sizes, a.runs.unwrap_or(7));
+    }
+    let runs = a.runs.unwrap_or(5);
     let dir = tempfile::Builder::new()
         .prefix("intact-bench-")
         .tempdir_in(&a.dir)
@@ -96,13 +127,13 @@ pub fn run(a: &HashArgs) -> anyhow::Result<()> {
 
     let gib = a.size_gib as f64;
     let cat = Cmd::new("cat", &[f]);
-    let cat_s = medians(&[&cat], a.runs)?[0];
+    let cat_s = medians(&[&cat], runs)?[0];
     println!(
         "intact-bench hash: {} GiB file in {}, {} cores, median of {} runs; GiB/s (higher is better)",
         a.size_gib,
         a.dir.display(),
         threads,
-        a.runs
+        runs
     );
     println!("reference: cat {:.2} GiB/s\n", gib / cat_s);
     println!(
@@ -119,7 +150,7 @@ pub fn run(a: &HashArgs) -> anyhow::Result<()> {
         for (ours, theirs) in [(&single, &row.tool_single), (&all, &row.tool_all)] {
             let mut cmds = vec![ours];
             cmds.extend(theirs.iter());
-            let m = medians(&cmds, a.runs)?;
+            let m = medians(&cmds, runs)?;
             let rate = |s: f64| gib / s;
             match m.get(1) {
                 Some(&t) => line.push_str(&format!(
@@ -138,7 +169,7 @@ pub fn run(a: &HashArgs) -> anyhow::Result<()> {
 }
 
 /// Checks that intact and the tool print the same digest for the file.
-fn agree(intact: &Cmd, tool: &Cmd) -> anyhow::Result<()> {
+pub(crate) fn agree(intact: &Cmd, tool: &Cmd) -> anyhow::Result<()> {
     let ours = first_hex(&intact.output()?);
     let theirs = first_hex(&tool.output()?);
     if ours.is_none() || ours != theirs {

@@ -27,11 +27,14 @@ pub enum Algorithm {
     Md5,
     /// Adler-32, for compatibility with xrdcp/GridFTP users.
     Adler32,
+    /// SHA-512, for compatibility with `sha512sum` lists.
+    Sha512,
 }
 
 impl Algorithm {
-    /// Every algorithm, in the order help texts list them.
-    pub const ALL: [Algorithm; 8] = [
+    /// Every algorithm, in the order help texts list them. New algorithms
+    /// go at the end: the wire protocol names an algorithm by its index here.
+    pub const ALL: [Algorithm; 9] = [
         Algorithm::Crc32c,
         Algorithm::Xxh3_64,
         Algorithm::Xxh3_128,
@@ -40,6 +43,7 @@ impl Algorithm {
         Algorithm::Sha1,
         Algorithm::Md5,
         Algorithm::Adler32,
+        Algorithm::Sha512,
     ];
 
     /// The canonical name, as accepted by `--algo` and printed in reports.
@@ -53,6 +57,7 @@ impl Algorithm {
             Algorithm::Sha1 => "sha1",
             Algorithm::Md5 => "md5",
             Algorithm::Adler32 => "adler32",
+            Algorithm::Sha512 => "sha512",
         }
     }
 
@@ -67,6 +72,7 @@ impl Algorithm {
             Algorithm::Sha1 => &["sha-1"],
             Algorithm::Md5 => &["md-5"],
             Algorithm::Adler32 => &["adler-32", "adler"],
+            Algorithm::Sha512 => &["sha-512", "sha2-512"],
         }
     }
 
@@ -78,7 +84,17 @@ impl Algorithm {
             Algorithm::Xxh3_128 | Algorithm::Md5 => 16,
             Algorithm::Sha1 => 20,
             Algorithm::Blake3 | Algorithm::Sha256 => 32,
+            Algorithm::Sha512 => 64,
         }
+    }
+
+    /// The algorithms whose digests have `hex_digits` hex digits, in
+    /// [`Algorithm::ALL`] order: what a checksum list of unknown origin
+    /// may have been made with.
+    pub fn with_hex_len(hex_digits: usize) -> impl Iterator<Item = Algorithm> {
+        Algorithm::ALL
+            .into_iter()
+            .filter(move |a| 2 * a.digest_len() == hex_digits)
     }
 
     /// Whether one long input can be hashed on several cores.
@@ -95,7 +111,10 @@ impl Algorithm {
 
     /// Whether the algorithm is cryptographic (collision resistant).
     pub fn is_cryptographic(self) -> bool {
-        matches!(self, Algorithm::Blake3 | Algorithm::Sha256)
+        matches!(
+            self,
+            Algorithm::Blake3 | Algorithm::Sha256 | Algorithm::Sha512
+        )
     }
 }
 
@@ -144,6 +163,20 @@ mod tests {
             }
             assert_eq!(a.name().to_uppercase().parse::<Algorithm>().unwrap(), a);
         }
+    }
+
+    #[test]
+    fn digest_lengths_name_the_candidates() {
+        let names = |n| {
+            Algorithm::with_hex_len(n)
+                .map(Algorithm::name)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(64), ["blake3", "sha256"]);
+        assert_eq!(names(128), ["sha512"]);
+        assert_eq!(names(32), ["xxh128", "md5"]);
+        assert_eq!(names(40), ["sha1"]);
+        assert!(names(63).is_empty());
     }
 
     #[test]

@@ -7,7 +7,7 @@ use subtle::ConstantTimeEq;
 use crate::{Algorithm, DigestError};
 
 /// Longest digest any [`Algorithm`] produces, in bytes.
-pub const MAX_DIGEST_LEN: usize = 32;
+pub const MAX_DIGEST_LEN: usize = 64;
 
 /// The digest of some bytes under one algorithm.
 ///

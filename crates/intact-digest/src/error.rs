@@ -8,7 +8,7 @@ use std::path::PathBuf;
 pub enum DigestError {
     /// The name does not match any supported algorithm.
     #[error(
-        "unknown algorithm '{0}' (known: crc32c, xxh3, xxh128, blake3, sha256, sha1, md5, adler32)"
+        "unknown algorithm '{0}' (known: crc32c, xxh3, xxh128, blake3, sha256, sha1, md5, adler32, sha512)"
     )]
     UnknownAlgorithm(String),
     /// A hex string had the wrong length or a non-hex character.

@@ -87,6 +87,9 @@ pub enum ReadStrategy {
     Auto,
     /// Always `read(2)` into aligned buffers.
     Read,
+    /// Map every non-empty regular file (for benchmarks; falls back to
+    /// reading when mapping fails).
+    Mmap,
 }
 
 /// The path a file's bytes really took, for reports.
@@ -168,8 +171,13 @@ pub fn digest_file(path: &Path, plan: &DigestPlan) -> Result<FileDigests, Digest
     if meta.is_dir() {
         return Err(DigestError::IsDirectory(path.to_path_buf()));
     }
-    if plan.strategy == ReadStrategy::Auto && meta.is_file() && meta.len() >= MIN_MMAP_LEN {
-        if let Some(digests) = digest_mapped(&file, meta.len(), plan)? {
+    let map = match plan.strategy {
+        ReadStrategy::Auto => meta.len() >= MIN_MMAP_LEN,
+        ReadStrategy::Read => false,
+        ReadStrategy::Mmap => meta.len() > 0,
+    };
+    if map && meta.is_file() {
+        if let Some(digests) = digest_mapped(path, &file, meta.len(), plan)? {
             return Ok(FileDigests {
                 digests,
                 read_path: ReadPath::Mmap,
@@ -185,51 +193,110 @@ pub fn digest_file(path: &Path, plan: &DigestPlan) -> Result<FileDigests, Digest
     })
 }
 
-/// Hashes a regular file of `len` bytes through one read-only mapping.
+/// Hashes a regular file of `len` bytes through read-only mappings.
 /// `Ok(None)` if the file cannot be mapped (the caller then reads it).
 ///
 /// Faulting pages in one 4 KiB page at a time is what makes a mapped read
 /// slow; how that cost is hidden depends on the threads:
-/// - one hashing thread: a helper thread pre-faults the next
-///   [`MMAP_WINDOW`] (MADV_POPULATE_READ, one call per window) while the
-///   current one is hashed, so faulting and hashing overlap;
-/// - several: every worker faults its own pieces, so faulting runs in
-///   parallel too (b3sum's way).
+/// - one hashing thread: a helper thread maps the next [`MMAP_WINDOW`] of
+///   the file and pre-faults it (MADV_POPULATE_READ, one call per window)
+///   while the current one is hashed, so faulting and hashing overlap;
+///   each window is unmapped once hashed, so the process never holds more
+///   than three windows (48 MiB) of the file, whatever its size;
+/// - several: one mapping of the whole file, every worker faults its own
+///   pieces, so faulting runs in parallel too (b3sum's way, and its
+///   resident size).
 fn digest_mapped(
+    path: &Path,
     file: &File,
     len: u64,
     plan: &DigestPlan,
 ) -> Result<Option<GranularDigests>, DigestError> {
-    // SAFETY: the map is only read. If another process truncates the file
-    // meanwhile, reads past the new end fault (SIGBUS); that is the
-    // documented price of this path and why ReadStrategy::Read exists.
-    let Ok(map) = (unsafe { memmap2::Mmap::map(file) }) else {
-        return Ok(None);
-    };
-    debug_assert_eq!(map.len() as u64, len);
     let mut g = plan.granular()?;
     if plan.splits_across_threads() {
+        // SAFETY: the map is only read. If another process truncates the
+        // file meanwhile, reads past the new end fault (SIGBUS); that is
+        // the documented price of this path and why ReadStrategy::Read exists.
+        let Ok(map) = (unsafe { memmap2::Mmap::map(file) }) else {
+            return Ok(None);
+        };
+        debug_assert_eq!(map.len() as u64, len);
         let _ = map.advise(memmap2::Advice::Sequential);
         g.update(&map);
         return Ok(Some(g.finish()));
     }
-    let windows: Vec<&[u8]> = map.chunks(MMAP_WINDOW).collect();
-    let (ready, windows_ready) = std::sync::mpsc::sync_channel::<usize>(1);
-    std::thread::scope(|s| {
-        let windows = &windows;
+    let Ok(first) = map_window(file, 0, len) else {
+        return Ok(None);
+    };
+    let (ready, windows_ready) = std::sync::mpsc::sync_channel(1);
+    let mut done = 0u64;
+    let complete = std::thread::scope(|s| {
         s.spawn(move || {
-            for (i, w) in windows.iter().enumerate() {
-                prefault(w);
-                if ready.send(i).is_err() {
+            let mut window = Ok(first);
+            let mut offset = 0u64;
+            loop {
+                let mapped = window.is_ok();
+                if let Ok(w) = &window {
+                    prefault(w);
+                }
+                let n = window.as_ref().map_or(0, |w| w.len() as u64);
+                if ready.send(window).is_err() || !mapped {
                     return;
                 }
+                offset += n;
+                if offset >= len {
+                    return;
+                }
+                window = map_window(file, offset, len);
             }
         });
-        for i in windows_ready {
-            g.update(windows[i]);
+        for window in windows_ready {
+            match window {
+                Ok(w) => {
+                    g.update(&w);
+                    done += w.len() as u64;
+                }
+                Err(_) => return false,
+            }
         }
+        true
     });
+    if !complete {
+        // A later window could not be mapped (address space or memory
+        // exhausted): read the rest instead.
+        read_rest(path, file, done, len, &mut g)?;
+    }
     Ok(Some(g.finish()))
+}
+
+/// Maps the window of the file that starts at `offset` (a multiple of
+/// [`MMAP_WINDOW`]): [`MMAP_WINDOW`] bytes, or up to `len`.
+fn map_window(file: &File, offset: u64, len: u64) -> io::Result<memmap2::Mmap> {
+    let n = (len - offset).min(MMAP_WINDOW as u64) as usize;
+    // SAFETY: as for the whole-file map in `digest_mapped`: only read; a
+    // concurrent truncation makes reads past the new end fault (SIGBUS).
+    unsafe { memmap2::MmapOptions::new().offset(offset).len(n).map(file) }
+}
+
+/// Feeds bytes `from..len` of `file` to `g` by positioned reads.
+fn read_rest(
+    path: &Path,
+    file: &File,
+    from: u64,
+    len: u64,
+    g: &mut Granular,
+) -> Result<(), DigestError> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = AlignedBuf::new(SERIAL_READ_LEN);
+    let mut at = from;
+    while at < len {
+        let n = (len - at).min(SERIAL_READ_LEN as u64) as usize;
+        file.read_exact_at(&mut buf[..n], at)
+            .map_err(|e| DigestError::io(path, e))?;
+        g.update(&buf[..n]);
+        at += n as u64;
+    }
+    Ok(())
 }
 
 /// Makes every page of `window` (part of a read-only file mapping) present.

@@ -29,6 +29,7 @@ enum State {
     Xxh3_128(Box<twox_hash::XxHash3_128>),
     Blake3(Box<blake3::Hasher>),
     Sha256(sha2::Sha256),
+    Sha512(Box<sha2::Sha512>),
     Sha1(sha1::Sha1),
     Md5(md5::Md5),
 }
@@ -43,6 +44,7 @@ impl Hasher {
             Algorithm::Xxh3_128 => State::Xxh3_128(Box::default()),
             Algorithm::Blake3 => State::Blake3(Box::new(blake3::Hasher::new())),
             Algorithm::Sha256 => State::Sha256(sha2::Sha256::new()),
+            Algorithm::Sha512 => State::Sha512(Box::default()),
             Algorithm::Sha1 => State::Sha1(sha1::Sha1::new()),
             Algorithm::Md5 => State::Md5(md5::Md5::new()),
         };
@@ -65,6 +67,7 @@ impl Hasher {
                 h.update(data);
             }
             State::Sha256(h) => h.update(data),
+            State::Sha512(h) => h.update(data),
             State::Sha1(h) => h.update(data),
             State::Md5(h) => h.update(data),
         }
@@ -102,6 +105,7 @@ impl Hasher {
             State::Xxh3_128(h) => Digest::from_raw(alg, &h.finish_128().to_be_bytes()),
             State::Blake3(h) => Digest::from_raw(alg, h.finalize().as_bytes()),
             State::Sha256(h) => Digest::from_raw(alg, &h.finalize()),
+            State::Sha512(h) => Digest::from_raw(alg, &h.finalize()),
             State::Sha1(h) => Digest::from_raw(alg, &h.finalize()),
             State::Md5(h) => Digest::from_raw(alg, &h.finalize()),
         }

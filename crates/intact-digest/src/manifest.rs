@@ -24,6 +24,7 @@ pub fn bsd_tag(algorithm: Algorithm) -> &'static str {
         Algorithm::Sha1 => "SHA1",
         Algorithm::Md5 => "MD5",
         Algorithm::Adler32 => "ADLER32",
+        Algorithm::Sha512 => "SHA512",
     }
 }
 
@@ -60,15 +61,35 @@ pub fn escape_name(name: &Path) -> (bool, Vec<u8>) {
     (true, out)
 }
 
+/// How a checksum line is written beyond the algorithm's usual format:
+/// the GNU options `--tag` and `-z`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LineStyle {
+    /// BSD-style `ALGO (NAME) = HEX` whatever the algorithm (`--tag`).
+    pub bsd_tag: bool,
+    /// End the line with NUL instead of a newline and never escape the
+    /// name (`-z`), as coreutils does.
+    pub zero: bool,
+}
+
 /// One line (with its newline) for `digest` of the file `name`.
 pub fn format_line(digest: &Digest, name: &Path) -> Vec<u8> {
-    let (escaped, name) = escape_name(name);
+    format_line_as(digest, name, LineStyle::default())
+}
+
+/// One line for `digest` of the file `name`, written as `style` says.
+pub fn format_line_as(digest: &Digest, name: &Path, style: LineStyle) -> Vec<u8> {
+    let (escaped, name) = if style.zero {
+        (false, name.as_os_str().as_bytes().to_vec())
+    } else {
+        escape_name(name)
+    };
     let hex = digest.to_hex();
     let mut line = Vec::with_capacity(name.len() + hex.len() + 16);
     if escaped {
         line.push(b'\\');
     }
-    if uses_bsd_tag(digest.algorithm()) {
+    if style.bsd_tag || uses_bsd_tag(digest.algorithm()) {
         line.extend_from_slice(bsd_tag(digest.algorithm()).as_bytes());
         line.extend_from_slice(b" (");
         line.extend_from_slice(&name);
@@ -79,7 +100,7 @@ pub fn format_line(digest: &Digest, name: &Path) -> Vec<u8> {
         line.extend_from_slice(b"  ");
         line.extend_from_slice(&name);
     }
-    line.push(b'\n');
+    line.push(if style.zero { 0 } else { b'\n' });
     line
 }
 
@@ -251,6 +272,31 @@ mod tests {
                 round_trip(alg, name);
             }
         }
+    }
+
+    #[test]
+    fn tag_and_zero_styles() {
+        let d = hash(Algorithm::Sha256, b"abc");
+        let tag = LineStyle {
+            bsd_tag: true,
+            zero: false,
+        };
+        let line = format_line_as(&d, Path::new("a\\b"), tag);
+        assert_eq!(
+            line,
+            format!("\\SHA256 (a\\\\b) = {}\n", d.to_hex()).into_bytes()
+        );
+        let parsed = parse_line(&line[..line.len() - 1]).unwrap().unwrap();
+        assert_eq!(
+            (parsed.tagged, parsed.path),
+            (Some(Algorithm::Sha256), "a\\b".into())
+        );
+        let zero = LineStyle {
+            bsd_tag: false,
+            zero: true,
+        };
+        let line = format_line_as(&d, Path::new("n\nl"), zero);
+        assert_eq!(line, format!("{}  n\nl\0", d.to_hex()).into_bytes());
     }
 
     #[test]

@@ -63,6 +63,7 @@ fn reference_hex(alg: Algorithm, data: &[u8]) -> String {
         Algorithm::Xxh3_128 => format!("{:032x}", xxhash_rust::xxh3::xxh3_128(data)),
         Algorithm::Blake3 => blake3::hash(data).to_hex().to_string(),
         Algorithm::Sha256 => hex::encode(sha2::Sha256::digest(data)),
+        Algorithm::Sha512 => hex::encode(sha2::Sha512::digest(data)),
         Algorithm::Sha1 => hex::encode(sha1::Sha1::digest(data)),
         Algorithm::Md5 => hex::encode(md5::Md5::digest(data)),
     }
@@ -81,7 +82,7 @@ fn pool() -> rayon::ThreadPool {
 
 #[test]
 fn published_test_vectors() {
-    let cases: [(Algorithm, &[u8], &str); 12] = [
+    let cases: [(Algorithm, &[u8], &str); 13] = [
         (Algorithm::Crc32c, b"123456789", "e3069283"),
         (Algorithm::Crc32c, b"", "00000000"),
         (Algorithm::Adler32, b"Wikipedia", "11e60398"),
@@ -107,6 +108,11 @@ fn published_test_vectors() {
             Algorithm::Sha1,
             b"abc",
             "a9993e364706816aba3e25717850c26c9cd0d89d",
+        ),
+        (
+            Algorithm::Sha512,
+            b"abc",
+            "ddaf35a193617abacc417349ae20413112e6fa4e89a97ea20a9eeee64b55d39a2192992a274fc1a836ba3c23a3feebbd454d4423643ce80e2a9ac94fa54ca49f",
         ),
         (Algorithm::Md5, b"", "d41d8cd98f00b204e9800998ecf8427e"),
         (Algorithm::Md5, b"abc", "900150983cd24fb0d6963f7d28e17f72"),
@@ -149,7 +155,7 @@ fn every_path_matches_the_reference_at_boundary_sizes() {
             }
             assert_eq!(h.finalize().to_hex(), want, "{alg} streamed, {len} B");
 
-            for strategy in [ReadStrategy::Auto, ReadStrategy::Read] {
+            for strategy in [ReadStrategy::Auto, ReadStrategy::Read, ReadStrategy::Mmap] {
                 for parallel in [false, true] {
                     let plan = DigestPlan {
                         parallel,
@@ -163,7 +169,11 @@ fn every_path_matches_the_reference_at_boundary_sizes() {
                         "{alg} file {plan:?}, {len} B"
                     );
                     assert_eq!(got.digests.len, len as u64);
-                    let mapped = strategy == ReadStrategy::Auto && len >= 64 * 1024;
+                    let mapped = match strategy {
+                        ReadStrategy::Auto => len >= 64 * 1024,
+                        ReadStrategy::Read => false,
+                        ReadStrategy::Mmap => len > 0,
+                    };
                     let expect = if mapped {
                         ReadPath::Mmap
                     } else {
@@ -171,6 +181,38 @@ fn every_path_matches_the_reference_at_boundary_sizes() {
                     };
                     assert_eq!(got.read_path, expect, "{plan:?} {len} B");
                 }
+            }
+        }
+    }
+}
+
+/// A file of several mapping windows (16 MiB each) and a bit: the serial
+/// mapped path maps, pre-faults and unmaps window by window, the parallel
+/// one maps it whole; both must give the reference digest.
+#[test]
+fn files_of_several_mapping_windows_match_the_reference() {
+    let pool = pool();
+    let dir = tempfile::tempdir().unwrap();
+    let len = 2 * 16 * 1024 * 1024 + PAGE_SIZE + 1;
+    let input = data(len, 99);
+    let path = dir.path().join("windows");
+    std::fs::write(&path, &input).unwrap();
+    for alg in [
+        Algorithm::Xxh3_64,
+        Algorithm::Sha256,
+        Algorithm::Blake3,
+        Algorithm::Crc32c,
+    ] {
+        let want = reference_hex(alg, &input);
+        for strategy in [ReadStrategy::Auto, ReadStrategy::Read, ReadStrategy::Mmap] {
+            for parallel in [false, true] {
+                let plan = DigestPlan {
+                    parallel,
+                    strategy,
+                    ..DigestPlan::whole(alg)
+                };
+                let got = pool.install(|| digest_file(&path, &plan)).unwrap();
+                assert_eq!(got.digests.whole.to_hex(), want, "{alg} {plan:?}");
             }
         }
     }

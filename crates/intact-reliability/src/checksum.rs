@@ -104,6 +104,7 @@ impl ChecksumModel {
             Algorithm::Xxh3_128 => ChecksumModel::random("xxh128", 128),
             Algorithm::Blake3 => ChecksumModel::random("blake3", 256),
             Algorithm::Sha256 => ChecksumModel::random("sha256", 256),
+            Algorithm::Sha512 => ChecksumModel::random("sha512", 512),
             Algorithm::Sha1 => ChecksumModel::random("sha1", 160),
             Algorithm::Md5 => ChecksumModel::random("md5", 128),
             Algorithm::Adler32 => return None,

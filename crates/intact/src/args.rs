@@ -181,7 +181,7 @@ const SUM_ABOUT: &str = "\
 Print or check file digests.
 
 Output lines have the format of the usual tool for each algorithm, so lists
-interoperate both ways: sha256 and sha1 and md5 like sha256sum/sha1sum/md5sum,
+interoperate both ways: sha256, sha512, sha1 and md5 like sha256sum/sha512sum/sha1sum/md5sum,
 blake3 like b3sum, xxh128 like `xxhsum -H2`, xxh3 like `xxhsum -H3`
 (`XXH3 (NAME) = HEX`). crc32c and adler32 print `HEX  NAME` (8 hex digits,
 big-endian, as xrdcp prints them).
@@ -319,7 +319,7 @@ pub struct SumArgs {
     #[arg(value_name = "PATH")]
     pub paths: Vec<PathBuf>,
 
-    /// Digest algorithm: crc32c, xxh3, xxh128, blake3, sha256, sha1, md5, adler32 [default: blake3].
+    /// Digest algorithm: crc32c, xxh3, xxh128, blake3, sha256, sha1, md5, adler32, sha512 [default: blake3].
     /// With --check, lines tagged with an algorithm (e.g. `XXH3 (f) = ...`) use their tag.
     #[arg(short, long, value_name = "A", value_parser = parse_algorithm)]
     pub algo: Option<Algorithm>,
@@ -331,6 +331,26 @@ pub struct SumArgs {
     /// With --check, do not print a line for each file that matched.
     #[arg(short, long, requires = "check")]
     pub quiet: bool,
+
+    /// With --check, print nothing on standard output; the exit status tells.
+    #[arg(long, requires = "check", conflicts_with = "json")]
+    pub status: bool,
+
+    /// With --check, skip files the lists name that do not exist.
+    #[arg(long, requires = "check")]
+    pub ignore_missing: bool,
+
+    /// With --check, fail on improperly formatted lines (intact always does; for sha256sum scripts).
+    #[arg(long, requires = "check")]
+    pub strict: bool,
+
+    /// Print BSD-style lines (`SHA256 (NAME) = HEX`) for every algorithm.
+    #[arg(long, conflicts_with_all = ["check", "json"])]
+    pub tag: bool,
+
+    /// End each line with NUL, not newline, and do not escape names.
+    #[arg(short, long, conflicts_with_all = ["check", "json"])]
+    pub zero: bool,
 
     /// Hash regular files found under directories (symlinks and special files are skipped with a note).
     #[arg(short, long, conflicts_with = "check")]
@@ -355,6 +375,10 @@ pub struct SumArgs {
     /// Never memory-map files; always read them into aligned buffers.
     #[arg(long)]
     pub no_mmap: bool,
+
+    /// Memory-map every regular file (to measure; the default picks per file).
+    #[arg(long, conflicts_with = "no_mmap")]
+    pub mmap: bool,
 }
 
 /// `intact completions SHELL`.

@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use intact_digest::{digest_file, digest_reader, DigestPlan, FileDigests};
+use intact_digest::{digest_file, digest_reader, DigestPlan, FileDigests, MIN_PARALLEL_LEN};
+
+use crate::ordered::for_each_ordered;
 
 /// One thing to hash.
 #[derive(Debug)]
@@ -53,8 +55,54 @@ pub fn hash_input(input: &Input, plan: &DigestPlan) -> Outcome {
         .map_err(|e| e.to_string())
 }
 
+/// Whether hashing `input` by `plan` could use more than one thread.
+fn may_split(input: &Input, plan: &DigestPlan) -> bool {
+    let splits = plan.algorithm.splits_within_file() || plan.block_size.is_some() || plan.pages;
+    let large = match input {
+        Input::Stdin => true,
+        _ => input.size() >= MIN_PARALLEL_LEN as u64,
+    };
+    plan.parallel && splits && large
+}
+
+/// Hashes every item's input by the plan `plan_for` gives it, and hands the
+/// outcomes to `consume` in item order, on the calling thread.
+///
+/// One item that cannot use more than one thread is hashed right here:
+/// starting a pool (threads, their stacks and malloc arenas, the cgroup
+/// files `available_parallelism` reads) cost about as much CPU as
+/// `xxhsum` spends on a whole 4 KiB file (`intact-bench hash --strategies`).
+/// Everything else runs on a pool of `jobs` threads.
+pub fn for_each_hashed<T: Sync>(
+    jobs: Option<u16>,
+    items: &[T],
+    input_of: impl Fn(&T) -> &Input + Sync,
+    plan_for: impl Fn(&T) -> DigestPlan + Sync,
+    mut consume: impl FnMut(&T, Outcome),
+) -> anyhow::Result<()> {
+    if let [item] = items {
+        let plan = plan_for(item);
+        if !may_split(input_of(item), &plan) {
+            let serial = DigestPlan {
+                parallel: false,
+                ..plan
+            };
+            consume(item, hash_input(input_of(item), &serial));
+            return Ok(());
+        }
+    }
+    let pool = thread_pool(jobs)?;
+    for_each_ordered(
+        &pool,
+        items,
+        |item| hash_input(input_of(item), &plan_for(item)),
+        consume,
+    );
+    Ok(())
+}
+
 /// A rayon pool of `jobs` threads (all cores when `None`).
-pub fn thread_pool(jobs: Option<u16>) -> anyhow::Result<rayon::ThreadPool> {
+fn thread_pool(jobs: Option<u16>) -> anyhow::Result<rayon::ThreadPool> {
     let n = match jobs {
         Some(n) => usize::from(n),
         None => std::thread::available_parallelism().map_or(1, |n| n.get()),

@@ -10,7 +10,6 @@ use walkdir::WalkDir;
 
 use crate::args::SumArgs;
 use crate::hashing::{self, Input};
-use crate::ordered::for_each_ordered;
 
 /// Algorithm used when `--algo` is not given: intact's whole-file digest.
 pub const DEFAULT_ALGORITHM: Algorithm = intact_digest::defaults::FILE_ALGORITHM;
@@ -24,6 +23,8 @@ pub fn plan(args: &SumArgs, algorithm: Algorithm) -> DigestPlan {
         parallel: args.jobs != Some(1),
         strategy: if args.no_mmap {
             ReadStrategy::Read
+        } else if args.mmap {
+            ReadStrategy::Mmap
         } else {
             ReadStrategy::Auto
         },
@@ -34,7 +35,6 @@ pub fn run(args: &SumArgs) -> anyhow::Result<ExitCode> {
     let start = Instant::now();
     let algorithm = args.algo.unwrap_or(DEFAULT_ALGORITHM);
     let plan = plan(args, algorithm);
-    let pool = hashing::thread_pool(args.jobs)?;
     let inputs = gather(&args.paths, args.recursive);
     let pb = hashing::progress_bar(inputs.iter().map(Input::size).sum());
 
@@ -43,12 +43,17 @@ pub fn run(args: &SumArgs) -> anyhow::Result<ExitCode> {
         files: Vec::new(),
         summary: Summary::default(),
     };
+    let style = manifest::LineStyle {
+        bsd_tag: args.tag,
+        zero: args.zero,
+    };
     let mut write_failed = None;
     let mut done = 0;
-    for_each_ordered(
-        &pool,
+    hashing::for_each_hashed(
+        args.jobs,
         &inputs,
-        |input| hashing::hash_input(input, &plan),
+        |input| input,
+        |_| plan,
         |input, outcome| {
             done += 1;
             hashing::advance(&pb, input, done);
@@ -56,7 +61,7 @@ pub fn run(args: &SumArgs) -> anyhow::Result<ExitCode> {
             report.summary.add(&entry);
             match outcome {
                 Ok((d, _)) if !args.json => {
-                    let line = manifest::format_line(&d.digests.whole, input.name());
+                    let line = manifest::format_line_as(&d.digests.whole, input.name(), style);
                     if let Err(e) = hashing::print_out(&pb, &line) {
                         write_failed.get_or_insert(e);
                     }
@@ -68,7 +73,7 @@ pub fn run(args: &SumArgs) -> anyhow::Result<ExitCode> {
                 report.files.push(entry);
             }
         },
-    );
+    )?;
     pb.finish_and_clear();
     if let Some(e) = write_failed {
         anyhow::bail!("writing the digests failed: {e}");
