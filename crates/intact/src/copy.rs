@@ -3,10 +3,20 @@
 
 use std::process::ExitCode;
 
-use intact_transfer::{copy, send, CopyOptions, CopyReport, SendOptions};
+use intact_transfer::{
+    copy_scanned, scan_with, send_scanned, CopyOptions, CopyReport, PruneReport, SendOptions,
+    SourceSpec,
+};
 
 use crate::args::{CopyArgs, PipelineArgs, SendArgs};
+use crate::delete::Coverage;
+use crate::dry_run;
 use crate::hashing::{print_err, progress_bar};
+use crate::interrupt::Watch;
+use crate::resolve::{self, Refused};
+use crate::summary;
+use crate::throttle::Throttle;
+use crate::tree_args::subcommand_matches;
 
 /// A usage error (exit 2) when the mode cannot reach the level required.
 fn unreachable_level(p: &PipelineArgs) -> Option<ExitCode> {
@@ -27,7 +37,28 @@ pub fn run(args: &CopyArgs) -> anyhow::Result<ExitCode> {
     if let Some(code) = unreachable_level(p) {
         return Ok(code);
     }
-    let pb = progress_bar(total_size(sources));
+    let scan_opts = args.tree.scan_options(subcommand_matches().as_ref());
+    let plan = match resolve::plan(sources, dest, scan_opts.copy_links) {
+        Ok(plan) => plan,
+        Err(Refused(why)) => {
+            eprintln!("intact: {why}");
+            return Ok(ExitCode::from(2));
+        }
+    };
+    for note in resolve::symlink_notes(sources, scan_opts.copy_links) {
+        eprintln!("intact: {note}");
+    }
+    let scanned = scan_with(&plan.sources, &scan_opts);
+    let coverage = args.delete.then(|| Coverage::of(&plan.sources, &scanned));
+    if args.tree.dry_run {
+        let deletes = coverage
+            .as_ref()
+            .map(|c| c.prune(&plan.root, &scan_opts.filter, true));
+        return Ok(dry_run::print(&scanned, deletes.as_ref(), false, p.json));
+    }
+    let pb = progress_bar(scanned.entries.iter().map(|e| e.size).sum());
+    let watch = Watch::start(pb.clone(), false, p.json)?;
+    let throttle = Throttle::new(args.tree.bwlimit);
     let opts = CopyOptions {
         verify: p.verify,
         block_size: p.block_size,
@@ -38,12 +69,40 @@ pub fn run(args: &CopyArgs) -> anyhow::Result<ExitCode> {
         link_fault: None,
         after_write: None,
     };
-    let report = copy(sources, dest, &opts, &|sent| pb.set_position(sent))?;
+    let report = copy_scanned(scanned, &plan.root, &opts, &|sent| {
+        pb.set_position(sent);
+        watch.sent(sent);
+        if let Some(t) = &throttle {
+            t.wait(sent);
+        }
+    })?;
+    watch.finished();
     pb.finish_and_clear();
-    finish(&report, p, &pb)
+    // Only after everything was copied and verified.
+    let deleted = match &coverage {
+        Some(_) if report.failed > 0 => {
+            print_err(
+                &pb,
+                &format!(
+                    "--delete: nothing was deleted, because {} entries failed",
+                    report.failed
+                ),
+            );
+            None
+        }
+        Some(c) => Some(c.prune(&plan.root, &scan_opts.filter, false)),
+        None => None,
+    };
+    finish(&report, p, &pb, false, deleted.as_ref())
 }
 
 pub fn run_send(args: &SendArgs) -> anyhow::Result<ExitCode> {
+    if args.delete {
+        eprintln!(
+            "intact: send --delete is not built yet: the server cannot list or remove files; nothing was sent. Use `intact copy --delete` for a local destination."
+        );
+        return Ok(ExitCode::from(2));
+    }
     let (target, sources) = args.paths.split_last().expect("clap requires two paths");
     let target = target
         .to_str()
@@ -57,7 +116,18 @@ pub fn run_send(args: &SendArgs) -> anyhow::Result<ExitCode> {
     if let Some(code) = unreachable_level(p) {
         return Ok(code);
     }
-    let pb = progress_bar(total_size(sources));
+    let scan_opts = args.tree.scan_options(subcommand_matches().as_ref());
+    for note in resolve::symlink_notes(sources, scan_opts.copy_links) {
+        eprintln!("intact: {note}");
+    }
+    let specs: Vec<SourceSpec> = sources.iter().map(|s| SourceSpec::from_arg(s)).collect();
+    let scanned = scan_with(&specs, &scan_opts);
+    if args.tree.dry_run {
+        return Ok(dry_run::print(&scanned, None, true, p.json));
+    }
+    let pb = progress_bar(scanned.entries.iter().map(|e| e.size).sum());
+    let watch = Watch::start(pb.clone(), true, p.json)?;
+    let throttle = Throttle::new(args.tree.bwlimit);
     let opts = SendOptions {
         verify: p.verify,
         block_size: p.block_size,
@@ -69,9 +139,41 @@ pub fn run_send(args: &SendArgs) -> anyhow::Result<ExitCode> {
         read_path: p.read_path,
         require_level: p.require_level,
     };
-    let report = send(sources, &addr, &opts, &|sent| pb.set_position(sent))?;
+    let result = send_scanned(scanned, &addr, &opts, &|sent| {
+        pb.set_position(sent);
+        watch.sent(sent);
+        if let Some(t) = &throttle {
+            t.wait(sent);
+        }
+    });
+    watch.finished();
     pb.finish_and_clear();
-    finish(&report, p, &pb)
+    match result {
+        Ok(report) => finish(&report, p, &pb, true, None),
+        // The run stopped as a whole (the connection was lost): say what
+        // was done and how to go on.
+        Err(e) => {
+            let sent = watch.sent_so_far();
+            eprintln!("intact: {e}");
+            if sent > 0 {
+                eprintln!(
+                    "intact: incomplete: {} sent before it stopped; what the server verified is kept; to resume, run: {}",
+                    summary::bytes(sent),
+                    summary::command_line()
+                );
+            }
+            if p.json {
+                let v = serde_json::json!({
+                    "complete": false,
+                    "error": e.to_string(),
+                    "bytes_sent": sent,
+                    "resume": summary::command_line(),
+                });
+                println!("{v:#}");
+            }
+            Ok(ExitCode::FAILURE)
+        }
+    }
 }
 
 /// Splits HOST:PORT[:/subdir] (HOST may be [IPv6]).
@@ -102,6 +204,8 @@ fn finish(
     report: &CopyReport,
     p: &PipelineArgs,
     pb: &indicatif::ProgressBar,
+    send: bool,
+    deleted: Option<&PruneReport>,
 ) -> anyhow::Result<ExitCode> {
     for e in &report.errors {
         print_err(pb, e);
@@ -150,9 +254,27 @@ fn finish(
             ),
         );
     }
+    for e in deleted.map(|d| d.errors.as_slice()).unwrap_or_default() {
+        print_err(pb, &format!("--delete: {e}"));
+    }
     if p.json {
-        println!("{}", serde_json::to_string_pretty(report)?);
+        let mut v = serde_json::to_value(report)?;
+        if let Some(d) = deleted {
+            v["deleted"] = serde_json::to_value(d)?;
+        }
+        if report.failed > 0 {
+            v["resume"] = summary::command_line().into();
+        }
+        println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
+        if let Some(d) = deleted {
+            for path in &d.deleted {
+                println!("deleted {path}");
+            }
+            for path in &d.kept {
+                println!("kept {path} (holds excluded entries)");
+            }
+        }
         let ok = report.files.iter().filter(|f| f.error.is_none()).count();
         // The level every verified file reached, at least.
         let level = report
@@ -165,25 +287,19 @@ fn finish(
         let resent: u64 = report.files.iter().map(|f| f.blocks_resent).sum();
         let mib = report.bytes as f64 / (1 << 20) as f64;
         println!(
-            "{ok} of {} entries ({mib:.1} MiB) in {:.2} s ({:.0} MiB/s); verify {}: level {}; {resent} blocks resent; {} failed",
+            "{ok} of {} entries ({mib:.1} MiB) in {:.2} s{}; verify {}: level {}; {resent} blocks resent; {} failed",
             report.files.len(),
             report.seconds,
-            mib / report.seconds.max(1e-9),
+            summary::rate(report),
             p.verify,
             level,
             report.failed
         );
-        if report.bytes_reverified + report.bytes_trusted > 0 {
-            let trusted_level = report
-                .files
-                .iter()
-                .filter_map(|f| f.trusted_level)
-                .min()
-                .map_or(String::new(), |l| format!(" (recorded level {l} or above)"));
-            println!(
-                "held by the receiver from an earlier run: {} B re-verified in place now, {} B trusted from its journal{trusted_level}; {} B sent",
-                report.bytes_reverified, report.bytes_trusted, report.bytes_sent
-            );
+        if let Some(line) = summary::resumed(report) {
+            println!("{line}");
+        }
+        if let Some(line) = summary::incomplete(report, send) {
+            print_err(pb, &line);
         }
         if let Some(m) = &report.model {
             println!(
@@ -204,17 +320,6 @@ fn finish(
     } else {
         ExitCode::FAILURE
     })
-}
-
-/// Bytes of regular files under the sources, for the progress bar.
-fn total_size(sources: &[std::path::PathBuf]) -> u64 {
-    sources
-        .iter()
-        .flat_map(|s| walkdir::WalkDir::new(s).into_iter().filter_map(Result::ok))
-        .filter(|e| e.file_type().is_file())
-        .filter_map(|e| e.metadata().ok())
-        .map(|m| m.len())
-        .sum()
 }
 
 #[cfg(test)]

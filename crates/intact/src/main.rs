@@ -4,12 +4,19 @@
 mod args;
 mod check;
 mod copy;
+mod delete;
 mod demo;
+mod dry_run;
 mod hashing;
+mod interrupt;
 mod ordered;
 mod reliability;
+mod resolve;
 mod serve;
 mod sum;
+mod summary;
+mod throttle;
+mod tree_args;
 
 use std::process::ExitCode;
 
