@@ -4,6 +4,9 @@
 //! ratios measured side by side mean anything.
 
 mod hash;
+mod model;
+mod pipe;
+mod ramdisk;
 mod runner;
 mod transfer;
 mod verify;
@@ -21,10 +24,18 @@ struct Cli {
 enum Bench {
     /// Hash one file in /dev/shm with intact and with the best public tool per algorithm.
     Hash(hash::HashArgs),
-    /// Transfer datasets with intact and with cp, rsync, rsync over ssh and a raw TCP pipe.
+    /// Transfer datasets with intact and with cp, rsync, rsync over ssh and a raw pipe.
     Transfer(transfer::TransferArgs),
     /// Every verification mode of intact send, loopback and over a 1 Gbit/s shaped link.
     Verify(verify::VerifyArgs),
+    /// The RIVA model (Eq. 1) fed with stage times from separate runs, against riva's own run.
+    Model(model::ModelArgs),
+    /// The raw pipe's receiving end (run by `transfer`).
+    #[command(hide = true)]
+    PipeRecv(pipe::PipeRecvArgs),
+    /// The raw pipe's sending end (run by `transfer`).
+    #[command(hide = true)]
+    PipeSend(pipe::PipeSendArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -32,5 +43,8 @@ fn main() -> anyhow::Result<()> {
         Bench::Hash(a) => hash::run(&a),
         Bench::Transfer(a) => transfer::run(&a),
         Bench::Verify(a) => verify::run(&a),
+        Bench::Model(a) => model::run(&a),
+        Bench::PipeRecv(a) => pipe::recv(&a),
+        Bench::PipeSend(a) => pipe::send(&a),
     }
 }

@@ -109,3 +109,163 @@ pub fn intact_binary() -> anyhow::Result<PathBuf> {
     }
     Ok(bin)
 }
+
+/// CPU seconds (user + system) of this process's children that have been
+/// waited for, so far: the difference around a run is that run's CPU.
+pub fn children_cpu() -> f64 {
+    // SAFETY: getrusage only writes the struct it is given.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    secs(ru.ru_utime) + secs(ru.ru_stime)
+}
+
+/// One timed run: wall-clock seconds and CPU seconds of its processes.
+#[derive(Clone, Copy, Debug)]
+pub struct Sample {
+    pub wall: f64,
+    pub cpu: f64,
+}
+
+/// Measures one run: wall time from [`Meter::go`] to [`Meter::stop`],
+/// CPU of the children waited for between [`Meter::start`] and
+/// [`Meter::finish`] (a server started before the clock and reaped after
+/// it is charged too).
+pub struct Meter {
+    cpu0: f64,
+    t0: Instant,
+    wall: Option<f64>,
+}
+
+impl Meter {
+    pub fn start() -> Meter {
+        Meter {
+            cpu0: children_cpu(),
+            t0: Instant::now(),
+            wall: None,
+        }
+    }
+
+    /// Starts the clock (again).
+    pub fn go(&mut self) {
+        self.t0 = Instant::now();
+    }
+
+    /// Stops the clock.
+    pub fn stop(&mut self) {
+        self.wall = Some(self.t0.elapsed().as_secs_f64());
+    }
+
+    /// The sample; `extra_cpu` is CPU measured elsewhere (an sshd's
+    /// sessions, which this process does not wait for).
+    pub fn finish(self, extra_cpu: f64) -> Sample {
+        Sample {
+            wall: self.wall.unwrap_or_else(|| self.t0.elapsed().as_secs_f64()),
+            cpu: children_cpu() - self.cpu0 + extra_cpu,
+        }
+    }
+}
+
+/// Minimum, median and maximum of some runs.
+#[derive(Clone, Copy, Debug)]
+pub struct Spread {
+    pub min: f64,
+    pub median: f64,
+    pub max: f64,
+}
+
+impl Spread {
+    pub fn of(v: &[f64]) -> Spread {
+        let mut s = v.to_vec();
+        s.sort_by(f64::total_cmp);
+        Spread {
+            min: s.first().copied().unwrap_or(f64::NAN),
+            median: median(s.clone()),
+            max: s.last().copied().unwrap_or(f64::NAN),
+        }
+    }
+}
+
+impl std::fmt::Display for Spread {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:.2} / {:.2} / {:.2}", self.min, self.median, self.max)
+    }
+}
+
+/// Runs `f(i)` for each of `n` commands `rounds` times, interleaved:
+/// forward order in even rounds, reverse order in odd ones, so that a
+/// change in the machine's load and any order effect hit all of them
+/// alike. Returns each command's results in run order.
+pub fn interleaved<T>(
+    n: usize,
+    rounds: usize,
+    mut f: impl FnMut(usize) -> anyhow::Result<T>,
+) -> anyhow::Result<Vec<Vec<T>>> {
+    let mut out: Vec<Vec<T>> = (0..n).map(|_| Vec::with_capacity(rounds)).collect();
+    for r in 0..rounds {
+        let order: Vec<usize> = if r % 2 == 0 {
+            (0..n).collect()
+        } else {
+            (0..n).rev().collect()
+        };
+        for i in order {
+            check_stop()?;
+            out[i].push(f(i)?);
+        }
+    }
+    Ok(out)
+}
+
+static STOP: std::sync::OnceLock<std::sync::Arc<std::sync::atomic::AtomicBool>> =
+    std::sync::OnceLock::new();
+
+/// From now on SIGINT and SIGTERM set a flag instead of killing the
+/// benchmark, so that it stops between runs and removes what it set up
+/// (a RAM disk, a namespace) on the way out.
+pub fn stop_on_signals() {
+    let flag = STOP.get_or_init(Default::default);
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        let _ = signal_hook::flag::register(sig, flag.clone());
+    }
+}
+
+/// An error if a stop was asked for.
+pub fn check_stop() -> anyhow::Result<()> {
+    if STOP
+        .get()
+        .is_some_and(|f| f.load(std::sync::atomic::Ordering::Relaxed))
+    {
+        bail!("interrupted");
+    }
+    Ok(())
+}
+
+/// The command line this process was started with, for the tables' footers.
+pub fn command_line() -> String {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    format!("intact-bench {}", args.join(" "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interleaved_alternates_the_order() {
+        let mut order = Vec::new();
+        let out = interleaved(3, 3, |i| {
+            order.push(i);
+            Ok(i * 10)
+        })
+        .unwrap();
+        assert_eq!(order, [0, 1, 2, 2, 1, 0, 0, 1, 2]);
+        assert_eq!(out, [vec![0; 3], vec![10; 3], vec![20; 3]]);
+    }
+
+    #[test]
+    fn spread_is_min_median_max() {
+        let s = Spread::of(&[3.0, 1.0, 2.0, 10.0]);
+        assert_eq!((s.min, s.median, s.max), (1.0, 2.5, 10.0));
+        assert_eq!(s.to_string(), "1.00 / 2.50 / 10.00");
+    }
+}

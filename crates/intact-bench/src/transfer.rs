@@ -1,26 +1,31 @@
-//! `intact-bench transfer`: intact send/copy against a raw TCP pipe, cp,
-//! rsync and rsync over ssh, on the same datasets in the same run, with
+//! `intact-bench transfer`: intact send/copy against a raw pipe (the
+//! baseline: one pass, one socket, fsync at the receiving end; see
+//! [`crate::pipe`]), cp, rsync and rsync over ssh (default cipher and
+//! AES-128-GCM), on the same datasets in the same run, interleaved, with
 //! the page cache dropped before every run. Each timed run ends with
-//! `sync`, so tools that do not fsync (cp, rsync, tar) are charged for
-//! their writeback as intact is for its fsyncs.
+//! `sync`, so tools that do not fsync (cp, rsync) are charged for their
+//! writeback as intact and the raw pipe are for their fsyncs. Wall time
+//! and CPU time (user + system of the tool's processes) are both kept.
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::Instant;
 
 use anyhow::{bail, Context};
 
-use crate::runner::{have, intact_binary, median};
+use crate::ramdisk::RamExt4;
+use crate::runner::{
+    command_line, have, intact_binary, interleaved, stop_on_signals, Meter, Sample, Spread,
+};
 
 #[derive(clap::Args)]
 pub struct TransferArgs {
     /// Directory for datasets and destinations (on a real disk, not tmpfs).
     #[arg(long, default_value = "/var/tmp/intact-bench")]
     dir: PathBuf,
-    /// Runs per measurement (the median is reported).
-    #[arg(long, default_value_t = 3)]
+    /// Runs per tool, interleaved (min, median and max are reported).
+    #[arg(long, default_value_t = 7)]
     runs: usize,
     /// Scale of the datasets: 1.0 = one 4 GiB file, 2000 × 1 MiB, 20,000 × 16 KiB.
     #[arg(long, default_value_t = 1.0)]
@@ -31,6 +36,10 @@ pub struct TransferArgs {
     /// Leave out rsync over ssh.
     #[arg(long)]
     no_ssh: bool,
+    /// Measure on a RAM-backed ext4 (a loop device over a file in
+    /// /dev/shm, made and removed by this run) instead of --dir.
+    #[arg(long)]
+    ram_ext4: bool,
 }
 
 pub(crate) struct Dataset {
@@ -41,12 +50,17 @@ pub(crate) struct Dataset {
 
 const MIB: u64 = 1 << 20;
 
+/// What every table says about encryption.
+pub(crate) const ENCRYPTION_NOTE: &str =
+    "rsync over ssh encrypts; intact (and the raw pipe) do not yet";
+
 /// A named tool: one timed run from the dataset into a fresh destination.
-type Tool<'a> = (&'a str, Box<dyn Fn() -> anyhow::Result<f64> + 'a>);
+type Tool<'a> = (String, Box<dyn Fn() -> anyhow::Result<Sample> + 'a>);
 
 pub fn run(a: &TransferArgs) -> anyhow::Result<()> {
+    stop_on_signals();
     let intact = intact_binary()?;
-    for need in ["tar", "cp", "rsync"] {
+    for need in ["cp", "rsync"] {
         if !have(need) {
             bail!("{need} is not installed: run scripts/setup --bench");
         }
@@ -68,7 +82,34 @@ pub fn run(a: &TransferArgs) -> anyhow::Result<()> {
             file_size: 16 * 1024,
         },
     ];
-    std::fs::create_dir_all(&a.dir)?;
+    let chosen: Vec<&Dataset> = all
+        .iter()
+        .filter(|d| a.datasets.is_empty() || a.datasets.iter().any(|n| n == d.name))
+        .collect();
+    let ram = if a.ram_ext4 {
+        // Sources, one destination as large as the largest, and room for
+        // ext4's metadata (an inode and a block for each small file).
+        let bytes: u64 = chosen.iter().map(|d| d.files * d.file_size).sum();
+        let largest = chosen
+            .iter()
+            .map(|d| d.files * d.file_size)
+            .max()
+            .unwrap_or(0);
+        let files: u64 = chosen.iter().map(|d| d.files).sum();
+        let mib = (bytes + largest) / MIB + files * 2 * 8 / 1024 + 512;
+        Some(RamExt4::create(mib)?)
+    } else {
+        None
+    };
+    let dir = ram
+        .as_ref()
+        .map_or(a.dir.clone(), |r| r.mount.join("bench"));
+    let storage = match &ram {
+        Some(_) => "a RAM-backed ext4 (loop device over /dev/shm)".to_string(),
+        None => format!("the disk ({})", a.dir.display()),
+    };
+    std::fs::create_dir_all(&dir)?;
+    // The sshd's own files stay on the disk: only the data moves to RAM.
     let ssh = if a.no_ssh {
         None
     } else {
@@ -76,115 +117,126 @@ pub fn run(a: &TransferArgs) -> anyhow::Result<()> {
     };
     let can_drop = drop_caches();
     println!(
-        "intact-bench transfer: median of {} runs, page cache {}, each run ends with sync; MiB/s (higher is better)",
+        "intact-bench transfer: on {storage}, scale {}, {} interleaved runs per tool, page cache {}, each run ends with sync",
+        a.scale,
         a.runs,
         if can_drop { "dropped before each run" } else { "NOT dropped (not root)" }
     );
-    for d in all
-        .iter()
-        .filter(|d| a.datasets.is_empty() || a.datasets.iter().any(|n| n == d.name))
-    {
-        let src_parent = a.dir.join(format!("src-{}", d.name));
+    for d in chosen {
+        let src_parent = dir.join(format!("src-{}", d.name));
         let src = src_parent.join("data");
         make_dataset(&src, d)?;
         let bytes = d.files * d.file_size;
+        let dst = dir.join("dst");
+        let mut tools: Vec<Tool<'_>> = Vec::new();
+        for mode in ["none", "fiver", "riva"] {
+            let (bin, src, dst) = (&intact, &src, &dst);
+            tools.push((
+                format!("intact send --verify {mode}"),
+                Box::new(move || intact_send(bin, src, dst, mode)),
+            ));
+        }
+        tools.push((
+            "intact copy --verify none".into(),
+            Box::new(|| {
+                timed(|| {
+                    run_cmd(
+                        Command::new(&intact)
+                            .args(["copy", "--verify", "none"])
+                            .arg(&src)
+                            .arg(&dst),
+                    )
+                })
+            }),
+        ));
+        tools.push((
+            "raw pipe (sendfile | socket | write+fsync)".into(),
+            Box::new(|| crate::pipe::timed(&src, &dst)),
+        ));
+        tools.push((
+            "cp -r".into(),
+            Box::new(|| timed(|| run_cmd(Command::new("cp").arg("-r").arg(&src).arg(&dst)))),
+        ));
+        tools.push((
+            "rsync -a".into(),
+            Box::new(|| {
+                timed(|| {
+                    run_cmd(
+                        Command::new("rsync")
+                            .arg("-a")
+                            .arg(&src)
+                            .arg(format!("{}/", dst.display())),
+                    )
+                })
+            }),
+        ));
+        if let Some(s) = &ssh {
+            tools.push((
+                format!("rsync -a -e ssh ({}, default)", s.default_cipher),
+                Box::new(|| s.timed_rsync(&src, &dst, None)),
+            ));
+            tools.push((
+                "rsync -a -e \"ssh -c aes128-gcm@openssh.com\"".into(),
+                Box::new(|| s.timed_rsync(&src, &dst, Some("aes128-gcm@openssh.com"))),
+            ));
+        }
+        let samples = interleaved(tools.len(), a.runs, |i| {
+            fresh(&dst)?;
+            drop_caches();
+            (tools[i].1)().with_context(|| tools[i].0.clone())
+        })?;
+        fresh(&dst)?;
         println!(
-            "\n{}: {} file(s) of {} KiB, {:.0} MiB\n",
+            "\n{}: {} file(s) of {} KiB, {:.0} MiB; on {storage}\n",
             d.name,
             d.files,
             d.file_size / 1024,
             bytes as f64 / MIB as f64
         );
-        println!("| tool | median s | MiB/s | vs raw TCP pipe | vs rsync over ssh |");
-        println!("|---|---:|---:|---:|---:|");
-        let dst = a.dir.join("dst");
-        let mut tools: Vec<Tool<'_>> = vec![
-            (
-                "intact send --verify none",
-                Box::new(|| intact_send(&intact, &src, &dst, "none")),
-            ),
-            (
-                "intact send --verify fiver",
-                Box::new(|| intact_send(&intact, &src, &dst, "fiver")),
-            ),
-            (
-                "intact copy --verify none",
-                Box::new(|| {
-                    timed(&dst, || {
-                        run_cmd(
-                            Command::new(&intact)
-                                .args(["copy", "--verify", "none"])
-                                .arg(&src)
-                                .arg(&dst),
-                        )
-                    })
-                }),
-            ),
-            (
-                "raw TCP pipe (tar | socket | tar)",
-                Box::new(|| tar_pipe(&src, &dst)),
-            ),
-            (
-                "cp -r",
-                Box::new(|| {
-                    timed(&dst, || {
-                        run_cmd(Command::new("cp").arg("-r").arg(&src).arg(&dst))
-                    })
-                }),
-            ),
-            (
-                "rsync -a",
-                Box::new(|| {
-                    timed(&dst, || {
-                        run_cmd(
-                            Command::new("rsync")
-                                .arg("-a")
-                                .arg(&src)
-                                .arg(format!("{}/", dst.display())),
-                        )
-                    })
-                }),
-            ),
-        ];
-        if let Some(s) = &ssh {
-            tools.push((
-                "rsync -a -e ssh (127.0.0.1)",
-                Box::new(|| timed(&dst, || s.rsync(&src, &dst))),
-            ));
-        }
-        let mut results = Vec::new();
-        for (name, f) in &tools {
-            let mut times = Vec::new();
-            for _ in 0..a.runs {
-                fresh(&dst)?;
-                drop_caches();
-                times.push(f().with_context(|| name.to_string())?);
-            }
-            results.push((name.to_string(), median(times)));
-        }
-        fresh(&dst)?;
-        let find = |prefix: &str| {
-            results
-                .iter()
-                .find(|(n, _)| n.starts_with(prefix))
-                .map(|r| r.1)
-        };
-        let pipe = find("raw TCP pipe");
-        let rsync_ssh = find("rsync -a -e ssh");
-        for (name, t) in &results {
-            let ratio =
-                |other: Option<f64>| other.map_or("–".into(), |o| format!("{:.2}", o / t));
-            println!(
-                "| {name} | {t:.2} | {:.0} | {} | {} |",
-                bytes as f64 / MIB as f64 / t,
-                ratio(pipe),
-                ratio(rsync_ssh)
-            );
-        }
+        print_table(&tools, &samples, bytes);
+        println!("\n{ENCRYPTION_NOTE}.");
     }
-    println!("\nratio = other tool's time / this tool's time (> 1: this tool is faster).");
-    println!("command: cargo run --release -p intact-bench -- transfer");
+    println!("\nwall and CPU: min / median / max seconds of {} runs; CPU = user + system seconds of the tool's processes (an sshd's sessions included; kernel writeback threads are nobody's).", a.runs);
+    println!("ratio = the other tool's median / this tool's median (> 1: this tool is faster or cheaper).");
+    println!("command: {}", command_line());
     Ok(())
+}
+
+fn print_table(tools: &[Tool<'_>], samples: &[Vec<Sample>], bytes: u64) {
+    let stats: Vec<(Spread, Spread)> = samples
+        .iter()
+        .map(|v| {
+            let wall: Vec<f64> = v.iter().map(|s| s.wall).collect();
+            let cpu: Vec<f64> = v.iter().map(|s| s.cpu).collect();
+            (Spread::of(&wall), Spread::of(&cpu))
+        })
+        .collect();
+    let find = |prefix: &str| {
+        tools
+            .iter()
+            .position(|t| t.0.starts_with(prefix))
+            .map(|i| stats[i])
+    };
+    let pipe = find("raw pipe");
+    let ssh = find("rsync -a -e ssh (");
+    println!("| tool | wall s (min / median / max) | MiB/s | CPU s (min / median / max) | vs raw pipe: wall | CPU | vs rsync over ssh: wall | CPU |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    for ((name, _), (wall, cpu)) in tools.iter().zip(&stats) {
+        let r = |other: Option<(Spread, Spread)>, pick: fn(&(Spread, Spread)) -> f64, this: f64| {
+            other.map_or("–".into(), |o| format!("{:.2}", pick(&o) / this))
+        };
+        let w = |s: &(Spread, Spread)| s.0.median;
+        let c = |s: &(Spread, Spread)| s.1.median;
+        println!(
+            "| {} | {wall} | {:.0} | {cpu} | {} | {} | {} | {} |",
+            name.replace('|', "\\|"),
+            bytes as f64 / MIB as f64 / wall.median,
+            r(pipe, w, wall.median),
+            r(pipe, c, cpu.median),
+            r(ssh, w, wall.median),
+            r(ssh, c, cpu.median),
+        );
+    }
 }
 
 pub(crate) fn make_dataset(src: &Path, d: &Dataset) -> anyhow::Result<()> {
@@ -229,66 +281,36 @@ pub(crate) fn run_cmd(cmd: &mut Command) -> anyhow::Result<()> {
 }
 
 /// Times `f` plus a final sync.
-pub(crate) fn timed(_dst: &Path, f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<f64> {
-    let t = Instant::now();
+pub(crate) fn timed(f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<Sample> {
+    let mut m = Meter::start();
     f()?;
     run_cmd(&mut Command::new("sync"))?;
-    Ok(t.elapsed().as_secs_f64())
+    m.stop();
+    Ok(m.finish(0.0))
 }
 
 /// A fresh server per run (so its journal does not skip anything), timed
-/// from the send's start to the end of the final sync.
-fn intact_send(intact: &Path, src: &Path, dst: &Path, verify: &str) -> anyhow::Result<f64> {
+/// from the send's start to the end of the final sync; the server's CPU
+/// is counted.
+fn intact_send(intact: &Path, src: &Path, dst: &Path, verify: &str) -> anyhow::Result<Sample> {
+    let mut m = Meter::start();
     let mut cmd = Command::new(intact);
     cmd.args(["serve", "--listen", "127.0.0.1:0", "--root"])
         .arg(dst);
     let (mut server, addr) = start_server(&mut cmd)?;
-    let t = timed(dst, || {
-        run_cmd(
-            Command::new(intact)
-                .args(["send", "--verify", verify])
-                .arg(src)
-                .arg(&addr),
-        )
-    });
+    m.go();
+    let sent = run_cmd(
+        Command::new(intact)
+            .args(["send", "--verify", verify])
+            .arg(src)
+            .arg(&addr),
+    )
+    .and_then(|()| run_cmd(&mut Command::new("sync")));
+    m.stop();
     let _ = server.kill();
     let _ = server.wait();
-    t
-}
-
-/// tar into a loopback socket, untarred at the other end.
-fn tar_pipe(src: &Path, dst: &Path) -> anyhow::Result<f64> {
-    let listener = TcpListener::bind("127.0.0.1:0")?;
-    let addr = listener.local_addr()?;
-    let t = Instant::now();
-    let mut untar = Command::new("tar")
-        .args(["-xf", "-", "-C"])
-        .arg(dst)
-        .stdin(Stdio::piped())
-        .spawn()?;
-    let mut untar_in = untar.stdin.take().expect("piped");
-    let receiver = std::thread::spawn(move || -> std::io::Result<u64> {
-        let (mut sock, _) = listener.accept()?;
-        std::io::copy(&mut sock, &mut untar_in)
-    });
-    let mut tar = Command::new("tar")
-        .args(["-cf", "-", "-C"])
-        .arg(src.parent().expect("dataset has a parent"))
-        .arg(src.file_name().expect("dataset has a name"))
-        .stdout(Stdio::piped())
-        .spawn()?;
-    let mut out = tar.stdout.take().expect("piped");
-    let mut sock = TcpStream::connect(addr)?;
-    std::io::copy(&mut out, &mut sock)?;
-    sock.flush()?;
-    drop(sock);
-    tar.wait()?;
-    receiver.join().expect("receiver thread")?;
-    if !untar.wait()?.success() {
-        bail!("tar -x failed");
-    }
-    run_cmd(&mut Command::new("sync"))?;
-    Ok(t.elapsed().as_secs_f64())
+    sent?;
+    Ok(m.finish(0.0))
 }
 
 /// An sshd on a free loopback port with its own host and client keys.
@@ -296,6 +318,8 @@ struct Sshd {
     child: Child,
     port: u16,
     key: PathBuf,
+    /// The client's first cipher, used when none is asked for.
+    default_cipher: String,
 }
 
 impl Sshd {
@@ -336,11 +360,19 @@ impl Sshd {
             .arg(&config)
             .stderr(Stdio::null())
             .spawn()?;
-        let s = Sshd {
+        let mut s = Sshd {
             child,
             port,
             key: dir.join("client"),
+            default_cipher: String::new(),
         };
+        let config = Command::new("ssh").args(["-G", "127.0.0.1"]).output()?;
+        s.default_cipher = String::from_utf8_lossy(&config.stdout)
+            .lines()
+            .find_map(|l| l.strip_prefix("ciphers "))
+            .and_then(|c| c.split(',').next())
+            .unwrap_or("?")
+            .to_string();
         // Ready when a command runs through it.
         for _ in 0..50 {
             if s.ssh_command()
@@ -372,13 +404,48 @@ impl Sshd {
         c
     }
 
-    fn rsync(&self, src: &Path, dst: &Path) -> anyhow::Result<()> {
+    /// One timed rsync over ssh, with `cipher` or ssh's default; its CPU
+    /// includes the sshd sessions (and the remote rsync) it caused.
+    fn timed_rsync(&self, src: &Path, dst: &Path, cipher: Option<&str>) -> anyhow::Result<Sample> {
+        let mut e = self.ssh_args();
+        if let Some(c) = cipher {
+            e.push_str(" -c ");
+            e.push_str(c);
+        }
+        let before = self.sessions_cpu()?;
+        let mut m = Meter::start();
         run_cmd(
             Command::new("rsync")
-                .args(["-a", "-e", &self.ssh_args()])
+                .args(["-a", "-e", &e])
                 .arg(src)
                 .arg(format!("127.0.0.1:{}/", dst.display())),
-        )
+        )?;
+        run_cmd(&mut Command::new("sync"))?;
+        m.stop();
+        let after = self.sessions_cpu()?;
+        Ok(m.finish(after - before))
+    }
+
+    /// CPU seconds of the sshd's sessions it has reaped so far, once it
+    /// has reaped all of them.
+    fn sessions_cpu(&self) -> anyhow::Result<f64> {
+        let pid = self.child.id();
+        let children = format!("/proc/{pid}/task/{pid}/children");
+        for _ in 0..200 {
+            if std::fs::read_to_string(&children)?.trim().is_empty() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+        // Fields after the command's closing parenthesis start at field 3;
+        // cutime and cstime are fields 16 and 17.
+        let rest = stat.rsplit_once(')').context("/proc/PID/stat")?.1;
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ticks: f64 = f[13].parse::<f64>()? + f[14].parse::<f64>()?;
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        Ok(ticks / hz)
     }
 }
 

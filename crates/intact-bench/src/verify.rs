@@ -4,7 +4,7 @@
 //! link between two network namespaces joined by a veth pair and shaped
 //! with tc (the network is the bottleneck; the RIVA paper's HPCLab-WS).
 //! Overheads are against `none` and against `fiver` (the paper's Eq. 3);
-//! for riva the run's own model (Eq. 1) and its error (Eq. 2) are shown.
+//! for riva the run's own model (Eq. 1, circular: see `model`) is shown.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 
-use crate::runner::{intact_binary, median};
+use crate::runner::{command_line, intact_binary, interleaved, median, stop_on_signals};
 use crate::transfer::{drop_caches, fresh, make_dataset, run_cmd, start_server, Dataset};
 
 const MIB: u64 = 1 << 20;
@@ -23,8 +23,8 @@ pub struct VerifyArgs {
     /// Directory for datasets and destinations (on a real disk, not tmpfs).
     #[arg(long, default_value = "/var/tmp/intact-bench")]
     dir: PathBuf,
-    /// Runs per measurement (the median is reported).
-    #[arg(long, default_value_t = 3)]
+    /// Runs per mode, interleaved in alternating order (the median is reported).
+    #[arg(long, default_value_t = 7)]
     runs: usize,
     /// Scale of the datasets: 1.0 = one 4 GiB file, 2000 × 1 MiB,
     /// 20,000 × 16 KiB, and mixed = 4 × 256 MiB + 2000 × 64 KiB.
@@ -39,7 +39,7 @@ pub struct VerifyArgs {
 }
 
 /// The datasets, each as parts made side by side under one source.
-fn datasets(scale: f64) -> Vec<(&'static str, Vec<Dataset>)> {
+pub(crate) fn datasets(scale: f64) -> Vec<(&'static str, Vec<Dataset>)> {
     let n = |x: f64| ((x * scale) as u64).max(1);
     vec![
         (
@@ -85,12 +85,13 @@ fn datasets(scale: f64) -> Vec<(&'static str, Vec<Dataset>)> {
 }
 
 pub fn run(a: &VerifyArgs) -> anyhow::Result<()> {
+    stop_on_signals();
     let intact = intact_binary()?;
     std::fs::create_dir_all(&a.dir)?;
     let can_drop = drop_caches();
     let want = |list: &[String], name: &str| list.is_empty() || list.iter().any(|n| n == name);
     println!(
-        "intact-bench verify: intact send, median of {} runs, page cache {}, each run ends with sync",
+        "intact-bench verify: intact send, median of {} interleaved runs, page cache {}, each run ends with sync",
         a.runs,
         if can_drop { "dropped before each run" } else { "NOT dropped (not root)" }
     );
@@ -126,21 +127,19 @@ pub fn run(a: &VerifyArgs) -> anyhow::Result<()> {
                 "\n{name}: {files} files, {:.0} MiB; {regime}\n",
                 bytes as f64 / MIB as f64
             );
-            println!("| mode | median s | MiB/s | overhead vs none | overhead vs fiver (Eq. 3) | riva model (Eq. 1) s | model error (Eq. 2) |");
+            println!("| mode | median s | MiB/s | overhead vs none | overhead vs fiver (Eq. 3) | riva's own model (same run; circular, see `model`) s | its error |");
             println!("|---|---:|---:|---:|---:|---:|---:|");
             let dst = a.dir.join("verify-dst");
             let mut results = Vec::new();
-            for mode in MODES {
-                let mut times = Vec::new();
-                let mut models = Vec::new();
-                for _ in 0..a.runs {
-                    fresh(&dst)?;
-                    drop_caches();
-                    let (t, model) = send_once(&intact, &src, &dst, mode, ns.as_ref())
-                        .with_context(|| format!("{name} {mode}"))?;
-                    times.push(t);
-                    models.extend(model);
-                }
+            let runs = interleaved(MODES.len(), a.runs, |i| {
+                fresh(&dst)?;
+                drop_caches();
+                send_once(&intact, &src, &dst, MODES[i], ns.as_ref())
+                    .with_context(|| format!("{name} {}", MODES[i]))
+            })?;
+            for (mode, r) in MODES.into_iter().zip(runs) {
+                let times = r.iter().map(|x| x.0).collect();
+                let models: Vec<(f64, f64)> = r.iter().filter_map(|x| x.1).collect();
                 results.push((mode, median(times), models));
             }
             fresh(&dst)?;
@@ -166,15 +165,15 @@ pub fn run(a: &VerifyArgs) -> anyhow::Result<()> {
             }
         }
     }
-    println!("\noverhead = (t_mode - t_base) / t_base; riva model from the run's measured per-block stage times.");
-    println!("command: cargo run --release -p intact-bench -- verify");
+    println!("\noverhead = (t_mode - t_base) / t_base; riva's own model is fed with the same run's stage times, whose transfer stage includes the sender waiting for the verifier: on one large file it cannot fail by much. `intact-bench model` predicts riva from separate runs.");
+    println!("command: {}", command_line());
     Ok(())
 }
 
 /// One timed send into a fresh server (in the namespace for the shaped
 /// regime); returns seconds to the end of the final sync and, for riva,
 /// the model's (predicted seconds, error %) from the JSON report.
-fn send_once(
+pub(crate) fn send_once(
     intact: &Path,
     src: &Path,
     dst: &Path,
@@ -238,7 +237,7 @@ fn send_once(
 
 /// A network namespace joined to this one by a veth pair shaped to
 /// 1 Gbit/s in both directions; deleted (with its veth) on drop.
-struct Netns {
+pub(crate) struct Netns {
     name: String,
 }
 

@@ -37,6 +37,13 @@ impl Backing {
         matches!(self, Backing::Device { .. })
     }
 
+    /// Whether the file system keeps its data in memory (tmpfs, ramfs):
+    /// there is no device at all, pages cannot be dropped, so an eviction
+    /// there only spends its retries and back-off for nothing.
+    pub fn in_memory(self) -> bool {
+        matches!(self, Backing::CacheOnly { fs, .. } if NO_DEVICE.iter().any(|(_, n)| *n == fs))
+    }
+
     /// The file system's name.
     pub fn fs(self) -> &'static str {
         match self {
@@ -153,6 +160,12 @@ mod tests {
     fn classifies_the_kinds() {
         assert_eq!(classify(0xef53), Backing::Device { fs: "ext4" });
         assert!(!classify(0x0102_1994).has_device());
+        assert!(classify(0x0102_1994).in_memory());
+        assert!(!classify(0x6969).in_memory() && !classify(0xef53).in_memory());
+        assert!(
+            !classify(0x794c_7630).in_memory(),
+            "overlay may sit on a disk"
+        );
         assert_eq!(classify(0x6969).fs(), "nfs");
         assert!(!classify(0x2fc1_2fc1).has_device());
         assert_eq!(classify(0x1234), Backing::Unknown { magic: 0x1234 });

@@ -91,6 +91,12 @@ impl DeviceReader {
     /// here; if the file system refuses it the reader uses evict-then-read
     /// and [`DeviceReader::fallback`] says why. On the evict path the
     /// reader turns readahead off on `file`'s open file description.
+    ///
+    /// Where the file system keeps its data in memory (tmpfs, ramfs:
+    /// [`Backing::in_memory`]) there is no device to reach and pages cannot
+    /// leave the cache, so eviction would only spend its retries and
+    /// back-off: the reader reads plainly there ([`ReadPath::Cached`], which
+    /// [`DeviceReader::path`] reports), and no read counts as a device read.
     pub fn new(file: &File, path: ReadPath) -> Result<DeviceReader, CacheError> {
         let mut r = DeviceReader {
             path,
@@ -98,6 +104,10 @@ impl DeviceReader {
             backing: backing(file)?,
             fallback: None,
         };
+        if r.backing.in_memory() {
+            r.path = ReadPath::Cached;
+            return Ok(r);
+        }
         // Second descriptors of the same file (the caller's keeps its own
         // semantics for its writes and transfer reads).
         let proc_path = format!("/proc/self/fd/{}", file.as_raw_fd());

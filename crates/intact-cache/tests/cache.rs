@@ -271,8 +271,8 @@ impl Drop for Ramfs {
 }
 
 #[test]
-fn direct_falls_back_to_eviction_where_o_direct_is_refused() {
-    const T: &str = "direct_falls_back_to_eviction_where_o_direct_is_refused";
+fn on_ramfs_a_reader_neither_evicts_nor_tries_o_direct() {
+    const T: &str = "on_ramfs_a_reader_neither_evicts_nor_tries_o_direct";
     if !intact_testkit::is_root() {
         intact_testkit::skip(T, "needs root to mount a ramfs");
         return;
@@ -291,17 +291,24 @@ fn direct_falls_back_to_eviction_where_o_direct_is_refused() {
     let path = fs.0.path().join("f");
     let data = write_file(&path, 10_000);
     let f = File::open(&path).unwrap();
-    // ramfs refuses O_DIRECT: the reader says so and reads by eviction.
-    let mut r = DeviceReader::new(&f, ReadPath::Direct).unwrap();
-    assert_eq!(r.path(), ReadPath::Evict);
-    assert!(
-        r.fallback().unwrap().contains("O_DIRECT"),
-        "{:?}",
-        r.fallback()
-    );
+    // ramfs keeps its data in memory: no device to reach, no page can
+    // leave, so the reader reads plainly whatever path was asked for, and
+    // says so (no O_DIRECT attempt, no eviction and its retries).
+    for path in [ReadPath::Direct, ReadPath::Evict] {
+        let mut r = DeviceReader::new(&f, path).unwrap();
+        assert_eq!(r.path(), ReadPath::Cached, "{path}");
+        assert!(r.backing().in_memory());
+        assert_eq!(r.fallback(), None);
+        let mut buf = AlignedBuf::new(16_384);
+        let out = r.read(&f, 0, 10_000, &mut buf).unwrap();
+        assert_eq!(&buf[..10_000], &data[..]);
+        assert_eq!(out.evict_time, std::time::Duration::ZERO);
+        assert_eq!(out.resident, 0);
+        assert!(!out.device);
+    }
+    let mut r = DeviceReader::new(&f, ReadPath::Evict).unwrap();
     let mut buf = AlignedBuf::new(16_384);
     let out = r.read(&f, 0, 10_000, &mut buf).unwrap();
-    assert_eq!(&buf[..10_000], &data[..]);
     // The test mounted a ramfs, which has no device: the read cannot
     // count as a device read.
     assert!(!out.device);

@@ -19,7 +19,7 @@ pub enum Verification {
     /// Checksums computed from the page cache (sequential, file, block,
     /// fiver): blind to the device, so a UDE goes through.
     Cache,
-    /// Checksums re-read from the device (riva, flash).
+    /// Checksums re-read from the device (riva).
     Device,
 }
 

@@ -55,6 +55,29 @@ impl VerifyMode {
         }
     }
 
+    /// What the mode does, in one line, for help texts and man pages
+    /// (the one place the command line's description of a mode comes from).
+    pub fn description(self) -> &'static str {
+        match self {
+            VerifyMode::None => "transfer only, no check (the baseline); level none",
+            VerifyMode::Sequential => {
+                "after each file, re-read both copies and compare; level cache"
+            }
+            VerifyMode::File => {
+                "the same, pipelined: verify file i while file i+1 transfers; level cache"
+            }
+            VerifyMode::Block => {
+                "re-read each block after writing it, pipelined, through the page cache; level cache"
+            }
+            VerifyMode::Fiver => {
+                "hash the transfer buffers themselves at both ends, as blocks cross the link; level network"
+            }
+            VerifyMode::Riva => {
+                "re-read every block from the device after evicting its cached copy, at both ends; level device"
+            }
+        }
+    }
+
     /// The mode's id on the wire.
     pub fn wire_id(self) -> u8 {
         match self {
@@ -113,9 +136,9 @@ impl FromStr for VerifyMode {
         VerifyMode::ALL
             .into_iter()
             .find(|m| m.name() == s)
-            .ok_or_else(|| match s {
-                "flash" => "--verify flash is not built yet; available: none, sequential, file, block, fiver, riva".to_string(),
-                _ => format!("unknown verify mode '{s}' (none, sequential, file, block, fiver, riva)"),
+            .ok_or_else(|| {
+                let names: Vec<_> = VerifyMode::ALL.iter().map(|m| m.name()).collect();
+                format!("unknown verify mode '{s}' ({})", names.join(", "))
             })
     }
 }

@@ -17,7 +17,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Copy files and trees locally through the verified block pipeline.
-    #[command(long_about = COPY_ABOUT)]
+    #[command(long_about = crate::verify_help::copy_about())]
     Copy(CopyArgs),
     /// Receive transfers: the daemon that `intact send` talks to.
     #[command(long_about = SERVE_ABOUT)]
@@ -33,6 +33,12 @@ pub enum Command {
     /// Probability of undetected corruption: the Z²FS framework, RIVA's analysis, intact's defaults.
     #[command(long_about = RELIABILITY_ABOUT)]
     Reliability(ReliabilityArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    #[command(long_about = crate::generate::COMPLETIONS_ABOUT)]
+    Completions(CompletionsArgs),
+    /// Print intact's man page (roff), or write one per command into a directory.
+    #[command(long_about = crate::generate::MAN_ABOUT)]
+    Man(ManArgs),
 }
 
 const RELIABILITY_ABOUT: &str = "\
@@ -109,9 +115,9 @@ pub struct ReliabilityArgs {
     #[arg(long, conflicts_with_all = ["defaults", "system", "solve_switch"])]
     pub transfer: bool,
 
-    /// With --transfer: only this mode (none, sequential, file, block, fiver, riva, flash).
-    #[arg(long, value_name = "MODE", requires = "transfer", value_parser = VERIFY_MODES)]
-    pub verify: Option<String>,
+    /// With --transfer: only this verification mode.
+    #[arg(long, value_name = "MODE", requires = "transfer", value_parser = crate::verify_help::verify_parser())]
+    pub verify: Option<intact_transfer::VerifyMode>,
 
     /// The score of intact's default checksums for the paper's four configurations.
     #[arg(long, conflicts_with_all = ["system", "solve_switch"])]
@@ -121,17 +127,6 @@ pub struct ReliabilityArgs {
     #[arg(long)]
     pub json: bool,
 }
-
-/// The verification modes intact has or will have (PRODUCT.md).
-pub const VERIFY_MODES: [&str; 7] = [
-    "none",
-    "sequential",
-    "file",
-    "block",
-    "fiver",
-    "riva",
-    "flash",
-];
 
 fn parse_system(s: &str) -> Result<intact_reliability::System, String> {
     intact_reliability::System::ALL
@@ -145,40 +140,6 @@ fn parse_system(s: &str) -> Result<intact_reliability::System, String> {
             format!("unknown system '{s}' (known: {})", names.join(", "))
         })
 }
-
-const COPY_ABOUT: &str = "\
-Copy files and trees locally through intact's block pipeline (the same
-one `intact send` and `intact serve` run across the network).
-
-Each SRC goes into the directory DST (created if missing) under its own
-name, like `rsync -r SRC... DST`; `SRC/` (a trailing slash) copies the
-directory's contents into DST instead. A single file copied to a DST that
-is not a directory becomes the file DST (a new name, or replacing it, as
-with cp). A directory is never copied into itself. Files are cut into blocks; every block is
-digested (XXH3-128), checked at the receiving end as the verification mode
-says, and resent if it fails (--retries). A file is written under a hidden
-partial name (.intact-partial-*) and gets its final name only after it is
-verified and fsynced; its directory is fsynced after the rename. Modes and
-modification times are kept; symlinks, also those named on the command
-line, are copied as symlinks (-L copies what they point to; `LINK/` the
-contents of the directory it points to), and no destination path is ever
-resolved through a symlink. --include/--exclude choose entries with
-rsync's patterns; --delete then removes what the source no longer has,
-only after everything was copied and verified; --dry-run shows all of it.
-
-Verification modes (--verify):
-  none        transfer only (the baseline)
-  sequential  after each file, re-read both copies and compare
-  file        the same, pipelined: verify file i while file i+1 transfers
-  block       re-read each block after writing it, pipelined  [default]
-  fiver       hash the transfer buffers themselves at both ends
-The report says the level each file reached: none, network (fiver) or
-cache (sequential, file, block: re-read through the page cache, so a
-device that stored other bytes is not detected; device-level verification,
-riva, is not built yet).
-
-Exit status: 0 if every entry was copied and verified; 1 if any failed
-(the others are still copied); 2 for usage errors.";
 
 const SERVE_ABOUT: &str = "\
 Receive transfers from `intact send` and write them under --root, and only
@@ -197,7 +158,9 @@ their partial data hidden, nothing unverified is ever given its final name.";
 const SEND_ABOUT: &str = "\
 Send files and trees to `intact serve` at HOST:PORT, optionally into a
 subdirectory of its root (HOST:PORT:/subdir). Each SRC arrives under its
-own name, as with `intact copy`. Several TCP streams (--streams) carry
+own name (`DIR/`: its contents), as with `intact copy`; -L,
+--include/--exclude, --dry-run and --bwlimit work as there (--delete is
+not built for send yet and is refused). Several TCP streams (--streams) carry
 many files at once; blocks and results flow both ways without waiting for
 round trips. A block that fails verification is resent alone, up to
 --retries times; then that file fails and the others go on.
@@ -258,9 +221,14 @@ pub struct ServeArgs {
 
 #[derive(Debug, Args)]
 pub struct SendArgs {
-    /// Sources, then the server as HOST:PORT or HOST:PORT:/subdir.
-    #[arg(value_name = "SRC... HOST:PORT", num_args = 2.., required = true)]
-    pub paths: Vec<PathBuf>,
+    /// Files and directories to send, each arriving under its own name
+    /// (`DIR/`, with a trailing slash: its contents).
+    #[arg(value_name = "SRC", num_args = 1.., required = true)]
+    pub sources: Vec<PathBuf>,
+
+    /// The server, as HOST:PORT or HOST:PORT:/subdir ([IPv6]:PORT too).
+    #[arg(value_name = "HOST:PORT", required = true)]
+    pub target: PathBuf,
 
     /// Pre-shared key file (mode 600), the same as the server's.
     #[arg(long, value_name = "F")]
@@ -287,14 +255,8 @@ pub struct SendArgs {
 /// Options shared by `copy` and `send`.
 #[derive(Debug, Args)]
 pub struct PipelineArgs {
-    /// Verification mode. riva (default): every block is re-read from the
-    /// device after its page-cache copy is evicted, at both ends, so what
-    /// the destination disk stored is what was compared (level `device`).
-    /// fiver: blocks are checked as they cross the link (level `network`).
-    /// block, file, sequential: re-read after writing, per block, per file
-    /// pipelined, or file after file, but through the page cache (level
-    /// `cache`). none: transfer only.
-    #[arg(long, value_name = "MODE", default_value = "riva", value_parser = parse_verify)]
+    /// Verification mode: how far each file is checked.
+    #[arg(long, value_name = "MODE", default_value_t = intact_transfer::VerifyMode::DEFAULT, value_parser = crate::verify_help::verify_parser())]
     pub verify: intact_transfer::VerifyMode,
 
     /// How riva's re-reads reach the device: evict (flush, drop the pages,
@@ -309,8 +271,8 @@ pub struct PipelineArgs {
     #[arg(long, value_name = "LEVEL", value_parser = parse_level)]
     pub require_level: Option<intact_transfer::VerifyLevel>,
 
-    /// Block size.
-    #[arg(long, value_name = "SIZE", default_value = "4MiB", value_parser = parse_size)]
+    /// Block size: a multiple of 4KiB from 4KiB to 16MiB.
+    #[arg(long, value_name = "SIZE", default_value = "4MiB", value_parser = crate::block_size::parse_block_size)]
     pub block_size: usize,
 
     /// Files in flight at once (streams).
@@ -328,13 +290,23 @@ pub struct PipelineArgs {
     /// Print every entry as it is done.
     #[arg(short, long)]
     pub verbose: bool,
+
+    /// Print nothing but errors (no summary, no warnings).
+    #[arg(short, long, conflicts_with_all = ["verbose", "json"])]
+    pub quiet: bool,
 }
 
 #[derive(Debug, Args)]
 pub struct CopyArgs {
-    /// Sources, then the destination directory (or, for one file, its new name).
-    #[arg(value_name = "SRC... DST", num_args = 2.., required = true)]
-    pub paths: Vec<PathBuf>,
+    /// Files and directories to copy, each into DST under its own name
+    /// (`DIR/`, with a trailing slash: its contents).
+    #[arg(value_name = "SRC", num_args = 1.., required = true)]
+    pub sources: Vec<PathBuf>,
+
+    /// The destination directory (created if missing), or for a single
+    /// file, its new name.
+    #[arg(value_name = "DST", required = true)]
+    pub dest: PathBuf,
 
     /// After everything was copied and verified, remove what the
     /// destination holds under the copied directories and the sources no
@@ -348,10 +320,6 @@ pub struct CopyArgs {
 
     #[command(flatten)]
     pub pipeline: PipelineArgs,
-}
-
-fn parse_verify(s: &str) -> Result<intact_transfer::VerifyMode, String> {
-    s.parse()
 }
 
 fn parse_read_path(s: &str) -> Result<intact_cache::ReadPath, String> {
@@ -410,6 +378,27 @@ pub struct SumArgs {
     /// Never memory-map files; always read them into aligned buffers.
     #[arg(long)]
     pub no_mmap: bool,
+}
+
+/// `intact completions SHELL`.
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell to complete for.
+    #[arg(value_name = "SHELL")]
+    pub shell: clap_complete::Shell,
+}
+
+/// `intact man [COMMAND] [--dir DIR]`.
+#[derive(Debug, Args)]
+pub struct ManArgs {
+    /// The command whose page to print (copy, send, ...) [default: intact's own].
+    #[arg(value_name = "COMMAND", conflicts_with = "dir")]
+    pub command: Option<String>,
+
+    /// Write intact.1 and one page per command (intact-copy.1, ...) into
+    /// this directory instead of printing intact.1.
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

@@ -54,7 +54,8 @@ impl Watch {
                         "seconds": start.elapsed().as_secs_f64(),
                         "resume": cmd,
                     });
-                    println!("{v:#}");
+                    // A reader that is gone is no reason not to stop.
+                    let _ = crate::stdout::line(format_args!("{v:#}"));
                 }
                 let _ = std::io::stdout().flush();
             }

@@ -2,21 +2,26 @@
 //! library crates under `crates/`.
 
 mod args;
+mod block_size;
 mod check;
 mod copy;
 mod delete;
 mod demo;
 mod dry_run;
+mod exit;
+mod generate;
 mod hashing;
 mod interrupt;
 mod ordered;
 mod reliability;
 mod resolve;
 mod serve;
+mod stdout;
 mod sum;
 mod summary;
 mod throttle;
 mod tree_args;
+mod verify_help;
 
 use std::process::ExitCode;
 
@@ -34,10 +39,12 @@ fn main() -> ExitCode {
         Command::Sum(a) => sum::run(a),
         Command::Demo(a) => demo::run(a),
         Command::Reliability(a) => reliability::run(a),
+        Command::Completions(a) => generate::completions(a),
+        Command::Man(a) => generate::man(a),
     };
     result.unwrap_or_else(|e| {
         eprintln!("intact: {}", describe(&e));
-        ExitCode::FAILURE
+        exit::status_of(&e)
     })
 }
 

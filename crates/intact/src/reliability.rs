@@ -6,9 +6,12 @@ use intact_reliability::{
     block_risk, default_scores, lambda, p_sys_udc, solve_switch_time, zettabyte_goal, BlockRisk,
     DefaultScore, Disk, Environment, Memory, Prob, SwitchTime, System, Verification,
 };
+use intact_transfer::VerifyMode;
 use serde::Serialize;
 
-use crate::args::{ReliabilityArgs, VERIFY_MODES};
+use crate::args::ReliabilityArgs;
+use crate::exit::usage;
+use crate::stdout::outln;
 
 pub fn run(args: &ReliabilityArgs) -> anyhow::Result<ExitCode> {
     let env = environment(args)?;
@@ -51,15 +54,22 @@ fn environment(args: &ReliabilityArgs) -> anyhow::Result<Environment> {
     env.t_flush = args.flush;
     let l = env.memory.lambda;
     let u = env.disk.uber;
-    anyhow::ensure!(
-        l > 0.0 && l < 1.0,
-        "memory error rate λ must be in (0, 1), got {l:e}"
-    );
-    anyhow::ensure!(u > 0.0 && u < 1.0, "disk UBER must be in (0, 1), got {u:e}");
-    anyhow::ensure!(
-        env.t_resident >= 0.0 && env.t_flush >= 0.0,
-        "residency and flush times must not be negative"
-    );
+    // Out-of-range values are usage errors (exit 2), like clap's own.
+    if !(l > 0.0 && l < 1.0) {
+        return Err(usage(format!(
+            "memory error rate λ must be in (0, 1), got {l:e} (e.g. --mem-index 14.2 or --lambda 6e-15)"
+        )));
+    }
+    if !(u > 0.0 && u < 1.0) {
+        return Err(usage(format!(
+            "disk UBER must be in (0, 1), got {u:e} (e.g. --uber 1e-12 or --disk-index 12)"
+        )));
+    }
+    if !(env.t_resident >= 0.0 && env.t_flush >= 0.0) {
+        return Err(usage(
+            "residency and flush times must not be negative (--resident, --flush: seconds)",
+        ));
+    }
     Ok(env)
 }
 
@@ -124,16 +134,16 @@ fn systems(args: &ReliabilityArgs, env: &Environment) -> anyhow::Result<()> {
             t_switch: solved,
             systems: rows,
         };
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?)?;
         return Ok(());
     }
-    println!("{}", describe(env));
-    println!(
+    outln!("{}", describe(env))?;
+    outln!(
         "goal: one undetected corruption per 2^70 bytes read in {} reads: P_goal = {goal}, score {:.2}\n",
         human_bytes(env.block_bytes() as u64),
         goal.score()
-    );
-    println!("{:<16} {:>12} {:>7}  goal", "system", "P_sys-udc", "score");
+    )?;
+    outln!("{:<16} {:>12} {:>7}  goal", "system", "P_sys-udc", "score")?;
     for r in &rows {
         let note = if r.system == System::Z2fsDynamic && t_switch <= 0.0 {
             "  (Fletcher throughout: xor cannot meet the goal)".to_string()
@@ -142,13 +152,13 @@ fn systems(args: &ReliabilityArgs, env: &Environment) -> anyhow::Result<()> {
         } else {
             String::new()
         };
-        println!(
+        outln!(
             "{:<16} {:>12} {:>7.2}  {}{note}",
             r.system.name(),
             r.p_sys_udc.to_string(),
             r.score,
             if r.meets_goal { "meets" } else { "MISSES" }
-        );
+        )?;
     }
     if args.solve_switch {
         let text = match solved {
@@ -156,7 +166,7 @@ fn systems(args: &ReliabilityArgs, env: &Environment) -> anyhow::Result<()> {
             SwitchTime::After(t) => format!("after {}", seconds(t)),
             SwitchTime::Never => "never within 10^12 s: xor alone meets the goal".to_string(),
         };
-        println!("\nt_switch (Z²FS dynamic, xor → Fletcher in memory): {text}");
+        outln!("\nt_switch (Z²FS dynamic, xor → Fletcher in memory): {text}")?;
     }
     Ok(())
 }
@@ -177,21 +187,23 @@ struct TransferReport {
 }
 
 /// Which I/O a verification mode's checksum reads.
-fn verification_of(mode: &str) -> Verification {
-    match mode {
-        "none" => Verification::None,
-        "riva" | "flash" => Verification::Device,
-        _ => Verification::Cache,
+fn verification_of(mode: VerifyMode) -> Verification {
+    if mode == VerifyMode::None {
+        Verification::None
+    } else if mode.reads_device() {
+        Verification::Device
+    } else {
+        Verification::Cache
     }
 }
 
 fn transfer(args: &ReliabilityArgs, env: &Environment) -> anyhow::Result<()> {
     let bits = env.block_bits as f64;
-    let rows: Vec<TransferRow> = VERIFY_MODES
+    let rows: Vec<TransferRow> = VerifyMode::ALL
         .into_iter()
-        .filter(|m| args.verify.as_deref().is_none_or(|only| only == *m))
+        .filter(|m| args.verify.is_none_or(|only| only == *m))
         .map(|m| TransferRow {
-            verify: m,
+            verify: m.name(),
             catches: verification_of(m),
             risk: block_risk(verification_of(m), bits, env.disk.uber),
         })
@@ -202,34 +214,38 @@ fn transfer(args: &ReliabilityArgs, env: &Environment) -> anyhow::Result<()> {
             block_bytes: env.block_bytes() as u64,
             modes: rows,
         };
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?)?;
         return Ok(());
     }
-    println!(
+    outln!(
         "undetected disk errors (UBER {:.3e} per I/O) in one {} block: probability that one escapes verification\n",
         env.disk.uber,
         human_bytes(env.block_bytes() as u64)
-    );
-    println!(
+    )?;
+    outln!(
         "{:<11} {:<12} {:>12} {:>14} {:>13}",
-        "verify", "checksum of", "exact", "paper approx", "paper bound"
-    );
+        "verify",
+        "checksum of",
+        "exact",
+        "paper approx",
+        "paper bound"
+    )?;
     for r in &rows {
         let of = match r.catches {
             Verification::None => "nothing",
             Verification::Cache => "page cache",
             Verification::Device => "device",
         };
-        println!(
+        outln!(
             "{:<11} {:<12} {:>12} {:>14} {:>13}",
             r.verify,
             of,
             r.risk.exact.to_string(),
             r.risk.paper_approx.to_string(),
             r.risk.paper_bound.to_string()
-        );
+        )?;
     }
-    println!("\npaper approx: 2bE (none), bE (page cache), 2bE² (device, the RIVA paper's derivation; the exact value is ≈ bE²); bound: 12bE².");
+    outln!("\npaper approx: 2bE (none), bE (page cache), 2bE² (device, the RIVA paper's derivation; the exact value is ≈ bE²); bound: 12bE².")?;
     Ok(())
 }
 
@@ -269,20 +285,26 @@ fn defaults(args: &ReliabilityArgs, env: &Environment) -> anyhow::Result<()> {
         })
         .collect();
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        outln!("{}", serde_json::to_string_pretty(&rows)?)?;
         return Ok(());
     }
-    println!(
+    outln!(
         "intact's default checksums (reader residency {} s, writer flush {} s); goal = one undetected corruption per 2^70 bytes read in reads of that size\n",
         env.t_resident, env.t_flush
-    );
-    println!(
+    )?;
+    outln!(
         "{:<7} {:<6} {:<8} {:>8} {:>12} {:>7} {:>11}  goal",
-        "config", "unit", "digest", "size", "P_udc", "score", "goal score"
-    );
+        "config",
+        "unit",
+        "digest",
+        "size",
+        "P_udc",
+        "score",
+        "goal score"
+    )?;
     for r in &rows {
         let s = &r.score;
-        println!(
+        outln!(
             "{:<7} {:<6} {:<8} {:>8} {:>12} {:>7.1} {:>11.1}  {}",
             r.config,
             s.unit,
@@ -292,11 +314,11 @@ fn defaults(args: &ReliabilityArgs, env: &Environment) -> anyhow::Result<()> {
             s.score,
             s.goal_score,
             if s.meets_goal { "meets" } else { "MISSES" }
-        );
+        )?;
     }
     if !custom {
-        println!("\nconfigs (Z²FS Table I): 1 λ={:.2e} UBER=1e-10; 2 λ={:.2e} UBER=1e-12; 3 λ={:.2e} UBER=1e-12; 4 λ={:.2e} UBER=1e-20",
-            lambda::MAX, lambda::MID, lambda::MIN, lambda::MIN);
+        outln!("\nconfigs (Z²FS Table I): 1 λ={:.2e} UBER=1e-10; 2 λ={:.2e} UBER=1e-12; 3 λ={:.2e} UBER=1e-12; 4 λ={:.2e} UBER=1e-20",
+            lambda::MAX, lambda::MID, lambda::MIN, lambda::MIN)?;
     }
     Ok(())
 }

@@ -1,8 +1,182 @@
-//! The last lines of `copy` and `send`: how much really moved, what a
-//! resumed run found already verified at the destination, and, when a run
-//! did not finish, what it did and the command that finishes it.
+//! What `intact copy` and `intact send` print when the work is done: the
+//! errors (standard error), then either one JSON report or the human
+//! summary (standard output). The summary shows what a user needs: how
+//! much arrived, how fast (counting only bytes really sent), the level
+//! reached, what was resent and what failed; what a resumed run found
+//! already verified at the destination; and, when a run did not finish,
+//! what it did and the command that finishes it. The RIVA time model
+//! (Eq. 1) is for the benchmark and lives in the JSON report only.
 
-use intact_transfer::CopyReport;
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use intact_transfer::{CopyReport, FileReport, PruneReport};
+
+use crate::args::PipelineArgs;
+use crate::hashing::print_err;
+use crate::stdout::outln;
+
+/// How much a command prints, from `-q`, `-v` and `--json`.
+fn verbose_lines(p: &PipelineArgs) -> bool {
+    p.verbose && !p.json && !p.quiet
+}
+
+/// Prints the report as the flags ask and returns the exit status: 0 when
+/// nothing failed, 1 when any file did. `send` says whether the
+/// destination is a server (whose journal a resumed run starts from);
+/// `deleted` is what `copy --delete` removed, if it ran.
+pub fn finish(
+    report: &CopyReport,
+    p: &PipelineArgs,
+    pb: &indicatif::ProgressBar,
+    send: bool,
+    deleted: Option<&PruneReport>,
+) -> anyhow::Result<ExitCode> {
+    for e in &report.errors {
+        print_err(pb, e);
+    }
+    for f in &report.files {
+        match &f.error {
+            Some(e) => print_err(pb, e),
+            None if verbose_lines(p) => {
+                outln!("{}", verbose_line(f)).context("cannot write to standard output")?
+            }
+            None => {}
+        }
+    }
+    for s in &report.skipped {
+        print_err(pb, &format!("skipped special file {}", printable(s).1));
+    }
+    if !p.quiet {
+        warn_below_level(report, p, pb);
+    }
+    for e in deleted.map(|d| d.errors.as_slice()).unwrap_or_default() {
+        print_err(pb, &format!("--delete: {e}"));
+    }
+    if p.json {
+        let mut v = serde_json::to_value(report)?;
+        if let Some(d) = deleted {
+            v["deleted"] = serde_json::to_value(d)?;
+        }
+        if report.failed > 0 {
+            v["resume"] = command_line().into();
+        }
+        outln!("{}", serde_json::to_string_pretty(&v)?)
+            .context("cannot write the report to standard output")?;
+    } else if !p.quiet {
+        if let Some(d) = deleted {
+            print_deleted(d).context("cannot write to standard output")?;
+        }
+        print_summary(report, p).context("cannot write the summary to standard output")?;
+    }
+    // A failed run says what was done and how to finish it, on standard
+    // error with the errors it sums up (so also with -q).
+    if !p.json {
+        if let Some(line) = incomplete(report, send) {
+            print_err(pb, &line);
+        }
+    }
+    Ok(if report.failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// `name` as one line shows it, the way `intact sum` and coreutils print
+/// names: a name with a backslash, newline or carriage return is escaped
+/// (`\\`, `\n`, `\r`) and the line is marked with a leading backslash.
+/// Returns the mark ("" or "\\") and the printable name.
+pub fn printable(name: &str) -> (&'static str, String) {
+    let (escaped, bytes) = intact_digest::manifest::escape_name(Path::new(name));
+    let mark = if escaped { "\\" } else { "" };
+    (mark, String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// One `-v` line for a file that arrived.
+fn verbose_line(f: &FileReport) -> String {
+    let level = f.level.map_or("-".into(), |l| l.to_string());
+    let held = match (f.bytes_reverified, f.bytes_trusted, f.trusted_level) {
+        (0, 0, _) => String::new(),
+        (r, 0, _) => format!(", {r} B held and re-verified in place"),
+        (r, t, Some(l)) => format!(
+            ", {r} B held and re-verified in place, {t} B trusted from the journal at level {l}"
+        ),
+        (r, t, None) => format!(", {r} B re-verified in place, {t} B trusted"),
+    };
+    let (mark, name) = printable(&f.path);
+    format!(
+        "{mark}{} {name} ({} B, level {level}, {} B sent, {} blocks resent{held})",
+        f.kind, f.size, f.bytes_sent, f.blocks_resent
+    )
+}
+
+/// Files verified below what the mode aims at (riva on tmpfs, pages that
+/// would not leave the cache): one warning, with the first reason.
+fn warn_below_level(report: &CopyReport, p: &PipelineArgs, pb: &indicatif::ProgressBar) {
+    let short: Vec<_> = report
+        .files
+        .iter()
+        .filter(|f| f.error.is_none() && f.level.is_some_and(|l| l < p.verify.level()))
+        .collect();
+    if let Some(first) = short.first() {
+        let (mark, name) = printable(&first.path);
+        print_err(
+            pb,
+            &format!(
+                "warning: {} file(s) verified only to level {} ({mark}{name}: {}); --require-level {} makes this an error",
+                short.len(),
+                first.level.expect("filtered"),
+                first.note.as_deref().unwrap_or("below the mode's level"),
+                p.verify.level()
+            ),
+        );
+    }
+}
+
+/// What `copy --delete` removed, and the directories it kept because they
+/// hold excluded entries, one per line.
+fn print_deleted(d: &PruneReport) -> std::io::Result<()> {
+    for path in &d.deleted {
+        let (mark, name) = printable(path);
+        outln!("{mark}deleted {name}")?;
+    }
+    for path in &d.kept {
+        let (mark, name) = printable(path);
+        outln!("{mark}kept {name} (holds excluded entries)")?;
+    }
+    Ok(())
+}
+
+/// The human summary: one line, and one more when the destination held
+/// verified data from an earlier run.
+fn print_summary(report: &CopyReport, p: &PipelineArgs) -> std::io::Result<()> {
+    let ok = report.files.iter().filter(|f| f.error.is_none()).count();
+    // The level every verified file reached, at least.
+    let level = report
+        .files
+        .iter()
+        .filter(|f| f.error.is_none())
+        .filter_map(|f| f.level)
+        .min()
+        .map_or("-".to_string(), |l| l.to_string());
+    let resent: u64 = report.files.iter().map(|f| f.blocks_resent).sum();
+    let mib = report.bytes as f64 / (1 << 20) as f64;
+    outln!(
+        "{ok} of {} entries ({mib:.1} MiB) in {:.2} s{}; verify {}: level {}; {resent} blocks resent; {} failed",
+        report.files.len(),
+        report.seconds,
+        rate(report),
+        p.verify,
+        level,
+        report.failed
+    )?;
+    if let Some(line) = resumed(report) {
+        outln!("{line}")?;
+    }
+    Ok(())
+}
 
 /// Bytes for people: B, KiB, MiB or GiB with one decimal.
 pub fn bytes(b: u64) -> String {
@@ -109,6 +283,13 @@ pub fn incomplete(report: &CopyReport, send: bool) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_with_line_breaks_are_escaped_and_marked() {
+        assert_eq!(printable("a/b.dat"), ("", "a/b.dat".to_string()));
+        assert_eq!(printable("a\nb"), ("\\", "a\\nb".to_string()));
+        assert_eq!(printable("a\\b\r"), ("\\", "a\\\\b\\r".to_string()));
+    }
 
     #[test]
     fn bytes_and_quotes_read_well() {

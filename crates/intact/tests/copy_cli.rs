@@ -111,7 +111,7 @@ fn failures_and_usage_errors_have_their_exit_status() {
         d.to_str().unwrap(),
     ]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not built yet"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid value 'flash'"));
     let out = intact(&[
         "copy",
         "--verify",

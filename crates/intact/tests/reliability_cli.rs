@@ -78,7 +78,7 @@ fn transfer_mode_shows_riva_orders_of_magnitude_better() {
     };
     assert!((exact("fiver") - 0.193).abs() < 0.001);
     assert!(exact("riva") < 1e-10 && exact("riva") > 1e-12);
-    assert_eq!(exact("riva"), exact("flash"));
+    assert!(modes.iter().all(|m| m["verify"] != "flash"), "no such mode");
     assert!(exact("none") > exact("sequential"));
     let one = json(&["--transfer", "--verify", "riva", "--json"]);
     assert_eq!(one["modes"].as_array().unwrap().len(), 1);
@@ -116,6 +116,6 @@ fn bad_input_is_refused() {
         assert!(!out.stderr.is_empty());
     }
     let out = intact(&["--uber", "2"]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2), "out of range: a usage error");
     assert!(String::from_utf8_lossy(&out.stderr).contains("UBER must be in (0, 1)"));
 }

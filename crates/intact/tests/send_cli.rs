@@ -305,6 +305,7 @@ fn an_unreachable_server_is_a_clear_error() {
         err.contains("cannot connect") && err.contains("refused"),
         "{err}"
     );
+    // Not an address at all: a usage error (see cli_conventions.rs).
     let out = send(&[f.to_str().unwrap(), "no-port-here"]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
 }

@@ -62,6 +62,12 @@ fn a_repeated_send_says_what_was_already_verified_and_no_rate() {
         "{out}"
     );
     assert!(!out.contains("MiB/s"), "no rate for bytes not sent: {out}");
+
+    // -q silences the summary and the resumed line alike.
+    let quiet = send(&[&["-q"], &args[..], &[addr.as_str()]].concat());
+    assert!(quiet.status.success(), "{}", text(&quiet.stderr));
+    assert!(quiet.stdout.is_empty(), "{}", text(&quiet.stdout));
+    assert!(quiet.stderr.is_empty(), "{}", text(&quiet.stderr));
     assert_eq!(
         fs::read(recv.join("data/big.dat")).unwrap(),
         intact_sample::bytes(4 * MIB, 1)
