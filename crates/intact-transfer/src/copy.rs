@@ -20,7 +20,7 @@ use intact_digest::{defaults, hash, AlignedBuf, Digest, Hasher};
 
 use crate::dest::{Destination, PartialFile};
 use crate::recheck::{recheck_batch, Recheck, BATCH_BYTES};
-use crate::source::{scan, SourceEntry, SourceKind};
+use crate::source::{scan, Scan, SourceEntry, SourceKind};
 use crate::verify::{DeviceStats, Reached, VerifyLevel, VerifyMode};
 use crate::TransferError;
 
@@ -169,16 +169,27 @@ pub struct CopyReport {
 /// Progress callback: bytes sent so far.
 pub type Progress<'a> = &'a (dyn Fn(u64) + Sync);
 
-/// Copies `sources` into the directory `dest_root` (created if missing).
+/// Copies `sources` into the directory `dest_root` (created if missing),
+/// as [`scan`] places them.
 pub fn copy(
     sources: &[PathBuf],
     dest_root: &Path,
     opts: &CopyOptions,
     progress: Progress<'_>,
 ) -> Result<CopyReport, TransferError> {
+    copy_scanned(scan(sources), dest_root, opts, progress)
+}
+
+/// Copies what a scan found (see [`crate::scan_with`]) into the directory
+/// `dest_root` (created if missing).
+pub fn copy_scanned(
+    scanned: Scan,
+    dest_root: &Path,
+    opts: &CopyOptions,
+    progress: Progress<'_>,
+) -> Result<CopyReport, TransferError> {
     let start = Instant::now();
     crate::verify::check_reachable(opts.verify, opts.require_level)?;
-    let scanned = scan(sources);
     let dest = Destination::open(dest_root)?;
     let sent = AtomicU64::new(0);
     let mut reports: Vec<Option<FileReport>> = vec![None; scanned.entries.len()];

@@ -24,11 +24,15 @@ mod journal;
 mod limits;
 mod model;
 mod net;
+mod prune;
 mod recheck;
+mod select;
 mod source;
 mod verify;
 
-pub use copy::{copy, CopyOptions, CopyReport, FileReport, LinkFault, Progress, WriteHook};
+pub use copy::{
+    copy, copy_scanned, CopyOptions, CopyReport, FileReport, LinkFault, Progress, WriteHook,
+};
 pub use dest::{partial_name, Destination, Mtime, PartialFile};
 pub use error::TransferError;
 pub use intact_cache::ReadPath;
@@ -36,8 +40,12 @@ pub use journal::{BlockRecord, FileRow, Journal, VerifiedAt, STATE_DIR};
 pub use limits::raise_open_file_limit;
 pub use model::RivaModel;
 pub use net::{
-    receive, send, serve, wake, LocalServer, ReceiveOptions, SendOptions, ServerConfig,
-    SessionSummary, MAX_BYTES_IN_FLIGHT, MAX_FILES_IN_FLIGHT,
+    receive, send, send_scanned, serve, wake, LocalServer, ReceiveOptions, SendOptions,
+    ServerConfig, SessionSummary, MAX_BYTES_IN_FLIGHT, MAX_FILES_IN_FLIGHT,
 };
-pub use source::{scan, Scan, SourceEntry, SourceKind};
+pub use prune::{prune, PruneReport};
+pub use select::{Filter, Rule, RuleKind};
+pub use source::{
+    scan, scan_with, Placement, Scan, ScanOptions, SourceEntry, SourceKind, SourceSpec,
+};
 pub use verify::{DeviceStats, Reached, VerifyLevel, VerifyMode};

@@ -9,6 +9,7 @@ use intact_proto::WirePath;
 use walkdir::WalkDir;
 
 use crate::dest::Mtime;
+use crate::select::Filter;
 use crate::TransferError;
 
 /// What a source entry is.
@@ -50,43 +51,130 @@ pub struct Scan {
     pub skipped: Vec<PathBuf>,
 }
 
-/// Scans `sources`. Each goes under the destination by its own name, like
-/// `cp -r SRC... DIR`: a file `a/x` becomes `DIR/x`, a directory `a/d`
-/// becomes `DIR/d/...`. Symlinks are recorded, never followed (a source
-/// named on the command line is followed if it is itself a symlink to a
-/// directory, as cp -r does).
+/// Where one source goes under the destination.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Placement {
+    /// Under its own name: `a/d` becomes `DIR/d/...` (no trailing slash).
+    OwnName,
+    /// Under this name instead (a single file copied to a new name).
+    Named(PathBuf),
+    /// Only its contents, straight into the destination: `a/d/` (a
+    /// trailing slash, as with rsync) puts `d`'s entries into `DIR/`.
+    Contents,
+}
+
+/// One source named on the command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceSpec {
+    /// The path as given.
+    pub path: PathBuf,
+    /// Where it goes.
+    pub place: Placement,
+}
+
+impl SourceSpec {
+    /// A source as typed: a trailing `/` means its contents (rsync's
+    /// rule), otherwise it goes under its own name.
+    pub fn from_arg(path: &Path) -> SourceSpec {
+        let contents = path.as_os_str().as_bytes().ends_with(b"/") && path.parent().is_some();
+        SourceSpec {
+            path: path.to_path_buf(),
+            place: if contents {
+                Placement::Contents
+            } else {
+                Placement::OwnName
+            },
+        }
+    }
+}
+
+/// How to scan.
+#[derive(Debug, Clone, Default)]
+pub struct ScanOptions {
+    /// Follow symlinks, on the command line and in the tree, and send what
+    /// they point to (rsync's `-L`). Off: every symlink is sent as a link,
+    /// a source named on the command line too (unless it is named with a
+    /// trailing slash, which asks for the contents of what it points to).
+    pub copy_links: bool,
+    /// Which entries to take.
+    pub filter: Filter,
+}
+
+/// Scans `sources` with the default options. Each goes under the
+/// destination by its own name, like `rsync -r SRC... DIR`: a file `a/x`
+/// becomes `DIR/x`, a directory `a/d` becomes `DIR/d/...`, and `a/d/`
+/// (trailing slash) puts `d`'s contents into `DIR/`. Symlinks are sent as
+/// links, never followed.
 pub fn scan(sources: &[PathBuf]) -> Scan {
+    let specs: Vec<SourceSpec> = sources.iter().map(|s| SourceSpec::from_arg(s)).collect();
+    scan_with(&specs, &ScanOptions::default())
+}
+
+/// Scans `sources` as `opts` says (see [`scan`] and [`ScanOptions`]).
+pub fn scan_with(sources: &[SourceSpec], opts: &ScanOptions) -> Scan {
     let mut out = Scan::default();
-    for src in sources {
-        let base = match base_name(src) {
-            Ok(b) => b,
-            Err(e) => {
-                out.errors.push(e);
-                continue;
+    for spec in sources {
+        let src = &spec.path;
+        let base = match &spec.place {
+            Placement::OwnName => match base_name(src) {
+                Ok(b) => Some(b),
+                Err(e) => {
+                    out.errors.push(e);
+                    continue;
+                }
+            },
+            Placement::Named(n) => Some(n.clone()),
+            Placement::Contents => None,
+        };
+        let contents = base.is_none();
+        let rel_of = |p: &Path| -> PathBuf {
+            let rel_in = p.strip_prefix(src).expect("walkdir stays under its root");
+            match &base {
+                Some(b) if rel_in.as_os_str().is_empty() => b.clone(),
+                Some(b) => b.join(rel_in),
+                None => rel_in.to_path_buf(),
             }
         };
-        for item in WalkDir::new(src)
-            .follow_links(false)
-            .follow_root_links(true)
+        let filter = &opts.filter;
+        let walk = WalkDir::new(src)
+            .follow_links(opts.copy_links)
+            .follow_root_links(opts.copy_links || contents)
             .sort_by_file_name()
-        {
+            .into_iter()
+            .filter_entry(|item| {
+                if item.depth() == 0 && contents {
+                    return true;
+                }
+                let rel = rel_of(item.path());
+                filter.is_empty()
+                    || filter.takes(rel.as_os_str().as_bytes(), item.file_type().is_dir())
+            });
+        for item in walk {
             let item = match item {
                 Ok(i) => i,
                 Err(e) => {
                     let path = e.path().unwrap_or(src).to_path_buf();
                     let source = e
                         .into_io_error()
-                        .unwrap_or_else(|| std::io::Error::other("walk failed"));
+                        .unwrap_or_else(|| std::io::Error::other("walk failed (a symlink loop?)"));
                     out.errors.push(TransferError::Source { path, source });
                     continue;
                 }
             };
-            let rel_in = item
-                .path()
-                .strip_prefix(src)
-                .expect("walkdir stays under its root");
-            let rel = base.join(rel_in);
-            match entry(item.path(), &rel, item.depth() == 0) {
+            if item.depth() == 0 && contents {
+                if !item.file_type().is_dir() {
+                    out.errors.push(TransferError::Source {
+                        path: src.clone(),
+                        source: std::io::Error::other(
+                            "named with a trailing '/' (its contents), but it is not a directory",
+                        ),
+                    });
+                }
+                continue;
+            }
+            let rel = rel_of(item.path());
+            let follow = opts.copy_links || (item.depth() == 0 && contents);
+            match entry(item.path(), &rel, follow) {
                 Ok(Some(e)) => out.entries.push(e),
                 Ok(None) => out.skipped.push(item.path().to_path_buf()),
                 Err(e) => out.errors.push(e),
@@ -114,12 +202,12 @@ fn base_name(src: &Path) -> Result<PathBuf, TransferError> {
     Ok(PathBuf::from(name))
 }
 
-fn entry(abs: &Path, rel: &Path, is_root: bool) -> Result<Option<SourceEntry>, TransferError> {
+fn entry(abs: &Path, rel: &Path, follow: bool) -> Result<Option<SourceEntry>, TransferError> {
     let err = |e: std::io::Error| TransferError::Source {
         path: abs.to_path_buf(),
         source: e,
     };
-    let meta = if is_root {
+    let meta = if follow {
         fs::metadata(abs)
     } else {
         fs::symlink_metadata(abs)

@@ -158,7 +158,9 @@ their partial data hidden, nothing unverified is ever given its final name.";
 const SEND_ABOUT: &str = "\
 Send files and trees to `intact serve` at HOST:PORT, optionally into a
 subdirectory of its root (HOST:PORT:/subdir). Each SRC arrives under its
-own name, as with `intact copy`. Several TCP streams (--streams) carry
+own name (`DIR/`: its contents), as with `intact copy`; -L,
+--include/--exclude, --dry-run and --bwlimit work as there (--delete is
+not built for send yet and is refused). Several TCP streams (--streams) carry
 many files at once; blocks and results flow both ways without waiting for
 round trips. A block that fails verification is resent alone, up to
 --retries times; then that file fails and the others go on.
@@ -219,7 +221,8 @@ pub struct ServeArgs {
 
 #[derive(Debug, Args)]
 pub struct SendArgs {
-    /// Files and directories to send, each arriving under its own name.
+    /// Files and directories to send, each arriving under its own name
+    /// (`DIR/`, with a trailing slash: its contents).
     #[arg(value_name = "SRC", num_args = 1.., required = true)]
     pub sources: Vec<PathBuf>,
 
@@ -236,6 +239,14 @@ pub struct SendArgs {
     /// trusting its journal's record of them.
     #[arg(long)]
     pub reverify: bool,
+
+    /// Not built yet for send (the server cannot list or remove files);
+    /// refused with a usage error. `intact copy --delete` works locally.
+    #[arg(long, hide = true)]
+    pub delete: bool,
+
+    #[command(flatten)]
+    pub tree: crate::tree_args::TreeArgs,
 
     #[command(flatten)]
     pub pipeline: PipelineArgs,
@@ -287,13 +298,25 @@ pub struct PipelineArgs {
 
 #[derive(Debug, Args)]
 pub struct CopyArgs {
-    /// Files and directories to copy, each into DST under its own name.
+    /// Files and directories to copy, each into DST under its own name
+    /// (`DIR/`, with a trailing slash: its contents).
     #[arg(value_name = "SRC", num_args = 1.., required = true)]
     pub sources: Vec<PathBuf>,
 
-    /// The destination directory (created if missing).
+    /// The destination directory (created if missing), or for a single
+    /// file, its new name.
     #[arg(value_name = "DST", required = true)]
     pub dest: PathBuf,
+
+    /// After everything was copied and verified, remove what the
+    /// destination holds under the copied directories and the sources no
+    /// longer have (excluded entries are kept; symlinks are removed as
+    /// links, never followed). With --dry-run, only list it.
+    #[arg(long)]
+    pub delete: bool,
+
+    #[command(flatten)]
+    pub tree: crate::tree_args::TreeArgs,
 
     #[command(flatten)]
     pub pipeline: PipelineArgs,

@@ -3,12 +3,21 @@
 
 use std::process::ExitCode;
 
-use intact_transfer::{copy, send, CopyOptions, SendOptions};
+use intact_transfer::{
+    copy_scanned, scan_with, send_scanned, CopyOptions, SendOptions, SourceSpec,
+};
 
 use crate::args::{CopyArgs, PipelineArgs, SendArgs};
+use crate::delete::Coverage;
+use crate::dry_run;
 use crate::exit::usage;
-use crate::hashing::progress_bar;
-use crate::summary::finish;
+use crate::hashing::{print_err, progress_bar};
+use crate::interrupt::Watch;
+use crate::resolve::{self, Refused};
+use crate::stdout::outln;
+use crate::summary::{self, finish};
+use crate::throttle::Throttle;
+use crate::tree_args::subcommand_matches;
 
 /// A usage error (exit 2) when the mode cannot reach the level required.
 fn unreachable_level(p: &PipelineArgs) -> Option<ExitCode> {
@@ -29,7 +38,21 @@ pub fn run(args: &CopyArgs) -> anyhow::Result<ExitCode> {
     if let Some(code) = unreachable_level(p) {
         return Ok(code);
     }
-    let pb = progress_bar(total_size(sources));
+    let scan_opts = args.tree.scan_options(subcommand_matches().as_ref());
+    let plan =
+        resolve::plan(sources, dest, scan_opts.copy_links).map_err(|Refused(why)| usage(why))?;
+    symlink_notes(sources, scan_opts.copy_links, p);
+    let scanned = scan_with(&plan.sources, &scan_opts);
+    let coverage = args.delete.then(|| Coverage::of(&plan.sources, &scanned));
+    if args.tree.dry_run {
+        let deletes = coverage
+            .as_ref()
+            .map(|c| c.prune(&plan.root, &scan_opts.filter, true));
+        return dry_run::print(&scanned, deletes.as_ref(), false, p);
+    }
+    let pb = progress_bar(scanned.entries.iter().map(|e| e.size).sum());
+    let watch = Watch::start(pb.clone(), false, p.json)?;
+    let throttle = Throttle::new(args.tree.bwlimit);
     let opts = CopyOptions {
         verify: p.verify,
         block_size: p.block_size,
@@ -40,12 +63,39 @@ pub fn run(args: &CopyArgs) -> anyhow::Result<ExitCode> {
         link_fault: None,
         after_write: None,
     };
-    let report = copy(sources, dest, &opts, &|sent| pb.set_position(sent))?;
+    let report = copy_scanned(scanned, &plan.root, &opts, &|sent| {
+        pb.set_position(sent);
+        watch.sent(sent);
+        if let Some(t) = &throttle {
+            t.wait(sent);
+        }
+    })?;
+    watch.finished();
     pb.finish_and_clear();
-    finish(&report, p, &pb)
+    // Only after everything was copied and verified.
+    let deleted = match &coverage {
+        Some(_) if report.failed > 0 => {
+            print_err(
+                &pb,
+                &format!(
+                    "--delete: nothing was deleted, because {} entries failed",
+                    report.failed
+                ),
+            );
+            None
+        }
+        Some(c) => Some(c.prune(&plan.root, &scan_opts.filter, false)),
+        None => None,
+    };
+    finish(&report, p, &pb, false, deleted.as_ref())
 }
 
 pub fn run_send(args: &SendArgs) -> anyhow::Result<ExitCode> {
+    if args.delete {
+        return Err(usage(
+            "send --delete is not built yet: the server cannot list or remove files; nothing was sent. Use `intact copy --delete` for a local destination.",
+        ));
+    }
     let (target, sources) = (&args.target, &args.sources[..]);
     let target = target
         .to_str()
@@ -59,7 +109,16 @@ pub fn run_send(args: &SendArgs) -> anyhow::Result<ExitCode> {
     if let Some(code) = unreachable_level(p) {
         return Ok(code);
     }
-    let pb = progress_bar(total_size(sources));
+    let scan_opts = args.tree.scan_options(subcommand_matches().as_ref());
+    symlink_notes(sources, scan_opts.copy_links, p);
+    let specs: Vec<SourceSpec> = sources.iter().map(|s| SourceSpec::from_arg(s)).collect();
+    let scanned = scan_with(&specs, &scan_opts);
+    if args.tree.dry_run {
+        return dry_run::print(&scanned, None, true, p);
+    }
+    let pb = progress_bar(scanned.entries.iter().map(|e| e.size).sum());
+    let watch = Watch::start(pb.clone(), true, p.json)?;
+    let throttle = Throttle::new(args.tree.bwlimit);
     let opts = SendOptions {
         verify: p.verify,
         block_size: p.block_size,
@@ -71,9 +130,52 @@ pub fn run_send(args: &SendArgs) -> anyhow::Result<ExitCode> {
         read_path: p.read_path,
         require_level: p.require_level,
     };
-    let report = send(sources, &addr, &opts, &|sent| pb.set_position(sent))?;
+    let result = send_scanned(scanned, &addr, &opts, &|sent| {
+        pb.set_position(sent);
+        watch.sent(sent);
+        if let Some(t) = &throttle {
+            t.wait(sent);
+        }
+    });
+    watch.finished();
     pb.finish_and_clear();
-    finish(&report, p, &pb)
+    match result {
+        Ok(report) => finish(&report, p, &pb, true, None),
+        // The run stopped as a whole (the connection was lost): say what
+        // was done and how to go on.
+        Err(e) => {
+            let sent = watch.sent_so_far();
+            eprintln!("intact: {e}");
+            if sent > 0 {
+                eprintln!(
+                    "intact: incomplete: {} sent before it stopped; what the server verified is kept; to resume, run: {}",
+                    summary::bytes(sent),
+                    summary::command_line()
+                );
+            }
+            if p.json {
+                let v = serde_json::json!({
+                    "complete": false,
+                    "error": e.to_string(),
+                    "bytes_sent": sent,
+                    "resume": summary::command_line(),
+                });
+                outln!("{v:#}")?;
+            }
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+/// Says, unless -q, that a symlink named on the command line is copied as
+/// a link (see [`resolve::symlink_notes`]).
+fn symlink_notes(sources: &[std::path::PathBuf], copy_links: bool, p: &PipelineArgs) {
+    if p.quiet {
+        return;
+    }
+    for note in resolve::symlink_notes(sources, copy_links) {
+        eprintln!("intact: {note}");
+    }
 }
 
 /// Splits HOST:PORT[:/subdir] (HOST may be [IPv6]). Anything else is a
@@ -120,17 +222,6 @@ fn parse_target(t: &str) -> anyhow::Result<(String, Option<intact_proto::WirePat
         ),
     };
     Ok((format!("{host}:{port}"), subdir))
-}
-
-/// Bytes of regular files under the sources, for the progress bar.
-fn total_size(sources: &[std::path::PathBuf]) -> u64 {
-    sources
-        .iter()
-        .flat_map(|s| walkdir::WalkDir::new(s).into_iter().filter_map(Result::ok))
-        .filter(|e| e.file_type().is_file())
-        .filter_map(|e| e.metadata().ok())
-        .map(|m| m.len())
-        .sum()
 }
 
 #[cfg(test)]

@@ -1,15 +1,17 @@
 //! What `intact copy` and `intact send` print when the work is done: the
 //! errors (standard error), then either one JSON report or the human
 //! summary (standard output). The summary shows what a user needs: how
-//! much arrived, how fast, the level reached, what was resent and what
-//! failed. The RIVA time model (Eq. 1) is for the benchmark and lives in
-//! the JSON report only.
+//! much arrived, how fast (counting only bytes really sent), the level
+//! reached, what was resent and what failed; what a resumed run found
+//! already verified at the destination; and, when a run did not finish,
+//! what it did and the command that finishes it. The RIVA time model
+//! (Eq. 1) is for the benchmark and lives in the JSON report only.
 
 use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use intact_transfer::{CopyReport, FileReport};
+use intact_transfer::{CopyReport, FileReport, PruneReport};
 
 use crate::args::PipelineArgs;
 use crate::hashing::print_err;
@@ -21,11 +23,15 @@ fn verbose_lines(p: &PipelineArgs) -> bool {
 }
 
 /// Prints the report as the flags ask and returns the exit status: 0 when
-/// nothing failed, 1 when any file did.
+/// nothing failed, 1 when any file did. `send` says whether the
+/// destination is a server (whose journal a resumed run starts from);
+/// `deleted` is what `copy --delete` removed, if it ran.
 pub fn finish(
     report: &CopyReport,
     p: &PipelineArgs,
     pb: &indicatif::ProgressBar,
+    send: bool,
+    deleted: Option<&PruneReport>,
 ) -> anyhow::Result<ExitCode> {
     for e in &report.errors {
         print_err(pb, e);
@@ -45,11 +51,31 @@ pub fn finish(
     if !p.quiet {
         warn_below_level(report, p, pb);
     }
+    for e in deleted.map(|d| d.errors.as_slice()).unwrap_or_default() {
+        print_err(pb, &format!("--delete: {e}"));
+    }
     if p.json {
-        outln!("{}", serde_json::to_string_pretty(report)?)
+        let mut v = serde_json::to_value(report)?;
+        if let Some(d) = deleted {
+            v["deleted"] = serde_json::to_value(d)?;
+        }
+        if report.failed > 0 {
+            v["resume"] = command_line().into();
+        }
+        outln!("{}", serde_json::to_string_pretty(&v)?)
             .context("cannot write the report to standard output")?;
     } else if !p.quiet {
+        if let Some(d) = deleted {
+            print_deleted(d).context("cannot write to standard output")?;
+        }
         print_summary(report, p).context("cannot write the summary to standard output")?;
+    }
+    // A failed run says what was done and how to finish it, on standard
+    // error with the errors it sums up (so also with -q).
+    if !p.json {
+        if let Some(line) = incomplete(report, send) {
+            print_err(pb, &line);
+        }
     }
     Ok(if report.failed == 0 {
         ExitCode::SUCCESS
@@ -62,7 +88,7 @@ pub fn finish(
 /// names: a name with a backslash, newline or carriage return is escaped
 /// (`\\`, `\n`, `\r`) and the line is marked with a leading backslash.
 /// Returns the mark ("" or "\\") and the printable name.
-fn printable(name: &str) -> (&'static str, String) {
+pub fn printable(name: &str) -> (&'static str, String) {
     let (escaped, bytes) = intact_digest::manifest::escape_name(Path::new(name));
     let mark = if escaped { "\\" } else { "" };
     (mark, String::from_utf8_lossy(&bytes).into_owned())
@@ -109,8 +135,22 @@ fn warn_below_level(report: &CopyReport, p: &PipelineArgs, pb: &indicatif::Progr
     }
 }
 
-/// The human summary: one line, and one more when the receiver held bytes
-/// from an earlier run.
+/// What `copy --delete` removed, and the directories it kept because they
+/// hold excluded entries, one per line.
+fn print_deleted(d: &PruneReport) -> std::io::Result<()> {
+    for path in &d.deleted {
+        let (mark, name) = printable(path);
+        outln!("{mark}deleted {name}")?;
+    }
+    for path in &d.kept {
+        let (mark, name) = printable(path);
+        outln!("{mark}kept {name} (holds excluded entries)")?;
+    }
+    Ok(())
+}
+
+/// The human summary: one line, and one more when the destination held
+/// verified data from an earlier run.
 fn print_summary(report: &CopyReport, p: &PipelineArgs) -> std::io::Result<()> {
     let ok = report.files.iter().filter(|f| f.error.is_none()).count();
     // The level every verified file reached, at least.
@@ -124,37 +164,139 @@ fn print_summary(report: &CopyReport, p: &PipelineArgs) -> std::io::Result<()> {
     let resent: u64 = report.files.iter().map(|f| f.blocks_resent).sum();
     let mib = report.bytes as f64 / (1 << 20) as f64;
     outln!(
-        "{ok} of {} entries ({mib:.1} MiB) in {:.2} s ({:.0} MiB/s); verify {}: level {}; {resent} blocks resent; {} failed",
+        "{ok} of {} entries ({mib:.1} MiB) in {:.2} s{}; verify {}: level {}; {resent} blocks resent; {} failed",
         report.files.len(),
         report.seconds,
-        mib / report.seconds.max(1e-9),
+        rate(report),
         p.verify,
         level,
         report.failed
     )?;
-    if report.bytes_reverified + report.bytes_trusted > 0 {
-        let trusted_level = report
-            .files
-            .iter()
-            .filter_map(|f| f.trusted_level)
-            .min()
-            .map_or(String::new(), |l| format!(" (recorded level {l} or above)"));
-        outln!(
-            "held by the receiver from an earlier run: {} B re-verified in place now, {} B trusted from its journal{trusted_level}; {} B sent",
-            report.bytes_reverified, report.bytes_trusted, report.bytes_sent
-        )?;
+    if let Some(line) = resumed(report) {
+        outln!("{line}")?;
     }
     Ok(())
 }
 
+/// Bytes for people: B, KiB, MiB or GiB with one decimal.
+pub fn bytes(b: u64) -> String {
+    const K: f64 = 1024.0;
+    let f = b as f64;
+    if f >= K * K * K {
+        format!("{:.1} GiB", f / (K * K * K))
+    } else if f >= K * K {
+        format!("{:.1} MiB", f / (K * K))
+    } else if f >= K {
+        format!("{:.1} KiB", f / K)
+    } else {
+        format!("{b} B")
+    }
+}
+
+/// The transfer rate, counting only bytes sent (not those the destination
+/// already held), and only for a run that succeeded.
+pub fn rate(report: &CopyReport) -> String {
+    if report.failed > 0 || report.bytes_sent == 0 {
+        return String::new();
+    }
+    let mib = report.bytes_sent as f64 / (1 << 20) as f64;
+    format!(" ({:.0} MiB/s sent)", mib / report.seconds.max(1e-9))
+}
+
+/// For a run that found data already verified at the destination: how
+/// much, which part was re-verified now and which trusted from the journal.
+pub fn resumed(report: &CopyReport) -> Option<String> {
+    let held = report.bytes_reverified + report.bytes_trusted;
+    if held == 0 {
+        return None;
+    }
+    let mut parts = Vec::new();
+    if report.bytes_reverified > 0 {
+        parts.push(format!(
+            "{} re-verified in place now",
+            bytes(report.bytes_reverified)
+        ));
+    }
+    if report.bytes_trusted > 0 {
+        let level = report
+            .files
+            .iter()
+            .filter_map(|f| f.trusted_level)
+            .min()
+            .map_or(String::new(), |l| format!(" at level {l} or above"));
+        parts.push(format!(
+            "{} trusted from its journal{level}",
+            bytes(report.bytes_trusted)
+        ));
+    }
+    Some(format!(
+        "resumed: {} already verified at the destination ({}), {} sent",
+        bytes(held),
+        parts.join(", "),
+        bytes(report.bytes_sent)
+    ))
+}
+
+/// Which command ran, so that a run that did not finish can say how to
+/// resume it: the same command line, quoted for a POSIX shell.
+pub fn command_line() -> String {
+    std::env::args_os()
+        .map(|a| quote(&a.to_string_lossy()))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn quote(s: &str) -> String {
+    let safe = |c: char| c.is_ascii_alphanumeric() || "_./:=@,+-%".contains(c);
+    if !s.is_empty() && s.chars().all(safe) {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
+/// What to do after a run in which something failed.
+pub fn incomplete(report: &CopyReport, send: bool) -> Option<String> {
+    if report.failed == 0 {
+        return None;
+    }
+    let ok = report.files.iter().filter(|f| f.error.is_none()).count();
+    let next = if send {
+        format!(
+            "what the server verified is kept; to resume, run: {}",
+            command_line()
+        )
+    } else {
+        format!(
+            "fix the cause and run the same command again: {}",
+            command_line()
+        )
+    };
+    Some(format!(
+        "incomplete: {ok} of {} entries verified, {} sent, {} failed; {next}",
+        report.files.len(),
+        bytes(report.bytes_sent),
+        report.failed
+    ))
+}
+
 #[cfg(test)]
 mod tests {
-    use super::printable;
+    use super::*;
 
     #[test]
     fn names_with_line_breaks_are_escaped_and_marked() {
         assert_eq!(printable("a/b.dat"), ("", "a/b.dat".to_string()));
         assert_eq!(printable("a\nb"), ("\\", "a\\nb".to_string()));
         assert_eq!(printable("a\\b\r"), ("\\", "a\\\\b\\r".to_string()));
+    }
+
+    #[test]
+    fn bytes_and_quotes_read_well() {
+        assert_eq!(bytes(512), "512 B");
+        assert_eq!(bytes(688 << 20), "688.0 MiB");
+        assert_eq!(quote("a b"), "'a b'");
+        assert_eq!(quote("it's"), r"'it'\''s'");
+        assert_eq!(quote("127.0.0.1:4750:/in"), "127.0.0.1:4750:/in");
     }
 }

@@ -23,13 +23,21 @@ Copy files and trees locally through intact's block pipeline (the same
 one `intact send` and `intact serve` run across the network).
 
 Each SRC goes into the directory DST (created if missing) under its own
-name, like `cp -r SRC... DST/`. Files are cut into blocks; every block is
-digested (XXH3-128), checked at the receiving end as the verification mode
-says, and resent if it fails (--retries). A file is written under a hidden
-partial name (.intact-partial-*) and gets its final name only after it is
-verified and fsynced; its directory is fsynced after the rename. Modes and
-modification times are kept; symlinks are copied as symlinks, never
-followed, and no destination path is ever resolved through a symlink.
+name, like `rsync -r SRC... DST`; `SRC/` (a trailing slash) copies the
+directory's contents into DST instead. A single file copied to a DST that
+is not a directory becomes the file DST (a new name, or replacing it, as
+with cp). A directory is never copied into itself. Files are cut into
+blocks; every block is digested (XXH3-128), checked at the receiving end
+as the verification mode says, and resent if it fails (--retries). A file
+is written under a hidden partial name (.intact-partial-*) and gets its
+final name only after it is verified and fsynced; its directory is
+fsynced after the rename. Modes and modification times are kept;
+symlinks, also those named on the command line, are copied as symlinks
+(-L copies what they point to; `LINK/` the contents of the directory it
+points to), and no destination path is ever resolved through a symlink.
+--include/--exclude choose entries with rsync's patterns; --delete then
+removes what the source no longer has, only after everything was copied
+and verified; --dry-run shows all of it; --bwlimit caps the rate.
 
 {}
 

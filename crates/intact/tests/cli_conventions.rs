@@ -23,7 +23,8 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-/// A source file and a destination path that does not exist yet.
+/// A source file and a destination path that does not exist yet (so a
+/// copy of the one file there is the file DST, as with cp).
 fn src_and_dst(dir: &Path) -> (String, String) {
     let src = dir.join("f.dat");
     fs::write(&src, intact_sample::bytes(100_000, 7)).unwrap();
@@ -63,6 +64,19 @@ fn help_lists_the_real_modes_with_riva_as_default_and_a_true_usage_line() {
         };
         assert!(help.contains(usage), "{cmd}: {help}");
         assert!(!help.contains("<SRC... DST>"), "{cmd}: {help}");
+        for flag in [
+            "--include <PATTERN>",
+            "--exclude <PATTERN>",
+            "-n, --dry-run",
+            "-L, --copy-links",
+            "--bwlimit <RATE>",
+            "-q, --quiet",
+        ] {
+            assert!(help.contains(flag), "{cmd} lacks {flag}: {help}");
+        }
+        // send --delete is refused (exit 2), so only copy offers it.
+        let offers_delete = help.lines().any(|l| l.trim() == "--delete");
+        assert_eq!(offers_delete, cmd == "copy", "{cmd}: {help}");
     }
     // The reliability table lists exactly the modes that exist.
     let out = intact(&["reliability", "--transfer", "--json"]);
@@ -120,11 +134,18 @@ fn a_closed_stdout_ends_the_output_quietly_and_the_copy_stands() {
         assert_eq!(out.status.code(), Some(0), "{flag}: {err}");
         assert!(err.is_empty(), "{flag}: not quiet: {err}");
         assert_eq!(
-            fs::read(Path::new(&d).join("f.dat")).unwrap(),
+            fs::read(&d).unwrap(),
             intact_sample::bytes(100_000, 7),
             "{flag}: the copy is not complete"
         );
     }
+    // A dry run's listing too, and it still writes nothing.
+    for flag in ["--verbose", "--json"] {
+        let out = with_closed_stdout(&["copy", "--dry-run", flag, &s, &d]);
+        assert_eq!(out.status.code(), Some(0), "{flag}: {}", text(&out.stderr));
+        assert!(out.stderr.is_empty(), "{flag}: {}", text(&out.stderr));
+    }
+    nothing_written(dir.path());
     // The same for the other commands that print reports.
     for args in [
         &["reliability", "--json"][..],
@@ -280,17 +301,44 @@ fn quiet_prints_nothing_but_errors() {
     assert_eq!(out.status.code(), Some(0));
     assert!(out.stdout.is_empty(), "{}", text(&out.stdout));
     assert!(out.stderr.is_empty(), "{}", text(&out.stderr));
-    assert_eq!(
-        fs::read(Path::new(&d).join("f.dat")).unwrap(),
-        intact_sample::bytes(100_000, 7)
-    );
+    assert_eq!(fs::read(&d).unwrap(), intact_sample::bytes(100_000, 7));
     // An error still shows, and the good file is still copied.
     let d2 = format!("{d}2");
     let out = intact(&["copy", "--quiet", "/nonexistent/source", &s, &d2]);
     assert_eq!(out.status.code(), Some(1));
     assert!(out.stdout.is_empty(), "{}", text(&out.stdout));
     assert!(text(&out.stderr).contains("/nonexistent/source"));
+    // ... with the line that says how to finish the job (standard error).
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("incomplete: ") && err.contains("run the same command again: "),
+        "{err}"
+    );
     assert!(Path::new(&d2).join("f.dat").exists());
+    // A dry run and a symlink source's note are silenced as well; a usage
+    // error is not.
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(&s, &link).unwrap();
+    let d4 = format!("{d}4");
+    for args in [
+        &["copy", "-q", "--dry-run", &s, &d4][..],
+        &[
+            "copy",
+            "-q",
+            "--verify",
+            "block",
+            link.to_str().unwrap(),
+            &d4,
+        ],
+    ] {
+        let out = intact(args);
+        assert_eq!(out.status.code(), Some(0), "{args:?}");
+        assert!(out.stdout.is_empty(), "{args:?}: {}", text(&out.stdout));
+        assert!(out.stderr.is_empty(), "{args:?}: {}", text(&out.stderr));
+    }
+    let out = intact(&["copy", "-q", dir.path().to_str().unwrap(), &format!("{d}5")]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("the copy would copy itself"));
     // -q with -v or --json is a contradiction: exit 2, nothing written.
     for other in ["-v", "--json"] {
         let d3 = format!("{d}3");
@@ -315,6 +363,12 @@ fn completions_and_man_pages_come_from_the_same_definitions() {
             "verify",
             "block-size",
             "quiet",
+            "include",
+            "exclude",
+            "delete",
+            "dry-run",
+            "copy-links",
+            "bwlimit",
         ] {
             assert!(script.contains(word), "{shell} lacks {word}");
         }
@@ -340,6 +394,16 @@ fn completions_and_man_pages_come_from_the_same_definitions() {
     assert!(page.contains(".TH intact\\-copy 1") || page.contains(".TH intact-copy 1"));
     assert!(page.contains("\\-\\-verify") && page.contains("riva"));
     assert!(page.contains("\\-\\-block\\-size"));
+    for flag in [
+        "\\-\\-include",
+        "\\-\\-exclude",
+        "\\-\\-delete",
+        "\\-\\-dry\\-run",
+        "\\-\\-copy\\-links",
+        "\\-\\-bwlimit",
+    ] {
+        assert!(page.contains(flag), "intact-copy(1) lacks {flag}");
+    }
 
     let out = intact(&["man", "nosuch"]);
     assert_eq!(out.status.code(), Some(2));
@@ -415,5 +479,5 @@ fn riva_on_tmpfs_does_not_evict_and_says_cache() {
         dst2.to_str().unwrap(),
     ]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(!dst2.join("f0").exists());
+    assert!(!dst2.exists(), "neither the file dst2 nor dst2/f0");
 }

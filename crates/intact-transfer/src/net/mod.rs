@@ -6,5 +6,5 @@ mod sender;
 mod server;
 
 pub use receiver::{receive, ReceiveOptions, SessionSummary};
-pub use sender::{send, SendOptions, MAX_BYTES_IN_FLIGHT, MAX_FILES_IN_FLIGHT};
+pub use sender::{send, send_scanned, SendOptions, MAX_BYTES_IN_FLIGHT, MAX_FILES_IN_FLIGHT};
 pub use server::{serve, wake, LocalServer, ServerConfig};

@@ -28,7 +28,7 @@ use crate::copy::{
     check_unchanged, simple_report, source_read_error, CopyReport, FileReport, Progress,
 };
 use crate::net::receiver::block_algorithm_id;
-use crate::source::{scan, SourceEntry, SourceKind};
+use crate::source::{scan, Scan, SourceEntry, SourceKind};
 use crate::verify::{DeviceStats, Reached, VerifyLevel, VerifyMode};
 use crate::TransferError;
 
@@ -96,9 +96,21 @@ fn connect(addr: &str, key: Option<&Key>) -> Result<Connection<TcpStream>, Trans
     Ok(conn)
 }
 
-/// Sends `sources` to the server at `addr` (host:port).
+/// Sends `sources` to the server at `addr` (host:port), as [`scan`]
+/// places them.
 pub fn send(
     sources: &[PathBuf],
+    addr: &str,
+    opts: &SendOptions,
+    progress: Progress<'_>,
+) -> Result<CopyReport, TransferError> {
+    send_scanned(scan(sources), addr, opts, progress)
+}
+
+/// Sends what a scan found (see [`crate::scan_with`]) to the server at
+/// `addr` (host:port).
+pub fn send_scanned(
+    mut scanned: Scan,
     addr: &str,
     opts: &SendOptions,
     progress: Progress<'_>,
@@ -106,7 +118,6 @@ pub fn send(
     let start = Instant::now();
     crate::verify::check_reachable(opts.verify, opts.require_level)?;
     crate::raise_open_file_limit();
-    let mut scanned = scan(sources);
     if let Some(sub) = &opts.subdir {
         for e in &mut scanned.entries {
             let mut joined = sub.as_bytes().to_vec();

@@ -1,0 +1,286 @@
+//! `--delete`: removes what the destination holds and the source no
+//! longer has, inside the directories a transfer covered.
+//!
+//! Call it only after the transfer succeeded. Every step goes through
+//! directory file descriptors opened with `O_NOFOLLOW`, so a symlink is
+//! removed as a link and never followed, and nothing outside the
+//! destination root is touched. Entries an `--exclude` rule matches are
+//! protected (rsync's default), and so is intact's own state at the top
+//! of the root (`.intact/`) and the hidden partial data of files the
+//! source still has (`.intact-partial-*`).
+
+use std::collections::HashSet;
+use std::ffi::OsStr;
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use rustix::fs::{self as rfs, AtFlags, Mode, OFlags};
+use rustix::io::Errno;
+
+use crate::select::Filter;
+use crate::TransferError;
+
+/// What [`prune`] removed (or, in a dry run, would remove).
+#[derive(Debug, Default, serde::Serialize)]
+pub struct PruneReport {
+    /// Paths relative to the root, contents before their directory;
+    /// directories end in '/'.
+    pub deleted: Vec<String>,
+    /// Directories not in the source that were kept because they hold
+    /// protected (excluded) entries.
+    pub kept: Vec<String>,
+    /// What could not be removed.
+    #[serde(serialize_with = "as_strings")]
+    pub errors: Vec<TransferError>,
+}
+
+fn as_strings<S: serde::Serializer>(e: &[TransferError], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(e.iter().map(|e| e.to_string()))
+}
+
+/// Removes, under each of `scopes` (paths relative to `root`; empty for
+/// the root itself), every entry whose relative path is not in `keep`
+/// and that `filter` does not protect. With `dry_run`, lists them only.
+pub fn prune(
+    root: &Path,
+    scopes: &[Vec<u8>],
+    keep: &HashSet<Vec<u8>>,
+    filter: &Filter,
+    dry_run: bool,
+) -> PruneReport {
+    let mut p = Pruner {
+        keep,
+        filter,
+        dry_run,
+        report: PruneReport::default(),
+    };
+    let root_fd = match rfs::open(
+        root,
+        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        // Nothing there yet (a dry run to a new destination).
+        Err(Errno::NOENT) => return p.report,
+        Err(e) => {
+            p.err(&root.display().to_string(), e);
+            return p.report;
+        }
+    };
+    let mut seen = HashSet::new();
+    for scope in scopes {
+        if !seen.insert(scope.clone()) {
+            continue;
+        }
+        match open_under(&root_fd, scope) {
+            Ok(Some(fd)) => p.walk(&fd, scope),
+            Ok(None) => {}
+            Err(e) => p.err(&String::from_utf8_lossy(scope), e),
+        }
+    }
+    p.report
+}
+
+/// Opens the directory at `rel` under `root` without following any
+/// symlink; None if it is not there.
+fn open_under(root: &OwnedFd, rel: &[u8]) -> Result<Option<OwnedFd>, Errno> {
+    let mut fd = rfs::openat(
+        root,
+        ".",
+        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    for c in rel.split(|&b| b == b'/').filter(|c| !c.is_empty()) {
+        fd = match open_dir(&fd, OsStr::from_bytes(c)) {
+            Ok(d) => d,
+            Err(Errno::NOENT) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+    }
+    Ok(Some(fd))
+}
+
+fn open_dir(dir: &OwnedFd, name: &OsStr) -> Result<OwnedFd, Errno> {
+    rfs::openat(
+        dir,
+        name,
+        OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+}
+
+fn join(rel: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut out = rel.to_vec();
+    if !out.is_empty() {
+        out.push(b'/');
+    }
+    out.extend_from_slice(name);
+    out
+}
+
+struct Pruner<'a> {
+    keep: &'a HashSet<Vec<u8>>,
+    filter: &'a Filter,
+    dry_run: bool,
+    report: PruneReport,
+}
+
+impl Pruner<'_> {
+    fn err(&mut self, path: &str, e: Errno) {
+        self.report.errors.push(TransferError::Destination {
+            path: path.to_string(),
+            source: e.into(),
+        });
+    }
+
+    /// The names in `dir` (without "." and ".."), each with whether it is
+    /// a directory (never following a symlink).
+    fn list(&mut self, dir: &OwnedFd, rel: &[u8]) -> Vec<(Vec<u8>, bool)> {
+        let mut out = Vec::new();
+        let entries = match rfs::Dir::read_from(dir) {
+            Ok(d) => d,
+            Err(e) => {
+                self.err(&String::from_utf8_lossy(rel), e);
+                return out;
+            }
+        };
+        for e in entries {
+            let e = match e {
+                Ok(e) => e,
+                Err(err) => {
+                    self.err(&String::from_utf8_lossy(rel), err);
+                    break;
+                }
+            };
+            let name = e.file_name().to_bytes().to_vec();
+            if name == b"." || name == b".." {
+                continue;
+            }
+            let is_dir = match rfs::statat(dir, OsStr::from_bytes(&name), AtFlags::SYMLINK_NOFOLLOW)
+            {
+                Ok(st) => rfs::FileType::from_raw_mode(st.st_mode) == rfs::FileType::Directory,
+                Err(Errno::NOENT) => continue,
+                Err(err) => {
+                    self.err(&String::from_utf8_lossy(&join(rel, &name)), err);
+                    continue;
+                }
+            };
+            out.push((name, is_dir));
+        }
+        out.sort();
+        out
+    }
+
+    /// Looks through a directory the source has.
+    fn walk(&mut self, dir: &OwnedFd, rel: &[u8]) {
+        for (name, is_dir) in self.list(dir, rel) {
+            let child = join(rel, &name);
+            let reserved = (rel.is_empty() && name == crate::journal::STATE_DIR.as_bytes())
+                || name.starts_with(b".intact-partial-");
+            if reserved || !self.filter.takes(&child, is_dir) {
+                continue;
+            }
+            if self.keep.contains(&child) {
+                if is_dir {
+                    match open_dir(dir, OsStr::from_bytes(&name)) {
+                        Ok(fd) => self.walk(&fd, &child),
+                        Err(e) => self.err(&String::from_utf8_lossy(&child), e),
+                    }
+                }
+                continue;
+            }
+            self.remove(dir, &name, &child, is_dir);
+        }
+    }
+
+    /// Removes one entry the source does not have; true if it is gone.
+    fn remove(&mut self, dir: &OwnedFd, name: &[u8], rel: &[u8], is_dir: bool) -> bool {
+        let os = OsStr::from_bytes(name);
+        let shown = String::from_utf8_lossy(rel).into_owned();
+        if !is_dir {
+            if !self.dry_run {
+                if let Err(e) = rfs::unlinkat(dir, os, AtFlags::empty()) {
+                    self.err(&shown, e);
+                    return false;
+                }
+            }
+            self.report.deleted.push(shown);
+            return true;
+        }
+        let fd = match open_dir(dir, os) {
+            Ok(fd) => fd,
+            Err(e) => {
+                self.err(&shown, e);
+                return false;
+            }
+        };
+        let mut emptied = true;
+        for (n, d) in self.list(&fd, rel) {
+            let child = join(rel, &n);
+            if !self.filter.takes(&child, d) {
+                emptied = false;
+                continue;
+            }
+            emptied &= self.remove(&fd, &n, &child, d);
+        }
+        if !emptied {
+            self.report.kept.push(format!("{shown}/"));
+            return false;
+        }
+        if !self.dry_run {
+            if let Err(e) = rfs::unlinkat(dir, os, AtFlags::REMOVEDIR) {
+                self.err(&shown, e);
+                return false;
+            }
+        }
+        self.report.deleted.push(format!("{shown}/"));
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::select::{Rule, RuleKind};
+    use std::fs;
+
+    #[test]
+    fn removes_only_what_the_source_lacks_and_never_follows_links() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("dst");
+        let outside = dir.path().join("outside");
+        fs::create_dir_all(root.join("d/gone/deeper")).unwrap();
+        fs::create_dir_all(&outside).unwrap();
+        fs::write(outside.join("precious"), b"keep").unwrap();
+        fs::write(root.join("d/kept.dat"), b"k").unwrap();
+        fs::write(root.join("d/old.dat"), b"o").unwrap();
+        fs::write(root.join("d/gone/deeper/x"), b"x").unwrap();
+        fs::write(root.join("d/skip.tmp"), b"t").unwrap();
+        fs::write(root.join("top.dat"), b"not in scope").unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("d/link")).unwrap();
+        let keep: HashSet<Vec<u8>> = [&b"d"[..], b"d/kept.dat"]
+            .iter()
+            .map(|s| s.to_vec())
+            .collect();
+        let filter = Filter::new(vec![Rule::new(RuleKind::Exclude, "*.tmp")]);
+        let dry = prune(&root, &[b"d".to_vec()], &keep, &filter, true);
+        assert!(dry.errors.is_empty(), "{:?}", dry.errors);
+        assert!(root.join("d/old.dat").exists(), "a dry run removes nothing");
+        let r = prune(&root, &[b"d".to_vec()], &keep, &filter, false);
+        assert_eq!(r.deleted, dry.deleted);
+        assert_eq!(
+            r.deleted,
+            [
+                "d/gone/deeper/x",
+                "d/gone/deeper/",
+                "d/gone/",
+                "d/link",
+                "d/old.dat"
+            ]
+        );
+        assert!(root.join("d/kept.dat").exists() && root.join("d/skip.tmp").exists());
+        assert!(root.join("top.dat").exists());
+        assert_eq!(fs::read(outside.join("precious")).unwrap(), b"keep");
+    }
+}
