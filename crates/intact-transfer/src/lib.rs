@@ -36,8 +36,8 @@ pub use journal::{BlockRecord, FileRow, Journal, VerifiedAt, STATE_DIR};
 pub use limits::raise_open_file_limit;
 pub use model::RivaModel;
 pub use net::{
-    receive, send, serve, wake, LocalServer, ReceiveOptions, SendOptions, ServerConfig,
-    SessionSummary, MAX_BYTES_IN_FLIGHT, MAX_FILES_IN_FLIGHT,
+    receive, send, serve, wake, LocalServer, ReceiveOptions, RootError, RootLock, SendOptions,
+    Server, ServerConfig, SessionSummary, MAX_BYTES_IN_FLIGHT, MAX_FILES_IN_FLIGHT,
 };
 pub use source::{scan, Scan, SourceEntry, SourceKind};
 pub use verify::{DeviceStats, Reached, VerifyLevel, VerifyMode};
