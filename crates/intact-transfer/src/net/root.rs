@@ -114,9 +114,9 @@ impl RootLock {
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&path)
             .map_err(unusable(&path))?;
-        match file.try_lock() {
+        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
             Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => {
+            Err(rustix::io::Errno::WOULDBLOCK) => {
                 let mut text = String::new();
                 let _ = file.read_to_string(&mut text);
                 return Err(RootError::InUse {
@@ -124,7 +124,7 @@ impl RootLock {
                     pid: text.trim().parse().ok(),
                 });
             }
-            Err(std::fs::TryLockError::Error(e)) => return Err(unusable(&path)(e)),
+            Err(e) => return Err(unusable(&path)(e.into())),
         }
         // Only the holder writes: a reader sees the PID or, for a moment
         // after the lock was taken, nothing.
