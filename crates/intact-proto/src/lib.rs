@@ -1,7 +1,7 @@
 //! intact's wire protocol.
 //!
 //! [`Message`] is everything the sender and the receiver say to each other
-//! (protocol [`VERSION`] 3); frames are length-prefixed and decoded in two
+//! (protocol [`VERSION`] 4); frames are length-prefixed and decoded in two
 //! steps, [`frame_len`] (is a whole frame buffered? is its length
 //! possible?) then [`Message::decode`], with a hard limit on every field,
 //! so hostile bytes end a connection with a [`ProtoError`], never a panic
@@ -17,7 +17,10 @@ mod error;
 mod message;
 mod path;
 
-pub use auth::{client_handshake, server_handshake, Key, VERSION};
+pub use auth::{
+    client_handshake, client_handshake_in, server_handshake, server_handshake_admit, Key,
+    SessionId, AUTH_FAILED, VERSION,
+};
 pub use connection::Connection;
 pub use error::ProtoError;
 pub use message::{

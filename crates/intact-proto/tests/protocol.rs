@@ -6,8 +6,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 
 use intact_proto::{
-    client_handshake, frame_len, server_handshake, Block, Connection, Entry, EntryKind, FileResult,
-    FileStatus, Key, Message, ProtoError, WirePath, MAX_FRAME,
+    client_handshake, client_handshake_in, frame_len, server_handshake, server_handshake_admit,
+    Block, Connection, Entry, EntryKind, FileResult, FileStatus, Key, Message, ProtoError,
+    SessionId, WirePath, MAX_FRAME,
 };
 use proptest::prelude::*;
 
@@ -20,13 +21,18 @@ fn arb_path() -> impl Strategy<Value = WirePath> {
 
 fn arb_message() -> impl Strategy<Value = Message> {
     prop_oneof![
-        (any::<u16>(), any::<bool>(), any::<[u8; 32]>()).prop_map(|(version, keyed, nonce)| {
-            Message::Hello {
+        (
+            any::<u16>(),
+            any::<bool>(),
+            any::<[u8; 32]>(),
+            any::<[u8; 16]>()
+        )
+            .prop_map(|(version, keyed, nonce, session)| Message::Hello {
                 version,
                 keyed,
                 nonce,
-            }
-        }),
+                session,
+            }),
         any::<[u8; 32]>().prop_map(|mac| Message::Proof { mac }),
         ".{0,40}".prop_map(|reason| Message::Refused { reason }),
         (
@@ -338,9 +344,11 @@ fn handshake_outcomes() {
 
     let (c, s) = handshake(key(k), key("another key of enough length"), false);
     assert!(matches!(s, Err(ProtoError::Auth(_))), "{s:?}");
+    // The client is told what the server's log says: another key.
+    let c = c.unwrap_err().to_string();
     assert!(
-        matches!(c, Err(ProtoError::Refused(ref r)) if r == "authentication failed"),
-        "{c:?}"
+        c.starts_with("authentication failed") && c.contains("different key at the server?"),
+        "{c}"
     );
 
     let (c, s) = handshake(None, key(k), true);
@@ -375,6 +383,7 @@ fn other_versions_are_refused_with_a_reason() {
         version: 99,
         keyed: false,
         nonce: [0; 32],
+        session: [0; 16],
     })
     .unwrap();
     match conn.expect_message().unwrap() {
@@ -382,6 +391,69 @@ fn other_versions_are_refused_with_a_reason() {
         other => panic!("{other:?}"),
     }
     assert!(server.join().unwrap().is_err());
+}
+
+#[test]
+fn a_version_3_hello_is_told_its_version_not_that_its_frame_is_bad() {
+    // Version 3's Hello had no session id: type, version, keyed, nonce.
+    let mut frame = vec![0, 0, 0, 36, 1, 0, 3, 0];
+    frame.extend_from_slice(&[7; 32]);
+    let (a, b) = UnixStream::pair().unwrap();
+    let server = std::thread::spawn(move || server_handshake(&mut Connection::new(b), None, true));
+    let mut conn = Connection::new(a);
+    std::io::Write::write_all(&mut conn.get_ref(), &frame).unwrap();
+    match conn.expect_message().unwrap() {
+        Message::Refused { reason } => assert!(
+            reason.contains("version 3 is not spoken here (4 is)"),
+            "{reason}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert!(server.join().unwrap().is_err());
+}
+
+#[test]
+fn sessions_are_admitted_after_authentication_and_refused_with_a_reason() {
+    let k = "correct horse battery staple";
+    for keyed in [false, true] {
+        let (a, b) = UnixStream::pair().unwrap();
+        let sk = if keyed { key(k) } else { None };
+        let server = std::thread::spawn(move || {
+            server_handshake_admit(&mut Connection::new(b), sk.as_ref(), true, |s| {
+                Err::<(), _>(format!("busy ({s})"))
+            })
+        });
+        let ck = if keyed { key(k) } else { None };
+        let id = SessionId([0xab; 16]);
+        let c = client_handshake_in(&mut Connection::new(a), ck.as_ref(), &id);
+        assert!(
+            matches!(c, Err(ProtoError::Refused(ref r)) if r == "busy (abababab)"),
+            "{keyed}: {c:?}"
+        );
+        assert!(server.join().unwrap().is_err());
+
+        let (a, b) = UnixStream::pair().unwrap();
+        let sk = if keyed { key(k) } else { None };
+        let server = std::thread::spawn(move || {
+            server_handshake_admit(&mut Connection::new(b), sk.as_ref(), true, Ok)
+        });
+        let ck = if keyed { key(k) } else { None };
+        client_handshake_in(&mut Connection::new(a), ck.as_ref(), &id).unwrap();
+        assert_eq!(server.join().unwrap().unwrap(), id, "{keyed}");
+    }
+    // A wrong key is never admitted (admission sees only proven clients).
+    let (a, b) = UnixStream::pair().unwrap();
+    let server = std::thread::spawn(move || {
+        server_handshake_admit(
+            &mut Connection::new(b),
+            key(k).as_ref(),
+            true,
+            |_| -> Result<(), String> { panic!("admitted an unproven client") },
+        )
+    });
+    let other = key("another key of enough length");
+    assert!(client_handshake(&mut Connection::new(a), other.as_ref()).is_err());
+    assert!(matches!(server.join().unwrap(), Err(ProtoError::Auth(_))));
 }
 
 #[test]

@@ -40,8 +40,8 @@ pub use journal::{BlockRecord, FileRow, Journal, VerifiedAt, STATE_DIR};
 pub use limits::raise_open_file_limit;
 pub use model::RivaModel;
 pub use net::{
-    receive, send, send_scanned, serve, wake, LocalServer, ReceiveOptions, SendOptions,
-    ServerConfig, SessionSummary, MAX_BYTES_IN_FLIGHT, MAX_FILES_IN_FLIGHT,
+    receive, send, send_scanned, serve, wake, LocalServer, ReceiveOptions, RootError, RootLock,
+    SendOptions, Server, ServerConfig, SessionSummary, MAX_BYTES_IN_FLIGHT, MAX_FILES_IN_FLIGHT,
 };
 pub use prune::{prune, PruneReport};
 pub use select::{Filter, Rule, RuleKind};

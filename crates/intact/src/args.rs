@@ -153,7 +153,18 @@ challenge-response over keyed BLAKE3; the key never crosses the wire).
 Without a key, only loopback clients are served. --listen 127.0.0.1:0
 picks a free port; the first line printed says which. SIGINT or SIGTERM
 stop the server: new connections are refused, transfers in progress keep
-their partial data hidden, nothing unverified is ever given its final name.";
+their partial data hidden, nothing unverified is ever given its final name.
+
+The root is checked before anything listens (a directory, created if
+missing) and locked (ROOT/.intact/lock holds the server's PID): a second
+server on the same root refuses to start and names the first. One client
+is one `intact send` run, whatever its --streams. The log has one line per
+client session with its totals and one per failure; -v adds one per
+stream and per refused connection.
+
+Exit status: 0 once stopped by a signal; 1 if it cannot start (the root is
+in use, the address is taken, the journal cannot be opened); 2 for usage
+errors (a --root that is not a usable directory, a bad --key-file).";
 
 const SEND_ABOUT: &str = "\
 Send files and trees to `intact serve` at HOST:PORT, optionally into a
@@ -210,13 +221,23 @@ pub struct ServeArgs {
     #[arg(long, value_name = "F")]
     pub key_file: Option<PathBuf>,
 
-    /// Connections served at once; more are refused with a reason.
-    #[arg(long, value_name = "N", default_value_t = 64)]
-    pub max_connections: usize,
+    /// Clients served at once (one `intact send` run is one client,
+    /// whatever its --streams); more are refused with a reason.
+    #[arg(long, value_name = "N", default_value_t = 16, alias = "max-connections", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_sessions: u32,
+
+    /// TCP streams one client may open (`intact send --streams`).
+    #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_streams_per_session: u32,
 
     /// Seconds a client may stay silent before it is dropped.
     #[arg(long, value_name = "SECS", default_value_t = 300)]
     pub idle_timeout: u64,
+
+    /// Log a line per stream and per refused connection, not only one per
+    /// client session (with its totals) and one per failure.
+    #[arg(short, long)]
+    pub verbose: bool,
 }
 
 #[derive(Debug, Args)]

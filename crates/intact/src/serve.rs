@@ -7,17 +7,44 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use intact_transfer::{serve, wake, ServerConfig};
+use intact_transfer::{wake, Server, ServerConfig};
 use signal_hook::consts::{SIGINT, SIGTERM};
 
 use crate::args::ServeArgs;
 
 pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     let key = match &args.key_file {
-        Some(f) => Some(intact_proto::Key::from_file(f)?),
+        Some(f) => match intact_proto::Key::from_file(f) {
+            Ok(k) => Some(k),
+            Err(e) => {
+                eprintln!("intact serve: {e}");
+                return Ok(ExitCode::from(2));
+            }
+        },
         None => None,
     };
     intact_transfer::raise_open_file_limit();
+    let cfg = ServerConfig {
+        root: args.root.clone(),
+        key,
+        max_sessions: args.max_sessions as usize,
+        max_streams_per_session: args.max_streams_per_session as usize,
+        idle_timeout: Duration::from_secs(args.idle_timeout.max(1)),
+        verbose: args.verbose,
+        receive: Default::default(),
+    };
+    // The root first: a server that could not write there must not listen.
+    let server = match Server::open(cfg) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("intact serve: {e}");
+            return Ok(if e.is_usage() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::FAILURE
+            });
+        }
+    };
     let listener = TcpListener::bind(&args.listen)
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
     let addr = listener.local_addr()?;
@@ -34,25 +61,17 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     println!(
         "intact serve: listening on {addr}, root {}, {}",
         args.root.display(),
-        if key.is_some() {
+        if args.key_file.is_some() {
             "key required"
         } else {
             "no key: loopback clients only"
         }
     );
     std::io::stdout().flush()?;
-    let cfg = ServerConfig {
-        root: args.root.clone(),
-        key,
-        max_connections: args.max_connections.max(1),
-        idle_timeout: Duration::from_secs(args.idle_timeout.max(1)),
-        receive: Default::default(),
-    };
-    serve(
+    server.run(
         listener,
-        cfg,
         shutdown,
         Arc::new(|line| eprintln!("intact serve: {line}")),
-    )?;
+    );
     Ok(ExitCode::SUCCESS)
 }

@@ -2,9 +2,12 @@
 //! intact-proto.
 
 mod receiver;
+mod root;
 mod sender;
 mod server;
+mod sessions;
 
 pub use receiver::{receive, ReceiveOptions, SessionSummary};
+pub use root::{RootError, RootLock};
 pub use sender::{send, send_scanned, SendOptions, MAX_BYTES_IN_FLIGHT, MAX_FILES_IN_FLIGHT};
-pub use server::{serve, wake, LocalServer, ServerConfig};
+pub use server::{serve, wake, LocalServer, Server, ServerConfig};

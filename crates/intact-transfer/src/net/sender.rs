@@ -20,8 +20,8 @@ use std::time::Instant;
 use intact_cache::{DeviceReader, ReadPath};
 use intact_digest::{defaults, hash, AlignedBuf, Hasher};
 use intact_proto::{
-    client_handshake, Block, Connection, Entry, EntryKind, FileEnd, FileResult, FileStatus,
-    Holding, Key, Message, ProtoError, WirePath,
+    client_handshake_in, Block, Connection, Entry, EntryKind, FileEnd, FileResult, FileStatus,
+    Holding, Key, Message, ProtoError, SessionId, WirePath,
 };
 
 use crate::copy::{
@@ -84,15 +84,20 @@ fn conn_err(e: impl Into<ProtoError>) -> TransferError {
     TransferError::Path(e.into())
 }
 
-/// Connects and authenticates one stream.
-fn connect(addr: &str, key: Option<&Key>) -> Result<Connection<TcpStream>, TransferError> {
+/// Connects and authenticates one stream of `session` (one id per run,
+/// so the server counts this run as one client whatever its streams).
+fn connect(
+    addr: &str,
+    key: Option<&Key>,
+    session: &SessionId,
+) -> Result<Connection<TcpStream>, TransferError> {
     let stream = TcpStream::connect(addr).map_err(|e| TransferError::Connect {
         addr: addr.to_string(),
         source: e,
     })?;
     stream.set_nodelay(true).map_err(conn_err)?;
     let mut conn = Connection::new(stream);
-    client_handshake(&mut conn, key)?;
+    client_handshake_in(&mut conn, key, session)?;
     Ok(conn)
 }
 
@@ -128,9 +133,10 @@ pub fn send_scanned(
     }
     // Every stream is connected and authenticated before any data moves,
     // so a wrong key or an unreachable server fails the whole run at once.
+    let session = SessionId::random()?;
     let mut conns = Vec::new();
     for _ in 0..opts.streams.max(1) {
-        conns.push(connect(addr, opts.key.as_ref())?);
+        conns.push(connect(addr, opts.key.as_ref(), &session)?);
     }
     let entries = &scanned.entries;
     let (first, dirs): (Vec<usize>, Vec<usize>) =

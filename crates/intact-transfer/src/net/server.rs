@@ -1,5 +1,11 @@
 //! `intact serve`: accepts connections, authenticates them, and runs a
-//! receiving session on each, in its own thread.
+//! receiving stream on each, in its own thread, grouped into sessions.
+//!
+//! [`Server::open`] checks and locks the root and opens its journal before
+//! anything listens, so a server that cannot work says so at start.
+//! [`Server::run`] then serves until shut down: whatever happens inside
+//! one session (a journal error, a hostile peer, a panic) is logged and
+//! ends that session only, never the accept loop.
 
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -7,10 +13,13 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use intact_proto::{server_handshake, Connection, Key, Message};
+use intact_proto::{server_handshake_admit, Connection, Key, Message};
 
 use crate::dest::Destination;
+use crate::journal::Journal;
 use crate::net::receiver::{receive, ReceiveOptions};
+use crate::net::root::{RootError, RootLock};
+use crate::net::sessions::{Limits, Log, Sessions};
 use crate::TransferError;
 
 /// How a server runs.
@@ -20,97 +29,205 @@ pub struct ServerConfig {
     pub root: PathBuf,
     /// Pre-shared key; without one, only loopback clients are served.
     pub key: Option<Key>,
-    /// Connections served at once; more are refused with a reason.
-    pub max_connections: usize,
+    /// Clients (sessions: one `intact send` run, whatever its streams)
+    /// served at once; more are refused with a reason.
+    pub max_sessions: usize,
+    /// TCP streams one client may open; more are refused with a reason.
+    pub max_streams_per_session: usize,
     /// A client that sends nothing for this long is dropped.
     pub idle_timeout: Duration,
+    /// Log a line per stream and per refused connection too, not only one
+    /// per session.
+    pub verbose: bool,
     /// How sessions receive (fault hooks for tests and the fault lab).
     pub receive: ReceiveOptions,
 }
 
-/// Serves `listener` until `shutdown` is set (then wake it with a
-/// connection to its address, see [`wake`]). `log` receives one line per
-/// session. At shutdown, running sessions get up to 10 s to end; any still
-/// running then are left to end with the process: their partial files stay
-/// hidden, nothing unverified is final.
-pub fn serve(
-    listener: TcpListener,
-    cfg: ServerConfig,
-    shutdown: Arc<AtomicBool>,
-    log: Arc<dyn Fn(String) + Send + Sync>,
-) -> Result<(), TransferError> {
-    Destination::open(&cfg.root)?;
-    let journal = Arc::new(crate::journal::Journal::open(&cfg.root)?);
-    let active = Arc::new(AtomicUsize::new(0));
-    for stream in listener.incoming() {
-        if shutdown.load(Ordering::SeqCst) {
-            break;
-        }
-        let stream = match stream {
-            Ok(s) => s,
-            Err(e) => {
-                log(format!("accept failed: {e}"));
-                continue;
-            }
-        };
-        if active.load(Ordering::SeqCst) >= cfg.max_connections {
-            let mut conn = Connection::new(stream);
-            let _ = conn.send(&Message::Refused {
-                reason: format!("busy: {} connections already", cfg.max_connections),
-            });
-            continue;
-        }
-        active.fetch_add(1, Ordering::SeqCst);
-        let (cfg, log, active) = (cfg.clone(), Arc::clone(&log), Arc::clone(&active));
-        let journal = Arc::clone(&journal);
-        std::thread::spawn(move || {
-            let peer = stream
-                .peer_addr()
-                .map(|a| a.to_string())
-                .unwrap_or_default();
-            match session(stream, &cfg, &journal) {
-                Ok(s) => log(format!(
-                    "{peer}: {} files verified, {} failed, {} blocks asked again, {} bytes",
-                    s.verified, s.failed, s.blocks_rejected, s.bytes
-                )),
-                Err(e) => log(format!("{peer}: session ended: {e}")),
-            }
-            active.fetch_sub(1, Ordering::SeqCst);
-        });
-    }
-    // Give running sessions a moment to finish their commits and close
-    // their files (a caller may unmount the root next), within a bound.
-    let deadline = std::time::Instant::now() + SHUTDOWN_GRACE;
-    while active.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    Ok(())
-}
+/// Connections still in their handshake at once; more are refused. They
+/// hold a thread each until they authenticate or time out.
+pub const MAX_HANDSHAKES: usize = 64;
+
+/// How long a connection may take to authenticate (an honest client needs
+/// two round trips).
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long a stopping server waits for its sessions to end.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
-fn session(
-    stream: TcpStream,
-    cfg: &ServerConfig,
-    journal: &crate::journal::Journal,
-) -> Result<crate::net::SessionSummary, TransferError> {
-    stream
-        .set_read_timeout(Some(cfg.idle_timeout))
-        .map_err(io)?;
-    stream.set_nodelay(true).map_err(io)?;
-    let loopback = stream
-        .peer_addr()
-        .map(|a| a.ip().is_loopback())
-        .unwrap_or(false);
-    let mut conn = Connection::new(stream);
-    server_handshake(&mut conn, cfg.key.as_ref(), loopback)?;
-    let dest = Destination::open(&cfg.root)?;
-    receive(conn, &dest, journal, &cfg.receive)
+/// A server whose root is checked, locked and journaled, ready to serve.
+pub struct Server {
+    cfg: ServerConfig,
+    journal: Arc<Journal>,
+    _lock: RootLock,
 }
 
-fn io(e: std::io::Error) -> TransferError {
-    TransferError::Path(e.into())
+impl Server {
+    /// Checks the root (a directory, created if missing), locks it against
+    /// a second server, and opens its destination and journal.
+    pub fn open(cfg: ServerConfig) -> Result<Server, RootError> {
+        let lock = RootLock::acquire(&cfg.root)?;
+        Destination::open(&cfg.root)?;
+        let journal = Arc::new(Journal::open(&cfg.root)?);
+        Ok(Server {
+            cfg,
+            journal,
+            _lock: lock,
+        })
+    }
+
+    /// Serves `listener` until `shutdown` is set (then wake it with a
+    /// connection to its address, see [`wake`]). `log` receives one line
+    /// per session with its totals and one per stream that failed (with
+    /// `verbose`, one per stream and per refused connection as well). At
+    /// shutdown, running sessions get up to 10 s to end; any still running
+    /// then are left to end with the process: their partial files stay
+    /// hidden, nothing unverified is final.
+    pub fn run(self, listener: TcpListener, shutdown: Arc<AtomicBool>, log: Log) {
+        let cfg = Arc::new(self.cfg);
+        let sessions = Arc::new(Sessions::new(
+            Limits {
+                sessions: cfg.max_sessions.max(1),
+                streams_per_session: cfg.max_streams_per_session.max(1),
+            },
+            log,
+            cfg.verbose,
+        ));
+        let handshaking = Arc::new(AtomicUsize::new(0));
+        let threads = Arc::new(AtomicUsize::new(0));
+        for stream in listener.incoming() {
+            if shutdown.load(Ordering::SeqCst) {
+                break;
+            }
+            let stream = match stream {
+                Ok(s) => s,
+                Err(e) => {
+                    sessions.log(format!("accept failed: {e}"));
+                    // Out of descriptors, say: give sessions time to end
+                    // rather than spin.
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue;
+                }
+            };
+            if handshaking.load(Ordering::SeqCst) >= MAX_HANDSHAKES {
+                let mut conn = Connection::new(stream);
+                let _ = conn.send(&Message::Refused {
+                    reason: format!(
+                        "busy: {MAX_HANDSHAKES} connections are still authenticating; try again later"
+                    ),
+                });
+                continue;
+            }
+            // Both counted until the thread lets go (or never starts).
+            let running = Release::take(&threads);
+            let mut handshake = Some(Release::take(&handshaking));
+            let (cfg, journal, s) = (
+                Arc::clone(&cfg),
+                Arc::clone(&self.journal),
+                Arc::clone(&sessions),
+            );
+            let spawned = std::thread::Builder::new()
+                .name("intact-session".into())
+                .spawn(move || {
+                    let _running = running;
+                    // A panic ends this stream only (its Stream reports it).
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        connection(stream, &cfg, &journal, &s, &mut handshake)
+                    }));
+                });
+            if let Err(e) = spawned {
+                sessions.log(format!("cannot start a session thread: {e}"));
+            }
+        }
+        // Give running sessions a moment to finish their commits and close
+        // their files (a caller may unmount the root next), within a bound.
+        let deadline = std::time::Instant::now() + SHUTDOWN_GRACE;
+        while threads.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// One unit of a counter, given back when dropped (also when a thread
+/// unwinds, or never starts).
+struct Release(Arc<AtomicUsize>);
+
+impl Release {
+    fn take(counter: &Arc<AtomicUsize>) -> Release {
+        counter.fetch_add(1, Ordering::SeqCst);
+        Release(Arc::clone(counter))
+    }
+}
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Serves `listener` with a server opened on `cfg` (see [`Server::open`]
+/// and [`Server::run`]); `log` receives one line per session.
+pub fn serve(
+    listener: TcpListener,
+    cfg: ServerConfig,
+    shutdown: Arc<AtomicBool>,
+    log: Log,
+) -> Result<(), TransferError> {
+    Server::open(cfg)?.run(listener, shutdown, log);
+    Ok(())
+}
+
+/// One connection: handshake (admitted into its session), then receive.
+fn connection(
+    stream: TcpStream,
+    cfg: &ServerConfig,
+    journal: &Journal,
+    sessions: &Arc<Sessions>,
+    handshake: &mut Option<Release>,
+) {
+    let peer = match stream.peer_addr() {
+        Ok(p) => p,
+        Err(_) => return,
+    };
+    let _ = stream.set_nodelay(true);
+    if stream
+        .set_read_timeout(Some(HANDSHAKE_TIMEOUT.min(cfg.idle_timeout)))
+        .is_err()
+    {
+        return;
+    }
+    let mut conn = Connection::new(stream);
+    let admitted =
+        server_handshake_admit(&mut conn, cfg.key.as_ref(), peer.ip().is_loopback(), |id| {
+            sessions.admit(id, peer)
+        });
+    handshake.take();
+    let session = match admitted {
+        Ok(s) => s,
+        Err(e) => {
+            // A wrong key or a refusal is worth a line; a port scan, a
+            // wake-up or a silent peer only with -v.
+            let quiet = matches!(
+                e,
+                intact_proto::ProtoError::Closed | intact_proto::ProtoError::Io(_)
+            );
+            if !quiet || sessions.verbose() {
+                let why = match e {
+                    intact_proto::ProtoError::Refused(why) => why,
+                    other => other.to_string(),
+                };
+                sessions.log(format!("{peer}: refused: {why}"));
+            }
+            return;
+        }
+    };
+    let outcome = (|| {
+        conn.get_ref()
+            .set_read_timeout(Some(cfg.idle_timeout))
+            .map_err(|e| TransferError::Path(e.into()))?;
+        let dest = Destination::open(&cfg.root)?;
+        receive(conn, &dest, journal, &cfg.receive)
+    })();
+    session.end(outcome.map_err(|e| e.to_string()));
 }
 
 /// Wakes a server blocked in accept so that it sees its shutdown flag.
@@ -173,13 +290,15 @@ impl Drop for LocalServer {
 
 impl ServerConfig {
     /// A server rooted at `root`, without a key (so loopback clients
-    /// only), 64 connections, 60 s idle timeout.
+    /// only), 16 clients of up to 64 streams each, 60 s idle timeout.
     pub fn local(root: impl Into<PathBuf>) -> ServerConfig {
         ServerConfig {
             root: root.into(),
             key: None,
-            max_connections: 64,
+            max_sessions: 16,
+            max_streams_per_session: 64,
             idle_timeout: Duration::from_secs(60),
+            verbose: false,
             receive: ReceiveOptions::default(),
         }
     }

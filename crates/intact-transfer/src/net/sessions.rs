@@ -1,0 +1,271 @@
+//! The server's sessions: one per client run (`intact send` opens several
+//! TCP streams with one session id), admitted under two limits, clients
+//! at once and streams per client, and logged once, with their totals,
+//! when their last stream ends.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use intact_proto::SessionId;
+
+use crate::net::SessionSummary;
+
+/// Where a server's log lines go.
+pub type Log = Arc<dyn Fn(String) + Send + Sync>;
+
+/// What a server admits at once.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    /// Clients (sessions).
+    pub sessions: usize,
+    /// Streams of one client.
+    pub streams_per_session: usize,
+}
+
+/// The sessions a server is serving now.
+pub(crate) struct Sessions {
+    limits: Limits,
+    open: Mutex<HashMap<SessionId, Open>>,
+    log: Log,
+    verbose: bool,
+}
+
+/// One session while any of its streams runs.
+struct Open {
+    peer: IpAddr,
+    streams: usize,
+    streams_seen: usize,
+    streams_failed: usize,
+    total: SessionSummary,
+    started: Instant,
+}
+
+/// One admitted stream. [`Stream::end`] reports how it went; a stream
+/// dropped without that (its thread panicked) counts as failed, so its
+/// session still ends and frees its place.
+pub(crate) struct Stream {
+    sessions: Arc<Sessions>,
+    id: SessionId,
+    peer: String,
+    ended: bool,
+}
+
+impl Sessions {
+    /// No sessions yet; lines go to `log` (`verbose`: one per stream too).
+    pub fn new(limits: Limits, log: Log, verbose: bool) -> Sessions {
+        Sessions {
+            limits,
+            open: Mutex::new(HashMap::new()),
+            log,
+            verbose,
+        }
+    }
+
+    /// Logs a line.
+    pub fn log(&self, line: String) {
+        (self.log)(line)
+    }
+
+    /// Whether a line per stream and per refused connection is wanted.
+    pub fn verbose(&self) -> bool {
+        self.verbose
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, Open>> {
+        // Counters only: a panic elsewhere cannot leave them inconsistent.
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Admits a stream of session `id` from `peer`, or says why not (the
+    /// reason goes to the client).
+    pub fn admit(
+        self: &Arc<Self>,
+        id: SessionId,
+        peer: std::net::SocketAddr,
+    ) -> Result<Stream, String> {
+        let mut open = self.lock();
+        let Limits {
+            sessions,
+            streams_per_session,
+        } = self.limits;
+        let full = open.len() >= sessions;
+        match open.get_mut(&id) {
+            Some(s) if s.streams >= streams_per_session => {
+                return Err(format!(
+                    "this server takes at most {streams_per_session} streams per client; send with --streams {streams_per_session} or fewer"
+                ));
+            }
+            Some(s) => {
+                s.streams += 1;
+                s.streams_seen += 1;
+            }
+            None if full => {
+                return Err(format!(
+                    "busy: already serving {sessions} client{} (the server's --max-sessions); try again later",
+                    if sessions == 1 { "" } else { "s" }
+                ));
+            }
+            None => {
+                open.insert(
+                    id,
+                    Open {
+                        peer: peer.ip(),
+                        streams: 1,
+                        streams_seen: 1,
+                        streams_failed: 0,
+                        total: SessionSummary::default(),
+                        started: Instant::now(),
+                    },
+                );
+            }
+        }
+        Ok(Stream {
+            sessions: Arc::clone(self),
+            id,
+            peer: peer.to_string(),
+            ended: false,
+        })
+    }
+
+    /// Sessions with a stream running.
+    #[cfg(test)]
+    pub fn running(&self) -> usize {
+        self.lock().len()
+    }
+
+    fn stream_ended(&self, id: SessionId, peer: &str, outcome: Result<SessionSummary, String>) {
+        let mut open = self.lock();
+        let Some(s) = open.get_mut(&id) else {
+            return;
+        };
+        match outcome {
+            Ok(sum) => {
+                if self.verbose {
+                    self.log(format!(
+                        "{peer}: stream of session {id} done: {} files verified, {} failed, {} blocks asked again, {} bytes",
+                        sum.verified, sum.failed, sum.blocks_rejected, sum.bytes
+                    ));
+                }
+                s.total.verified += sum.verified;
+                s.total.failed += sum.failed;
+                s.total.blocks_rejected += sum.blocks_rejected;
+                s.total.bytes += sum.bytes;
+            }
+            Err(why) => {
+                s.streams_failed += 1;
+                self.log(format!("{peer}: stream of session {id} ended: {why}"));
+            }
+        }
+        s.streams -= 1;
+        if s.streams > 0 {
+            return;
+        }
+        let s = open.remove(&id).expect("present");
+        drop(open);
+        let t = &s.total;
+        let failed_streams = match s.streams_failed {
+            0 => String::new(),
+            n => format!(", {n} of them ended early"),
+        };
+        self.log(format!(
+            "{} session {id}: {} files verified, {} failed, {} blocks asked again, {} received in {:.1} s over {} stream{}{failed_streams}",
+            s.peer,
+            t.verified,
+            t.failed,
+            t.blocks_rejected,
+            human_bytes(t.bytes),
+            s.started.elapsed().as_secs_f64(),
+            s.streams_seen,
+            if s.streams_seen == 1 { "" } else { "s" },
+        ));
+    }
+}
+
+impl Stream {
+    /// The stream ended: with its receiver's summary, or an error.
+    pub fn end(mut self, outcome: Result<SessionSummary, String>) {
+        self.ended = true;
+        self.sessions.stream_ended(self.id, &self.peer, outcome);
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.sessions.stream_ended(
+                self.id,
+                &self.peer,
+                Err("its thread panicked (a bug in intact; please report it)".into()),
+            );
+        }
+    }
+}
+
+/// `n` bytes as people read them: `512 B`, `3.2 MiB`.
+fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut v = n as f64 / 1024.0;
+    let mut unit = 0;
+    while v >= 1024.0 && unit < UNITS.len() - 1 {
+        v /= 1024.0;
+        unit += 1;
+    }
+    format!("{v:.1} {}", UNITS[unit])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sessions(limits: Limits) -> (Arc<Sessions>, Arc<Mutex<Vec<String>>>) {
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let l = Arc::clone(&lines);
+        let log: Log = Arc::new(move |s| l.lock().unwrap().push(s));
+        (Arc::new(Sessions::new(limits, log, false)), lines)
+    }
+
+    #[test]
+    fn clients_and_their_streams_are_limited_separately() {
+        let (s, lines) = sessions(Limits {
+            sessions: 1,
+            streams_per_session: 2,
+        });
+        let peer = "127.0.0.1:5000".parse().unwrap();
+        let (a, b) = (SessionId([1; 16]), SessionId([2; 16]));
+        let a1 = s.admit(a, peer).unwrap();
+        let a2 = s.admit(a, peer).unwrap();
+        let refused = |r: Result<Stream, String>| r.err().expect("refused");
+        assert!(refused(s.admit(a, peer)).contains("--streams 2"));
+        assert!(refused(s.admit(b, peer)).contains("busy"));
+        a1.end(Ok(SessionSummary {
+            verified: 2,
+            bytes: 3 << 20,
+            ..Default::default()
+        }));
+        assert!(lines.lock().unwrap().is_empty(), "one line per session");
+        drop(a2); // as if its thread panicked
+        let got = lines.lock().unwrap().clone();
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert!(got[0].contains("panicked"), "{got:?}");
+        assert!(
+            got[1].contains("2 files verified") && got[1].contains("3.0 MiB"),
+            "{got:?}"
+        );
+        assert!(got[1].contains("1 of them ended early"), "{got:?}");
+        assert_eq!(s.running(), 0);
+        s.admit(b, peer).unwrap().end(Ok(SessionSummary::default()));
+    }
+
+    #[test]
+    fn sizes_read_as_people_read_them() {
+        assert_eq!(human_bytes(0), "0 B");
+        assert_eq!(human_bytes(1023), "1023 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(5 << 30), "5.0 GiB");
+    }
+}
