@@ -378,3 +378,30 @@ fn an_error_inside_one_session_never_ends_the_daemon() {
     assert_eq!(log.len(), 1, "{log:?}");
     assert!(log[0].contains("3 files verified"), "{log:?}");
 }
+
+/// A file that fails at the server gets a log line of its own, naming it
+/// and saying why (item 15), besides the session's totals.
+#[test]
+fn a_failed_file_gets_a_log_line_of_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = source(dir.path(), 3);
+    let root = dir.path().join("recv");
+    // A directory where the file f1 must go: that file cannot be committed.
+    fs::create_dir_all(root.join("data/f1/inside")).unwrap();
+    let server = Server::start(&root);
+    let out = intact(&["send", src.to_str().unwrap(), &server.addr()]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let mut log = log_until(&server, " received in ");
+    log.extend(log_for(&server, Duration::from_millis(300)));
+    let failed: Vec<_> = log.iter().filter(|l| l.contains(": failed ")).collect();
+    assert_eq!(failed.len(), 1, "{log:?}");
+    assert!(failed[0].contains("\"data/f1\""), "{log:?}");
+    let totals: Vec<_> = log.iter().filter(|l| l.contains(" received in ")).collect();
+    assert!(totals[0].contains("2 files verified, 1 failed"), "{log:?}");
+    // The directory in the way is untouched; the other files arrived.
+    assert!(root.join("data/f1/inside").is_dir());
+    assert_eq!(
+        fs::read(root.join("data/f0")).unwrap(),
+        fs::read(src.join("f0")).unwrap()
+    );
+}

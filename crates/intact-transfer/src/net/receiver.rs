@@ -64,7 +64,7 @@ const GROUP_COMMIT_FILES: usize = 1024;
 const JOURNAL_BATCH: u64 = 8 << 20;
 
 /// What one session did, for the server's log.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 pub struct SessionSummary {
     /// Files verified and committed.
     pub verified: u64,
@@ -74,6 +74,22 @@ pub struct SessionSummary {
     pub blocks_rejected: u64,
     /// Bytes of block payload received.
     pub bytes: u64,
+    /// The first [`MAX_FAILURES_KEPT`] failed entries: (path, why), for
+    /// the server's log (the rest are only counted in `failed`).
+    pub failures: Vec<(String, String)>,
+}
+
+/// Failed entries a session keeps by name for the log at most.
+pub const MAX_FAILURES_KEPT: usize = 100;
+
+impl SessionSummary {
+    /// Counts a failed entry, keeping its path and reason while there is room.
+    fn fail(&mut self, path: &str, why: &str) {
+        self.failed += 1;
+        if self.failures.len() < MAX_FAILURES_KEPT {
+            self.failures.push((path.to_string(), why.to_string()));
+        }
+    }
 }
 
 struct Incoming {
@@ -462,11 +478,11 @@ impl Session<'_> {
                 Event::Msg(m) => {
                     let _ = credits.try_recv();
                     let Some(msg) = m? else {
-                        return Ok(self.summary);
+                        return Ok(std::mem::take(&mut self.summary));
                     };
                     if msg == Message::Bye {
                         self.bye()?;
-                        return Ok(self.summary);
+                        return Ok(std::mem::take(&mut self.summary));
                     }
                     self.message(msg)?;
                 }
@@ -477,6 +493,7 @@ impl Session<'_> {
     fn message(&mut self, msg: Message) -> Result<(), TransferError> {
         match msg {
             Message::Entry(e) => {
+                let path = e.path.to_string();
                 let reply = begin(
                     self.dest,
                     self.journal,
@@ -488,7 +505,7 @@ impl Session<'_> {
                 );
                 if let Message::FileResult(r) = &reply {
                     match r.status {
-                        FileStatus::Failed => self.summary.failed += 1,
+                        FileStatus::Failed => self.summary.fail(&path, &r.message),
                         FileStatus::Verified => {
                             self.summary.verified += u64::from(!r.message.is_empty())
                         }
@@ -555,10 +572,12 @@ impl Session<'_> {
     /// Fails a file alone (the destination or the journal failed it): what
     /// verified stays journaled for a later attempt; the session goes on.
     fn fail_file(&mut self, file: u64, why: &str) -> Result<(), TransferError> {
+        let mut path = format!("file {file}");
         if let Some(mut f) = self.files.remove(&file) {
             let _ = f.journal(self.journal);
+            path = f.entry.path.to_string();
         }
-        self.summary.failed += 1;
+        self.summary.fail(&path, why);
         self.out.write_message(&failed(file, why))?;
         Ok(())
     }
@@ -674,9 +693,9 @@ impl Session<'_> {
             // Abandoned (the source changed or failed) or inconsistent:
             // keep what verified for a later attempt, name nothing.
             f.journal(self.journal)?;
-            self.summary.failed += 1;
-            self.out
-                .write_message(&failed(file, "the sender abandoned the file"))?;
+            let why = "the sender abandoned the file";
+            self.summary.fail(&f.entry.path.to_string(), why);
+            self.out.write_message(&failed(file, why))?;
             return Ok(());
         }
         match end_file(&mut f, &mut self.buf) {
@@ -694,17 +713,17 @@ impl Session<'_> {
                 self.files.insert(file, f);
             }
             Ok(bad) if !bad.is_empty() => {
-                self.summary.failed += 1;
-                self.out
-                    .write_message(&failed(file, &format!("block {} never verified", bad[0])))?;
+                let why = format!("block {} never verified", bad[0]);
+                self.summary.fail(&f.entry.path.to_string(), &why);
+                self.out.write_message(&failed(file, &why))?;
             }
             Ok(_) => {
                 let reached = f.reached();
                 if reached.level < VerifyLevel::Device && f.entry.flags & Entry::REQUIRE_DEVICE != 0
                 {
                     let _ = f.journal(self.journal);
-                    self.summary.failed += 1;
                     let msg = below_required(&reached);
+                    self.summary.fail(&f.entry.path.to_string(), &msg);
                     self.out.write_message(&failed(file, &msg))?;
                     return Ok(());
                 }
@@ -714,7 +733,7 @@ impl Session<'_> {
                 }
             }
             Err(e) => {
-                self.summary.failed += 1;
+                self.summary.fail(&f.entry.path.to_string(), &e.to_string());
                 self.out.write_message(&failed(file, &e.to_string()))?;
             }
         }
@@ -763,7 +782,7 @@ fn commit_ready<S: std::io::Read + std::io::Write>(
         );
         match f.partial.take() {
             Some(partial) => {
-                meta.push((id, record, result));
+                meta.push((id, f.entry.path.to_string(), record, result));
                 batch.push((partial, f.entry.mode, mtime));
             }
             None => in_place.push((id, record, result)),
@@ -774,24 +793,25 @@ fn commit_ready<S: std::io::Read + std::io::Write>(
         .iter()
         .zip(&results)
         .filter(|(_, r)| r.is_ok())
-        .map(|((_, record, _), _)| record.clone())
+        .map(|((_, _, record, _), _)| record.clone())
         .collect();
     done.extend(in_place.iter().map(|(_, record, _)| record.clone()));
     // A journal failure does not undo a durable, verified file; it only
     // means a later send may move it again.
     let _ = journal.done_batch(&done);
-    let outcomes = meta
-        .into_iter()
-        .zip(results)
-        .chain(in_place.into_iter().map(|m| (m, Ok(()))));
-    for ((id, _, result), r) in outcomes {
+    let outcomes = meta.into_iter().zip(results).chain(
+        in_place
+            .into_iter()
+            .map(|(id, record, result)| ((id, String::new(), record, result), Ok(()))),
+    );
+    for ((id, path, _, result), r) in outcomes {
         let msg = match r {
             Ok(()) => {
                 summary.verified += 1;
                 Message::FileResult(result)
             }
             Err(e) => {
-                summary.failed += 1;
+                summary.fail(&path, &e.to_string());
                 failed(id, &e.to_string())
             }
         };

@@ -142,6 +142,15 @@ impl Sessions {
         };
         match outcome {
             Ok(sum) => {
+                for (path, why) in &sum.failures {
+                    self.log(format!("{peer} session {id}: failed {path:?}: {why}"));
+                }
+                let unnamed = sum.failed.saturating_sub(sum.failures.len() as u64);
+                if unnamed > 0 {
+                    self.log(format!(
+                        "{peer} session {id}: {unnamed} more files failed (not named here)"
+                    ));
+                }
                 if self.verbose {
                     self.log(format!(
                         "{peer}: stream of session {id} done: {} files verified, {} failed, {} blocks asked again, {} bytes",
