@@ -24,8 +24,8 @@ use subtle::ConstantTimeEq;
 use crate::{Connection, Message, ProtoError};
 
 /// The protocol version this build speaks (4: Hello carries the client's
-/// session id).
-pub const VERSION: u16 = 4;
+/// session id; 5: the `--delete` exchange).
+pub const VERSION: u16 = 5;
 
 /// The reason a server gives a client whose proof is wrong.
 pub const AUTH_FAILED: &str = "authentication failed";

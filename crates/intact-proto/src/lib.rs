@@ -1,7 +1,7 @@
 //! intact's wire protocol.
 //!
 //! [`Message`] is everything the sender and the receiver say to each other
-//! (protocol [`VERSION`] 4); frames are length-prefixed and decoded in two
+//! (protocol [`VERSION`] 5); frames are length-prefixed and decoded in two
 //! steps, [`frame_len`] (is a whole frame buffered? is its length
 //! possible?) then [`Message::decode`], with a hard limit on every field,
 //! so hostile bytes end a connection with a [`ProtoError`], never a panic
@@ -25,6 +25,6 @@ pub use connection::Connection;
 pub use error::ProtoError;
 pub use message::{
     frame_len, Block, Entry, EntryKind, FileEnd, FileResult, FileStatus, Holding, Message,
-    HEADER_LEN, MAX_BLOCK, MAX_DIGEST, MAX_FRAME, MAX_STATUS_BLOCKS, MAX_TEXT,
+    DELETE_CHUNK_BYTES, HEADER_LEN, MAX_BLOCK, MAX_DELETE_RULES, MAX_DELETE_SCOPES, MAX_DIGEST, MAX_FRAME, MAX_STATUS_BLOCKS, MAX_TEXT,
 };
 pub use path::{WirePath, MAX_PATH_LEN};

@@ -1,8 +1,10 @@
-//! The messages of protocol version 4 and their byte encoding.
+//! The messages of protocol version 5 and their byte encoding.
 //!
 //! Version 4 added the client's session id to Hello (so a server can tell
-//! the streams of one client apart from other clients'); nothing else
-//! changed since version 3.
+//! the streams of one client apart from other clients'). Version 5 added
+//! the `--delete` exchange: [`Message::DeleteStart`], [`Message::DeleteKeep`]
+//! (in chunks), [`Message::DeleteRun`], answered by [`Message::DeleteReport`]
+//! chunks and [`Message::DeleteDone`].
 //!
 //! A frame is a 4-byte big-endian body length, then the body: one type
 //! byte and the fields. Integers are big-endian; byte strings carry a
@@ -208,6 +210,39 @@ pub enum Message {
     FileResult(FileResult),
     /// Nothing more will be sent.
     Bye,
+    /// `--delete`: the sender asks the server to prune, under `base`
+    /// (empty: the root), each of `scopes` (relative to `base`; empty: `base`
+    /// itself) of what the keep list (sent next in [`Message::DeleteKeep`]
+    /// chunks) does not name and the rules do not protect. Paths are raw
+    /// bytes here: the server checks them and refuses with a reason.
+    DeleteStart {
+        /// List only; remove nothing.
+        dry_run: bool,
+        /// The subdirectory of the root the send went to (empty: the root).
+        base: Vec<u8>,
+        /// The directories the sources cover, relative to `base`.
+        scopes: Vec<Vec<u8>>,
+        /// The include/exclude rules in order: (0 include / 1 exclude, pattern).
+        rules: Vec<(u8, String)>,
+    },
+    /// `--delete`: a chunk of the paths (relative to `base`) the source has.
+    DeleteKeep {
+        /// Paths in this chunk.
+        paths: Vec<Vec<u8>>,
+    },
+    /// `--delete`: the keep list is complete; prune now and answer.
+    DeleteRun,
+    /// `--delete`: a chunk of the server's answer (paths relative to `base`).
+    DeleteReport {
+        /// Removed (or, in a dry run, would be removed).
+        deleted: Vec<String>,
+        /// Directories kept because they hold protected entries.
+        kept: Vec<String>,
+        /// What could not be removed.
+        errors: Vec<String>,
+    },
+    /// `--delete`: the answer is complete.
+    DeleteDone,
     /// The sender will send nothing more until it gets results: the
     /// receiver should commit what it has verified and answer now.
     Waiting,
@@ -232,6 +267,19 @@ const FILE_RESULT: u8 = 8;
 const BYE: u8 = 9;
 const STATUS: u8 = 10;
 const WAITING: u8 = 11;
+const DELETE_START: u8 = 12;
+const DELETE_KEEP: u8 = 13;
+const DELETE_RUN: u8 = 14;
+const DELETE_REPORT: u8 = 15;
+const DELETE_DONE: u8 = 16;
+
+/// Most scopes one DeleteStart may carry.
+pub const MAX_DELETE_SCOPES: usize = 4096;
+/// Most include/exclude rules one DeleteStart may carry.
+pub const MAX_DELETE_RULES: usize = 4096;
+/// Bytes of path data to put in one DeleteKeep or DeleteReport chunk
+/// (well under [`MAX_FRAME`]; a sender splits its lists at this size).
+pub const DELETE_CHUNK_BYTES: usize = 1 << 20;
 
 /// Most blocks one Status may list (keeps the frame under the limit).
 pub const MAX_STATUS_BLOCKS: usize = (MAX_FRAME - 64) / (8 + 4 + MAX_DIGEST);
@@ -251,6 +299,11 @@ impl Message {
             Message::Bye => "Bye",
             Message::Status { .. } => "Status",
             Message::Waiting => "Waiting",
+            Message::DeleteStart { .. } => "DeleteStart",
+            Message::DeleteKeep { .. } => "DeleteKeep",
+            Message::DeleteRun => "DeleteRun",
+            Message::DeleteReport { .. } => "DeleteReport",
+            Message::DeleteDone => "DeleteDone",
         }
     }
 
@@ -347,6 +400,49 @@ impl Message {
             }
             Message::Bye => w.u8(BYE),
             Message::Waiting => w.u8(WAITING),
+            Message::DeleteStart {
+                dry_run,
+                base,
+                scopes,
+                rules,
+            } => {
+                w.u8(DELETE_START);
+                w.u8(u8::from(*dry_run));
+                w.bytes(&base[..base.len().min(MAX_PATH_LEN)]);
+                let scopes = &scopes[..scopes.len().min(MAX_DELETE_SCOPES)];
+                w.u32(scopes.len() as u32);
+                for s in scopes {
+                    w.bytes(&s[..s.len().min(MAX_PATH_LEN)]);
+                }
+                let rules = &rules[..rules.len().min(MAX_DELETE_RULES)];
+                w.u32(rules.len() as u32);
+                for (kind, pattern) in rules {
+                    w.u8(*kind);
+                    w.bytes(truncate_text(pattern).as_bytes());
+                }
+            }
+            Message::DeleteKeep { paths } => {
+                w.u8(DELETE_KEEP);
+                w.u32(paths.len() as u32);
+                for p in paths {
+                    w.bytes(&p[..p.len().min(MAX_PATH_LEN)]);
+                }
+            }
+            Message::DeleteRun => w.u8(DELETE_RUN),
+            Message::DeleteReport {
+                deleted,
+                kept,
+                errors,
+            } => {
+                w.u8(DELETE_REPORT);
+                for list in [deleted, kept, errors] {
+                    w.u32(list.len() as u32);
+                    for t in list {
+                        w.bytes(truncate_text(t).as_bytes());
+                    }
+                }
+            }
+            Message::DeleteDone => w.u8(DELETE_DONE),
             Message::Status { file, holding } => {
                 w.u8(STATUS);
                 w.u64(*file);
@@ -387,6 +483,11 @@ impl Message {
             BYE => "Bye",
             STATUS => "Status",
             WAITING => "Waiting",
+            DELETE_START => "DeleteStart",
+            DELETE_KEEP => "DeleteKeep",
+            DELETE_RUN => "DeleteRun",
+            DELETE_REPORT => "DeleteReport",
+            DELETE_DONE => "DeleteDone",
             other => return Err(ProtoError::UnknownType(other)),
         };
         let mut r = Reader { buf: rest, name };
@@ -494,6 +595,59 @@ impl Message {
                 Message::Status { file, holding }
             }
             WAITING => Message::Waiting,
+            DELETE_START => {
+                let dry_run = r.flag()?;
+                let base = r.bytes(MAX_PATH_LEN)?.to_vec();
+                let n = r.count(MAX_DELETE_SCOPES, 4)?;
+                let mut scopes = Vec::with_capacity(n);
+                for _ in 0..n {
+                    scopes.push(r.bytes(MAX_PATH_LEN)?.to_vec());
+                }
+                let n = r.count(MAX_DELETE_RULES, 5)?;
+                let mut rules = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let kind = r.u8()?;
+                    if kind > 1 {
+                        return Err(r.bad("unknown rule kind"));
+                    }
+                    rules.push((kind, r.text()?));
+                }
+                Message::DeleteStart {
+                    dry_run,
+                    base,
+                    scopes,
+                    rules,
+                }
+            }
+            DELETE_KEEP => {
+                let n = r.count(usize::MAX, 4)?;
+                let mut paths = Vec::with_capacity(n);
+                for _ in 0..n {
+                    paths.push(r.bytes(MAX_PATH_LEN)?.to_vec());
+                }
+                Message::DeleteKeep { paths }
+            }
+            DELETE_RUN => Message::DeleteRun,
+            DELETE_REPORT => {
+                let mut lists = Vec::with_capacity(3);
+                for _ in 0..3 {
+                    let n = r.count(usize::MAX, 4)?;
+                    let mut list = Vec::with_capacity(n);
+                    for _ in 0..n {
+                        list.push(r.text()?);
+                    }
+                    lists.push(list);
+                }
+                let errors = lists.pop().expect("3 lists");
+                let kept = lists.pop().expect("3 lists");
+                let deleted = lists.pop().expect("3 lists");
+                Message::DeleteReport {
+                    deleted,
+                    kept,
+                    errors,
+                }
+            }
+            DELETE_DONE => Message::DeleteDone,
             _ => Message::Bye,
         };
         if !r.buf.is_empty() {
@@ -606,6 +760,15 @@ impl<'a> Reader<'a> {
             return Err(self.bad("byte string over its limit"));
         }
         self.take(len)
+    }
+    /// A list length: at most `max` and at most what the rest of the frame
+    /// can hold at `min_item` bytes per item, checked before any allocation.
+    fn count(&mut self, max: usize, min_item: usize) -> Result<usize, ProtoError> {
+        let n = self.u32()? as usize;
+        if n > max || n.saturating_mul(min_item) > self.buf.len() {
+            return Err(self.bad("list longer than its limit or the frame"));
+        }
+        Ok(n)
     }
     fn text(&mut self) -> Result<String, ProtoError> {
         let b = self.bytes(MAX_TEXT)?;

@@ -146,6 +146,32 @@ fn arb_message() -> impl Strategy<Value = Message> {
         Just(Message::Bye),
         Just(Message::Waiting),
         (
+            any::<bool>(),
+            proptest::collection::vec(any::<u8>(), 0..20),
+            proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..20), 0..5),
+            proptest::collection::vec((0u8..2, ".{0,20}"), 0..5)
+        )
+            .prop_map(|(dry_run, base, scopes, rules)| Message::DeleteStart {
+                dry_run,
+                base,
+                scopes,
+                rules,
+            }),
+        proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..30), 0..10)
+            .prop_map(|paths| Message::DeleteKeep { paths }),
+        Just(Message::DeleteRun),
+        (
+            proptest::collection::vec(".{0,20}", 0..5),
+            proptest::collection::vec(".{0,20}", 0..5),
+            proptest::collection::vec(".{0,40}", 0..3)
+        )
+            .prop_map(|(deleted, kept, errors)| Message::DeleteReport {
+                deleted,
+                kept,
+                errors,
+            }),
+        Just(Message::DeleteDone),
+        (
             any::<u64>(),
             proptest::option::of(proptest::collection::vec(
                 (any::<u64>(), proptest::collection::vec(any::<u8>(), 0..64)),
@@ -404,7 +430,7 @@ fn a_version_3_hello_is_told_its_version_not_that_its_frame_is_bad() {
     std::io::Write::write_all(&mut conn.get_ref(), &frame).unwrap();
     match conn.expect_message().unwrap() {
         Message::Refused { reason } => assert!(
-            reason.contains("version 3 is not spoken here (4 is)"),
+            reason.contains("version 3 is not spoken here (5 is)"),
             "{reason}"
         ),
         other => panic!("{other:?}"),
