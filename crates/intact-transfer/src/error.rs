@@ -75,6 +75,9 @@ pub enum TransferError {
         #[source]
         source: std::io::Error,
     },
+    /// What the server reported (`send --delete`), as it said it.
+    #[error("{0}")]
+    Remote(String),
     /// A path could not be expressed on the wire, or the protocol failed.
     #[error(transparent)]
     Path(#[from] intact_proto::ProtoError),

@@ -49,13 +49,28 @@ pub fn prune(
     filter: &Filter,
     dry_run: bool,
 ) -> PruneReport {
+    prune_under(root, b"", scopes, keep, filter, dry_run)
+}
+
+/// [`prune`] below `base`, a directory under `root` reached without
+/// following any symlink (empty: the root itself); `scopes`, `keep`, the
+/// filter and the report are relative to `base` (`send --delete` to
+/// `HOST:PORT:/subdir`). A `base` that is not there has nothing to prune.
+pub fn prune_under(
+    root: &Path,
+    base: &[u8],
+    scopes: &[Vec<u8>],
+    keep: &HashSet<Vec<u8>>,
+    filter: &Filter,
+    dry_run: bool,
+) -> PruneReport {
     let mut p = Pruner {
         keep,
         filter,
         dry_run,
         report: PruneReport::default(),
     };
-    let root_fd = match rfs::open(
+    let top = match rfs::open(
         root,
         OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
         Mode::empty(),
@@ -65,6 +80,14 @@ pub fn prune(
         Err(Errno::NOENT) => return p.report,
         Err(e) => {
             p.err(&root.display().to_string(), e);
+            return p.report;
+        }
+    };
+    let root_fd = match open_under(&top, base) {
+        Ok(Some(fd)) => fd,
+        Ok(None) => return p.report,
+        Err(e) => {
+            p.err(&String::from_utf8_lossy(base), e);
             return p.report;
         }
     };

@@ -111,6 +111,11 @@ impl Filter {
         Filter { rules }
     }
 
+    /// The rules, in order.
+    pub fn rules(&self) -> &[Rule] {
+        &self.rules
+    }
+
     /// No rules: everything is taken.
     pub fn is_empty(&self) -> bool {
         self.rules.is_empty()

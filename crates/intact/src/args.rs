@@ -170,8 +170,13 @@ const SEND_ABOUT: &str = "\
 Send files and trees to `intact serve` at HOST:PORT, optionally into a
 subdirectory of its root (HOST:PORT:/subdir). Each SRC arrives under its
 own name (`DIR/`: its contents), as with `intact copy`; -L,
---include/--exclude, --dry-run and --bwlimit work as there (--delete is
-not built for send yet and is refused). Several TCP streams (--streams) carry
+--include/--exclude, --dry-run, --bwlimit and --delete work as there.
+With --delete, once every entry was sent and verified, the server removes
+what it holds under the sent directories (inside its root, or the
+subdirectory) and the sources no longer have; excluded entries, .intact/
+and partial files are kept, symlinks are removed as links, never
+followed; if any entry failed, nothing is deleted. --delete --dry-run
+sends nothing and asks the server what it would delete. Several TCP streams (--streams) carry
 many files at once; blocks and results flow both ways without waiting for
 round trips. A block that fails verification is resent alone, up to
 --retries times; then that file fails and the others go on.
@@ -261,9 +266,11 @@ pub struct SendArgs {
     #[arg(long)]
     pub reverify: bool,
 
-    /// Not built yet for send (the server cannot list or remove files);
-    /// refused with a usage error. `intact copy --delete` works locally.
-    #[arg(long, hide = true)]
+    /// After everything was sent and verified, have the server remove
+    /// what it holds under the sent directories and the sources no longer
+    /// have (excluded entries are kept; symlinks are removed as links,
+    /// never followed). With --dry-run, only list it (nothing is sent).
+    #[arg(long)]
     pub delete: bool,
 
     #[command(flatten)]

@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use intact_transfer::{
-    copy_scanned, scan_with, send_scanned, CopyOptions, SendOptions, SourceSpec,
+    copy_scanned, delete_remote, scan_with, send_scanned, CopyOptions, SendOptions, SourceSpec,
 };
 
 use crate::args::{CopyArgs, PipelineArgs, SendArgs};
@@ -91,11 +91,6 @@ pub fn run(args: &CopyArgs) -> anyhow::Result<ExitCode> {
 }
 
 pub fn run_send(args: &SendArgs) -> anyhow::Result<ExitCode> {
-    if args.delete {
-        return Err(usage(
-            "send --delete is not built yet: the server cannot list or remove files; nothing was sent. Use `intact copy --delete` for a local destination.",
-        ));
-    }
     let (target, sources) = (&args.target, &args.sources[..]);
     let target = target
         .to_str()
@@ -113,12 +108,7 @@ pub fn run_send(args: &SendArgs) -> anyhow::Result<ExitCode> {
     symlink_notes(sources, scan_opts.copy_links, p);
     let specs: Vec<SourceSpec> = sources.iter().map(|s| SourceSpec::from_arg(s)).collect();
     let scanned = scan_with(&specs, &scan_opts);
-    if args.tree.dry_run {
-        return dry_run::print(&scanned, None, true, p);
-    }
-    let pb = progress_bar(scanned.entries.iter().map(|e| e.size).sum());
-    let watch = Watch::start(pb.clone(), true, p.json)?;
-    let throttle = Throttle::new(args.tree.bwlimit);
+    let coverage = args.delete.then(|| Coverage::of(&specs, &scanned));
     let opts = SendOptions {
         verify: p.verify,
         block_size: p.block_size,
@@ -130,6 +120,27 @@ pub fn run_send(args: &SendArgs) -> anyhow::Result<ExitCode> {
         read_path: p.read_path,
         require_level: p.require_level,
     };
+    if args.tree.dry_run {
+        // Nothing is sent; the server says what it would delete against
+        // the source's tree as it is now.
+        let deletes = match &coverage {
+            Some(c) => {
+                let req = c.request(&scan_opts.filter, true);
+                match delete_remote(&addr, &opts, &req) {
+                    Ok(d) => Some(d),
+                    Err(e) => {
+                        eprintln!("intact: --delete: {e}");
+                        return Ok(ExitCode::FAILURE);
+                    }
+                }
+            }
+            None => None,
+        };
+        return dry_run::print(&scanned, deletes.as_ref(), true, p);
+    }
+    let pb = progress_bar(scanned.entries.iter().map(|e| e.size).sum());
+    let watch = Watch::start(pb.clone(), true, p.json)?;
+    let throttle = Throttle::new(args.tree.bwlimit);
     let result = send_scanned(scanned, &addr, &opts, &|sent| {
         pb.set_position(sent);
         watch.sent(sent);
@@ -140,7 +151,38 @@ pub fn run_send(args: &SendArgs) -> anyhow::Result<ExitCode> {
     watch.finished();
     pb.finish_and_clear();
     match result {
-        Ok(report) => finish(&report, p, &pb, true, None),
+        Ok(report) => {
+            // Only after every entry was sent and verified.
+            let deleted = match &coverage {
+                Some(_) if report.failed > 0 => {
+                    print_err(
+                        &pb,
+                        &format!(
+                            "--delete: nothing was deleted, because {} entries failed",
+                            report.failed
+                        ),
+                    );
+                    None
+                }
+                Some(c) => {
+                    let req = c.request(&scan_opts.filter, false);
+                    match delete_remote(&addr, &opts, &req) {
+                        Ok(d) => Some(d),
+                        Err(e) => {
+                            print_err(&pb, &format!("--delete: {e}"));
+                            let code = finish(&report, p, &pb, true, None)?;
+                            return Ok(if code == ExitCode::SUCCESS {
+                                ExitCode::FAILURE
+                            } else {
+                                code
+                            });
+                        }
+                    }
+                }
+                None => None,
+            };
+            finish(&report, p, &pb, true, deleted.as_ref())
+        }
         // The run stopped as a whole (the connection was lost): say what
         // was done and how to go on.
         Err(e) => {

@@ -5,7 +5,9 @@
 use std::collections::HashSet;
 use std::path::Path;
 
-use intact_transfer::{prune, Filter, Placement, PruneReport, Scan, SourceKind, SourceSpec};
+use intact_transfer::{
+    prune, DeleteRequest, Filter, Placement, PruneReport, Scan, SourceKind, SourceSpec,
+};
 
 /// What the sources cover: the directories to prune (relative to the
 /// destination root; empty for the root itself) and every path they have.
@@ -40,6 +42,19 @@ impl Coverage {
             .map(|e| e.rel.as_bytes().to_vec())
             .collect();
         Coverage { scopes, keep }
+    }
+
+    /// The request `send --delete` makes of the server (paths relative to
+    /// the send's subdirectory).
+    pub fn request(&self, filter: &Filter, dry_run: bool) -> DeleteRequest {
+        let mut keep: Vec<Vec<u8>> = self.keep.iter().cloned().collect();
+        keep.sort();
+        DeleteRequest {
+            scopes: self.scopes.clone(),
+            keep,
+            filter: filter.clone(),
+            dry_run,
+        }
     }
 
     /// Removes (or with `dry_run` lists) what the destination holds under

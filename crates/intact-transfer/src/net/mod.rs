@@ -1,13 +1,16 @@
 //! The network path: a receiving server and a sending client over
 //! intact-proto.
 
+mod delete;
 mod receiver;
 mod root;
 mod sender;
 mod server;
 mod sessions;
 
+pub use delete::{DeleteRequest, MAX_KEEP_BYTES, MAX_KEEP_PATHS};
 pub use receiver::{receive, ReceiveOptions, SessionSummary};
 pub use root::{RootError, RootLock};
-pub use sender::{send, send_scanned, SendOptions, MAX_BYTES_IN_FLIGHT, MAX_FILES_IN_FLIGHT};
+pub use sender::{
+    delete_remote, send, send_scanned, SendOptions, MAX_BYTES_IN_FLIGHT, MAX_FILES_IN_FLIGHT};
 pub use server::{serve, wake, LocalServer, Server, ServerConfig};

@@ -38,6 +38,7 @@ use intact_proto::{
 };
 
 use crate::copy::WriteHook;
+use crate::net::delete::Pending;
 use crate::dest::{Destination, Mtime, PartialFile};
 use crate::journal::{unix_now, BlockRecord, Journal, VerifiedAt};
 use crate::recheck::{recheck_batch, Recheck, BATCH_BYTES};
@@ -77,6 +78,8 @@ pub struct SessionSummary {
     /// The first [`MAX_FAILURES_KEPT`] failed entries: (path, why), for
     /// the server's log (the rest are only counted in `failed`).
     pub failures: Vec<(String, String)>,
+    /// Entries a `send --delete` removed.
+    pub deleted: u64,
 }
 
 /// Failed entries a session keeps by name for the log at most.
@@ -379,6 +382,10 @@ pub struct ReceiveOptions {
     /// page cache instead of after eviction (as a broken riva would), so
     /// the lab can prove its device-write cells are able to fail.
     pub reread_through_cache: bool,
+    /// Most paths one `send --delete` may keep (None: [`MAX_KEEP_PATHS`]).
+    ///
+    /// [`MAX_KEEP_PATHS`]: crate::net::MAX_KEEP_PATHS
+    pub max_delete_paths: Option<usize>,
 }
 
 /// Runs the receiving side of a session that passed its handshake.
@@ -387,6 +394,7 @@ pub struct ReceiveOptions {
 pub fn receive(
     conn: Connection<TcpStream>,
     dest: &Destination,
+    root: &std::path::Path,
     journal: &Journal,
     opts: &ReceiveOptions,
 ) -> Result<SessionSummary, TransferError> {
@@ -417,6 +425,8 @@ pub fn receive(
     let mut sess = Session {
         out: &mut out,
         dest,
+        root,
+        pending_delete: None,
         journal,
         opts,
         jobs,
@@ -448,6 +458,8 @@ pub fn receive(
 struct Session<'a> {
     out: &'a mut Connection<TcpStream>,
     dest: &'a Destination,
+    root: &'a std::path::Path,
+    pending_delete: Option<Pending>,
     journal: &'a Journal,
     opts: &'a ReceiveOptions,
     jobs: mpsc::SyncSender<Check>,
@@ -529,6 +541,40 @@ impl Session<'_> {
                     self.end(file)?;
                 }
             }
+            Message::DeleteStart {
+                dry_run,
+                base,
+                scopes,
+                rules,
+            } => {
+                let p = Pending::start(dry_run, base, scopes, rules, self.opts.max_delete_paths);
+                self.pending_delete = Some(self.refuse_unless(p)?);
+            }
+            Message::DeleteKeep { paths } => {
+                let Some(p) = self.pending_delete.as_mut() else {
+                    return Err(ProtoError::Unexpected {
+                        got: "DeleteKeep",
+                        wanted: "DeleteStart first",
+                    }
+                    .into());
+                };
+                let r = p.keep(paths);
+                self.refuse_unless(r)?;
+            }
+            Message::DeleteRun => {
+                let Some(p) = self.pending_delete.take() else {
+                    return Err(ProtoError::Unexpected {
+                        got: "DeleteRun",
+                        wanted: "DeleteStart first",
+                    }
+                    .into());
+                };
+                let dry_run = p.dry_run;
+                let report = p.run(self.root, self.out)?;
+                if !dry_run {
+                    self.summary.deleted += report.deleted.len() as u64;
+                }
+            }
             Message::Waiting => {
                 // The sender blocks until it hears back: commit the group
                 // now, so small files share one syncfs and their results go.
@@ -543,6 +589,21 @@ impl Session<'_> {
             }
         }
         Ok(())
+    }
+
+    /// A `--delete` request the server will not carry out: the sender is
+    /// told why and the session ends (nothing was removed).
+    fn refuse_unless<T>(&mut self, r: Result<T, String>) -> Result<T, TransferError> {
+        match r {
+            Ok(v) => Ok(v),
+            Err(reason) => {
+                self.pending_delete = None;
+                self.out.send(&Message::Refused {
+                    reason: reason.clone(),
+                })?;
+                Err(TransferError::Remote(reason))
+            }
+        }
     }
 
     fn bye(&mut self) -> Result<(), TransferError> {

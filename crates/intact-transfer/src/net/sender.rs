@@ -86,7 +86,7 @@ fn conn_err(e: impl Into<ProtoError>) -> TransferError {
 
 /// Connects and authenticates one stream of `session` (one id per run,
 /// so the server counts this run as one client whatever its streams).
-fn connect(
+pub(crate) fn connect(
     addr: &str,
     key: Option<&Key>,
     session: &SessionId,
@@ -99,6 +99,18 @@ fn connect(
     let mut conn = Connection::new(stream);
     client_handshake_in(&mut conn, key, session)?;
     Ok(conn)
+}
+
+/// `send --delete`: asks the server at `addr` to prune what `req` does
+/// not keep, under the options' subdirectory, on a connection of its own
+/// (after the transfer succeeded, or instead of it in a dry run).
+pub fn delete_remote(
+    addr: &str,
+    opts: &SendOptions,
+    req: &crate::net::delete::DeleteRequest,
+) -> Result<crate::PruneReport, TransferError> {
+    let mut conn = connect(addr, opts.key.as_ref(), &SessionId::random()?)?;
+    crate::net::delete::request(&mut conn, opts.subdir.as_ref(), req)
 }
 
 /// Sends `sources` to the server at `addr` (host:port), as [`scan`]

@@ -225,7 +225,7 @@ fn connection(
             .set_read_timeout(Some(cfg.idle_timeout))
             .map_err(|e| TransferError::Path(e.into()))?;
         let dest = Destination::open(&cfg.root)?;
-        receive(conn, &dest, journal, &cfg.receive)
+        receive(conn, &dest, &cfg.root, journal, &cfg.receive)
     })();
     session.end(outcome.map_err(|e| e.to_string()));
 }

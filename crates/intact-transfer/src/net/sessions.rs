@@ -145,6 +145,12 @@ impl Sessions {
                 for (path, why) in &sum.failures {
                     self.log(format!("{peer} session {id}: failed {path:?}: {why}"));
                 }
+                if sum.deleted > 0 {
+                    self.log(format!(
+                        "{peer} session {id}: --delete removed {} entries",
+                        sum.deleted
+                    ));
+                }
                 let unnamed = sum.failed.saturating_sub(sum.failures.len() as u64);
                 if unnamed > 0 {
                     self.log(format!(
