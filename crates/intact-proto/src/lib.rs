@@ -25,6 +25,7 @@ pub use connection::Connection;
 pub use error::ProtoError;
 pub use message::{
     frame_len, Block, Entry, EntryKind, FileEnd, FileResult, FileStatus, Holding, Message,
-    DELETE_CHUNK_BYTES, HEADER_LEN, MAX_BLOCK, MAX_DELETE_RULES, MAX_DELETE_SCOPES, MAX_DIGEST, MAX_FRAME, MAX_STATUS_BLOCKS, MAX_TEXT,
+    DELETE_CHUNK_BYTES, HEADER_LEN, MAX_BLOCK, MAX_DELETE_RULES, MAX_DELETE_SCOPES, MAX_DIGEST,
+    MAX_FRAME, MAX_STATUS_BLOCKS, MAX_TEXT,
 };
 pub use path::{WirePath, MAX_PATH_LEN};

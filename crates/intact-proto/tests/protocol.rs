@@ -500,3 +500,20 @@ fn key_files_must_be_private_and_long_enough() {
         .contains("16 bytes"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_delete_list_longer_than_its_frame_is_refused_before_allocating() {
+    // DeleteKeep claiming u32::MAX paths in a 5-byte body.
+    let body = [13, 0xff, 0xff, 0xff, 0xff];
+    assert!(matches!(
+        Message::decode(&body),
+        Err(ProtoError::Malformed { .. })
+    ));
+    // DeleteStart with more scopes than allowed.
+    let mut body = vec![12, 0, 0, 0, 0, 0];
+    body.extend_from_slice(&u32::MAX.to_be_bytes());
+    assert!(matches!(
+        Message::decode(&body),
+        Err(ProtoError::Malformed { .. })
+    ));
+}

@@ -40,8 +40,9 @@ pub use journal::{BlockRecord, FileRow, Journal, VerifiedAt, STATE_DIR};
 pub use limits::raise_open_file_limit;
 pub use model::RivaModel;
 pub use net::{
-    delete_remote, receive, send, DeleteRequest, MAX_KEEP_BYTES, MAX_KEEP_PATHS, send_scanned, serve, wake, LocalServer, ReceiveOptions, RootError, RootLock,
-    SendOptions, Server, ServerConfig, SessionSummary, MAX_BYTES_IN_FLIGHT, MAX_FILES_IN_FLIGHT,
+    delete_remote, receive, send, send_scanned, serve, wake, DeleteRequest, LocalServer,
+    ReceiveOptions, RootError, RootLock, SendOptions, Server, ServerConfig, SessionSummary,
+    MAX_BYTES_IN_FLIGHT, MAX_FILES_IN_FLIGHT, MAX_KEEP_BYTES, MAX_KEEP_PATHS,
 };
 pub use prune::{prune, prune_under, PruneReport};
 pub use select::{Filter, Rule, RuleKind};

@@ -239,6 +239,11 @@ pub struct ServeArgs {
     #[arg(long, value_name = "SECS", default_value_t = 300)]
     pub idle_timeout: u64,
 
+    /// Paths the source of one `send --delete` may have at most (the list
+    /// the server holds to know what to keep); more are refused with a reason.
+    #[arg(long, value_name = "N", default_value_t = intact_transfer::MAX_KEEP_PATHS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_delete_paths: usize,
+
     /// Log a line per stream and per refused connection, not only one per
     /// client session (with its totals) and one per failure.
     #[arg(short, long)]

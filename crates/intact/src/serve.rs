@@ -31,7 +31,10 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
         max_streams_per_session: args.max_streams_per_session as usize,
         idle_timeout: Duration::from_secs(args.idle_timeout.max(1)),
         verbose: args.verbose,
-        receive: Default::default(),
+        receive: intact_transfer::ReceiveOptions {
+            max_delete_paths: Some(args.max_delete_paths),
+            ..Default::default()
+        },
     };
     // The root first: a server that could not write there must not listen.
     let server = match Server::open(cfg) {

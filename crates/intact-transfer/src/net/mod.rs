@@ -12,5 +12,6 @@ pub use delete::{DeleteRequest, MAX_KEEP_BYTES, MAX_KEEP_PATHS};
 pub use receiver::{receive, ReceiveOptions, SessionSummary};
 pub use root::{RootError, RootLock};
 pub use sender::{
-    delete_remote, send, send_scanned, SendOptions, MAX_BYTES_IN_FLIGHT, MAX_FILES_IN_FLIGHT};
+    delete_remote, send, send_scanned, SendOptions, MAX_BYTES_IN_FLIGHT, MAX_FILES_IN_FLIGHT,
+};
 pub use server::{serve, wake, LocalServer, Server, ServerConfig};

@@ -38,9 +38,9 @@ use intact_proto::{
 };
 
 use crate::copy::WriteHook;
-use crate::net::delete::Pending;
 use crate::dest::{Destination, Mtime, PartialFile};
 use crate::journal::{unix_now, BlockRecord, Journal, VerifiedAt};
+use crate::net::delete::Pending;
 use crate::recheck::{recheck_batch, Recheck, BATCH_BYTES};
 use crate::verify::{DeviceStats, Reached, VerifyLevel, VerifyMode};
 use crate::TransferError;
