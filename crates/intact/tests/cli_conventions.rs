@@ -74,9 +74,9 @@ fn help_lists_the_real_modes_with_riva_as_default_and_a_true_usage_line() {
         ] {
             assert!(help.contains(flag), "{cmd} lacks {flag}: {help}");
         }
-        // send --delete is refused (exit 2), so only copy offers it.
+        // Both offer --delete (send's runs on the server).
         let offers_delete = help.lines().any(|l| l.trim() == "--delete");
-        assert_eq!(offers_delete, cmd == "copy", "{cmd}: {help}");
+        assert!(offers_delete, "{cmd}: {help}");
     }
     // The reliability table lists exactly the modes that exist.
     let out = intact(&["reliability", "--transfer", "--json"]);
