@@ -177,8 +177,8 @@ subdirectory) and the sources no longer have; excluded entries, .intact/
 and partial files are kept, symlinks are removed as links, never
 followed; if any entry failed, nothing is deleted. --delete --dry-run
 sends nothing and asks the server what it would delete. Several TCP
-streams (--streams) carry many files at once; blocks and results flow both ways without waiting for
-round trips. A block that fails verification is resent alone, up to
+streams (--streams) carry many files at once; blocks and results flow
+both ways without waiting for round trips. A block that fails verification is resent alone, up to
 --retries times; then that file fails and the others go on.
 
 Resume: the server keeps a journal of verified blocks (SQLite, in
