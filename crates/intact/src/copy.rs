@@ -75,13 +75,7 @@ pub fn run(args: &CopyArgs) -> anyhow::Result<ExitCode> {
     // Only after everything was copied and verified.
     let deleted = match &coverage {
         Some(_) if report.failed > 0 => {
-            print_err(
-                &pb,
-                &format!(
-                    "--delete: nothing was deleted, because {} entries failed",
-                    report.failed
-                ),
-            );
+            nothing_deleted(&pb, report.failed);
             None
         }
         Some(c) => Some(c.prune(&plan.root, &scan_opts.filter, false)),
@@ -155,13 +149,7 @@ pub fn run_send(args: &SendArgs) -> anyhow::Result<ExitCode> {
             // Only after every entry was sent and verified.
             let deleted = match &coverage {
                 Some(_) if report.failed > 0 => {
-                    print_err(
-                        &pb,
-                        &format!(
-                            "--delete: nothing was deleted, because {} entries failed",
-                            report.failed
-                        ),
-                    );
+                    nothing_deleted(&pb, report.failed);
                     None
                 }
                 Some(c) => {
@@ -264,6 +252,14 @@ fn parse_target(t: &str) -> anyhow::Result<(String, Option<intact_proto::WirePat
         ),
     };
     Ok((format!("{host}:{port}"), subdir))
+}
+
+/// `--delete` after a run in which some entry failed: nothing is deleted.
+fn nothing_deleted(pb: &indicatif::ProgressBar, failed: u64) {
+    print_err(
+        pb,
+        &format!("--delete: nothing was deleted, because {failed} entries failed"),
+    );
 }
 
 #[cfg(test)]
