@@ -11,7 +11,7 @@ mod common;
 use std::fs::{self, File};
 
 use common::*;
-use intact_transfer::{partial_name, VerifyLevel, VerifyMode};
+use intact_transfer::{VerifyLevel, VerifyMode};
 
 /// Lie 1: blocks journaled by a `fiver` run (level network) are not
 /// trusted by a later `riva` run; damage on the device under one of them
@@ -22,16 +22,7 @@ fn a_resume_re_verifies_held_blocks_below_its_level() {
         return;
     }
     let c = Case::new();
-    // Interrupted fiver send: the proxy cuts after about five blocks.
-    let first = send_once(
-        &c.src,
-        &c.root,
-        &opts(VerifyMode::Fiver),
-        Some(5 * BS as u64),
-    );
-    assert!(first.is_err() || first.as_ref().unwrap().failed > 0);
-    let partial = c.root.join(partial_name("data.bin".as_ref()));
-    assert!(partial.exists(), "the interrupted run left no partial file");
+    let partial = c.interrupted_fiver();
     // The good copy stays cached: a resume that re-read through the cache
     // would miss the flip.
     c.flip_under(&partial, 101);
@@ -61,10 +52,7 @@ fn an_unchanged_file_below_the_level_asked_is_re_verified() {
     if !usable("an_unchanged_file_below_the_level_asked_is_re_verified") {
         return;
     }
-    let c = Case::new();
-    let r = send_once(&c.src, &c.root, &opts(VerifyMode::Fiver), None).unwrap();
-    assert_eq!(r.failed, 0);
-    assert_eq!(the_file(&r).level, Some(VerifyLevel::Network));
+    let c = Case::sent_whole(VerifyMode::Fiver, VerifyLevel::Network);
 
     // Sent again in fiver: trusted at its recorded level, nothing sent.
     let r = send_once(&c.src, &c.root, &opts(VerifyMode::Fiver), None).unwrap();

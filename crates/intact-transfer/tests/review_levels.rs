@@ -12,7 +12,7 @@ use std::path::Path;
 
 use common::*;
 use intact_faults::LoopFs;
-use intact_transfer::{partial_name, ReadPath, SendOptions, VerifyLevel, VerifyMode, STATE_DIR};
+use intact_transfer::{ReadPath, SendOptions, VerifyLevel, VerifyMode, STATE_DIR};
 
 /// Finding 1 (most serious). A resume: the receiver holds block 0 of a
 /// partial file (journaled by an interrupted run). The source's block 0
@@ -29,14 +29,7 @@ fn a_resumed_block_whose_source_changed_is_written() {
         return;
     }
     let mut c = Case::new();
-    let first = send_once(
-        &c.src,
-        &c.root,
-        &opts(VerifyMode::Fiver),
-        Some(5 * BS as u64),
-    );
-    assert!(first.is_err() || first.as_ref().unwrap().failed > 0);
-    assert!(c.root.join(partial_name("data.bin".as_ref())).exists());
+    c.interrupted_fiver();
 
     // The source's block 0 changes; its size and mtime do not.
     let new: Vec<u8> = c.data[..4096].iter().map(|b| !b).collect();
@@ -110,10 +103,7 @@ fn an_old_journal_file_record_is_re_verified() {
     if !usable("an_old_journal_file_record_is_re_verified") {
         return;
     }
-    let c = Case::new();
-    let r = send_once(&c.src, &c.root, &opts(VerifyMode::Riva), None).unwrap();
-    assert_eq!(r.failed, 0);
-    assert_eq!(the_file(&r).level, Some(VerifyLevel::Device));
+    let c = Case::sent_whole(VerifyMode::Riva, VerifyLevel::Device);
 
     // Make the journal what the build before the change left: the same
     // tables without the new columns (files.level was there already).

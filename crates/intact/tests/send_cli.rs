@@ -5,26 +5,17 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use intact_proto::{client_handshake, Connection, Entry, EntryKind, Message, WirePath};
 
 mod common;
-use common::Server;
+use common::{send, Server};
 
 /// Stops `server` with SIGTERM and returns how it exited.
 fn terminate(server: &mut Server) -> std::process::ExitStatus {
     // SAFETY: signalling our own child process.
     unsafe { libc::kill(server.child.id() as i32, libc::SIGTERM) };
     server.child.wait().unwrap()
-}
-
-fn send(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_intact"))
-        .arg("send")
-        .args(args)
-        .output()
-        .unwrap()
 }
 
 fn tree(root: &Path) -> PathBuf {

@@ -5,75 +5,27 @@
 
 use std::fs;
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
 
 use intact_proto::{client_handshake, Connection, Message};
 
 mod common;
-use common::Server;
-
-fn intact(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_intact"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-/// data/{a.bin, sub/x.dat, sub/y.tmp} under `root`.
-fn data(root: &Path) -> PathBuf {
-    let d = root.join("data");
-    fs::create_dir_all(d.join("sub")).unwrap();
-    fs::write(d.join("a.bin"), b"aaa").unwrap();
-    fs::write(d.join("sub/x.dat"), b"xx").unwrap();
-    fs::write(d.join("sub/y.tmp"), b"yy").unwrap();
-    d
-}
+use common::{blocked, data, intact, s, stale, stderr, stdout, Server};
 
 /// Every path under `root` but intact's own state, relative, sorted.
 fn listing(root: &Path) -> Vec<String> {
-    let mut v: Vec<String> = walkdir::WalkDir::new(root)
-        .min_depth(1)
-        .into_iter()
-        .map(|e| {
-            e.unwrap()
-                .path()
-                .strip_prefix(root)
-                .unwrap()
-                .to_string_lossy()
-                .into_owned()
-        })
-        .filter(|p| !p.starts_with(".intact"))
-        .collect();
-    v.sort();
+    let mut v = common::listing(root);
+    v.retain(|p| !p.starts_with(".intact"));
     v
 }
 
-/// What a source that lost files leaves at the destination `dst`, and a
-/// directory outside it that a symlink there points to.
-fn stale(dir: &Path, dst: &Path) -> PathBuf {
-    fs::create_dir_all(dst.join("data/gone/deeper")).unwrap();
-    fs::write(dst.join("data/gone/deeper/z"), b"z").unwrap();
-    fs::write(dst.join("data/old.dat"), b"old").unwrap();
-    fs::write(dst.join("data/keep.tmp"), b"excluded, so protected").unwrap();
-    fs::write(dst.join("beside.dat"), b"outside what data covers").unwrap();
-    let outside = dir.join("outside");
-    fs::create_dir_all(&outside).unwrap();
-    fs::write(outside.join("precious"), b"p").unwrap();
-    std::os::unix::fs::symlink(&outside, dst.join("data/link")).unwrap();
-    outside
+/// `intact send <opts> --delete --exclude '*.tmp' <src> <addr>`, which
+/// must succeed; what it printed.
+fn send_delete_but_tmp(opts: &[&str], src: &Path, addr: &str) -> String {
+    let tail = ["--delete", "--exclude", "*.tmp", s(src), addr];
+    let out = intact(&[&["send"], opts, &tail[..]].concat());
+    assert!(out.status.success(), "{}", stderr(&out));
+    stdout(&out)
 }
 
 #[test]
@@ -85,17 +37,7 @@ fn send_delete_removes_what_the_source_lacks_after_a_dry_run_that_changes_nothin
     let server = Server::start(&recv);
     let before = listing(&recv);
 
-    let out = intact(&[
-        "send",
-        "-n",
-        "--delete",
-        "--exclude",
-        "*.tmp",
-        s(&src),
-        &server.addr(),
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let text = stdout(&out);
+    let text = send_delete_but_tmp(&["-n"], &src, &server.addr());
     assert!(
         text.contains("delete                data/old.dat"),
         "{text}"
@@ -110,18 +52,7 @@ fn send_delete_removes_what_the_source_lacks_after_a_dry_run_that_changes_nothin
         "a dry run sends and removes nothing"
     );
 
-    let out = intact(&[
-        "send",
-        "--verify",
-        "fiver",
-        "--delete",
-        "--exclude",
-        "*.tmp",
-        s(&src),
-        &server.addr(),
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let text = stdout(&out);
+    let text = send_delete_but_tmp(&["--verify", "fiver"], &src, &server.addr());
     assert!(text.contains("deleted data/old.dat"), "{text}");
     assert!(text.contains("deleted data/link"), "{text}");
     assert_eq!(
@@ -144,19 +75,8 @@ fn send_delete_removes_what_the_source_lacks_after_a_dry_run_that_changes_nothin
 
     // -q silences the lines; nothing is left to delete anyway.
     fs::write(recv.join("data/again.dat"), b"again").unwrap();
-    let out = intact(&[
-        "send",
-        "-q",
-        "--verify",
-        "fiver",
-        "--delete",
-        "--exclude",
-        "*.tmp",
-        s(&src),
-        &server.addr(),
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    assert!(!stdout(&out).contains("deleted"), "{}", stdout(&out));
+    let text = send_delete_but_tmp(&["-q", "--verify", "fiver"], &src, &server.addr());
+    assert!(!text.contains("deleted"), "{text}");
     assert!(!recv.join("data/again.dat").exists());
 }
 
@@ -165,10 +85,7 @@ fn send_delete_waits_for_a_send_that_succeeded() {
     let dir = tempfile::tempdir().unwrap();
     let src = data(dir.path());
     let recv = dir.path().join("recv");
-    fs::create_dir_all(recv.join("data")).unwrap();
-    fs::write(recv.join("data/old.dat"), b"old").unwrap();
-    // data/sub is a file at the destination: that entry fails.
-    fs::write(recv.join("data/sub"), b"in the way").unwrap();
+    blocked(&recv);
     let server = Server::start(&recv);
     let out = intact(&[
         "send",

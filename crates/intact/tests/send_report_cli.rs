@@ -9,16 +9,23 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 mod common;
-use common::Server;
+use common::{send, Server};
 
 const MIB: usize = 1 << 20;
 
-fn send(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_intact"))
-        .arg("send")
-        .args(args)
-        .output()
-        .unwrap()
+/// `intact send --verify fiver --block-size 64KiB <src> <addr>`.
+fn send_fiver(src: &str, addr: &str) -> Output {
+    send(&["--verify", "fiver", "--block-size", "64KiB", src, addr])
+}
+
+/// The big file of `dataset`.
+fn big() -> Vec<u8> {
+    intact_sample::bytes(4 * MIB, 1)
+}
+
+/// The big file stands whole under its final name in `recv`.
+fn assert_big_arrived(recv: &Path) {
+    assert_eq!(fs::read(recv.join("data/big.dat")).unwrap(), big());
 }
 
 fn text(b: &[u8]) -> String {
@@ -28,7 +35,7 @@ fn text(b: &[u8]) -> String {
 fn dataset(root: &Path) -> std::path::PathBuf {
     let src = root.join("data");
     fs::create_dir_all(&src).unwrap();
-    fs::write(src.join("big.dat"), intact_sample::bytes(4 * MIB, 1)).unwrap();
+    fs::write(src.join("big.dat"), big()).unwrap();
     fs::write(src.join("small.dat"), intact_sample::bytes(1000, 2)).unwrap();
     src
 }
@@ -68,10 +75,7 @@ fn a_repeated_send_says_what_was_already_verified_and_no_rate() {
     assert!(quiet.status.success(), "{}", text(&quiet.stderr));
     assert!(quiet.stdout.is_empty(), "{}", text(&quiet.stdout));
     assert!(quiet.stderr.is_empty(), "{}", text(&quiet.stderr));
-    assert_eq!(
-        fs::read(recv.join("data/big.dat")).unwrap(),
-        intact_sample::bytes(4 * MIB, 1)
-    );
+    assert_big_arrived(&recv);
 }
 
 #[test]
@@ -86,14 +90,7 @@ fn a_failed_send_says_what_was_done_and_how_to_resume() {
         &[("INTACT_FAULT_KILL_AFTER_BYTES", MIB.to_string())],
     );
     let s = src.to_str().unwrap();
-    let out = send(&[
-        "--verify",
-        "fiver",
-        "--block-size",
-        "64KiB",
-        s,
-        &server.addr(),
-    ]);
+    let out = send_fiver(s, &server.addr());
     assert_eq!(out.status.code(), Some(1));
     let err = text(&out.stderr);
     assert!(
@@ -108,23 +105,13 @@ fn a_failed_send_says_what_was_done_and_how_to_resume() {
     let _ = server.child.wait();
     // Nothing unverified carries its final name.
     if let Ok(b) = fs::read(recv.join("data/big.dat")) {
-        assert_eq!(b, intact_sample::bytes(4 * MIB, 1));
+        assert_eq!(b, big());
     }
     // The resume command works.
     let server = Server::start(&recv);
-    let out = send(&[
-        "--verify",
-        "fiver",
-        "--block-size",
-        "64KiB",
-        s,
-        &server.addr(),
-    ]);
+    let out = send_fiver(s, &server.addr());
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert_eq!(
-        fs::read(recv.join("data/big.dat")).unwrap(),
-        intact_sample::bytes(4 * MIB, 1)
-    );
+    assert_big_arrived(&recv);
 }
 
 #[test]
@@ -175,19 +162,9 @@ fn sigterm_ends_a_send_with_what_was_done_and_a_json_report() {
     assert!(sent > 0 && sent < 4 * MIB as u64, "{v}");
     // Nothing wrong carries its final name; the same command finishes it.
     if let Ok(b) = fs::read(recv.join("data/big.dat")) {
-        assert_eq!(b, intact_sample::bytes(4 * MIB, 1));
+        assert_eq!(b, big());
     }
-    let out = send(&[
-        "--verify",
-        "fiver",
-        "--block-size",
-        "64KiB",
-        s,
-        &server.addr(),
-    ]);
+    let out = send_fiver(s, &server.addr());
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert_eq!(
-        fs::read(recv.join("data/big.dat")).unwrap(),
-        intact_sample::bytes(4 * MIB, 1)
-    );
+    assert_big_arrived(&recv);
 }

@@ -3,55 +3,17 @@
 //! with --dry-run, --delete and --bwlimit; as a real binary.
 
 use std::fs;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::Instant;
 
-fn intact(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_intact"))
-        .args(args)
-        .output()
-        .unwrap()
-}
+mod common;
+use common::{blocked, data, intact, listing, s, stale, stderr, stdout};
 
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-/// data/{a.bin, sub/x.dat, sub/y.tmp} under `root`.
-fn data(root: &Path) -> PathBuf {
-    let d = root.join("data");
-    fs::create_dir_all(d.join("sub")).unwrap();
-    fs::write(d.join("a.bin"), b"aaa").unwrap();
-    fs::write(d.join("sub/x.dat"), b"xx").unwrap();
-    fs::write(d.join("sub/y.tmp"), b"yy").unwrap();
-    d
-}
-
-/// Every path under `root`, relative, sorted.
-fn listing(root: &Path) -> Vec<String> {
-    let mut v: Vec<String> = walkdir::WalkDir::new(root)
-        .min_depth(1)
-        .into_iter()
-        .map(|e| {
-            e.unwrap()
-                .path()
-                .strip_prefix(root)
-                .unwrap()
-                .to_string_lossy()
-                .into_owned()
-        })
-        .collect();
-    v.sort();
-    v
+/// `intact copy --verify fiver <args>`, which must succeed.
+fn copy_fiver(args: &[&str]) -> Output {
+    let out = intact(&[&["copy", "--verify", "fiver"], args].concat());
+    assert!(out.status.success(), "{}", stderr(&out));
+    out
 }
 
 #[test]
@@ -105,36 +67,18 @@ fn one_file_to_a_new_name_is_a_file_and_a_directory_never_goes_into_itself() {
     let out_dir = dir.path().join("out");
     fs::create_dir(&out_dir).unwrap();
     let renamed = out_dir.join("renamed.dat");
-    let out = intact(&[
-        "copy",
-        "--verify",
-        "fiver",
-        s(&src.join("a.bin")),
-        s(&renamed),
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    copy_fiver(&[s(&src.join("a.bin")), s(&renamed)]);
     assert!(fs::symlink_metadata(&renamed).unwrap().is_file());
     assert_eq!(fs::read(&renamed).unwrap(), b"aaa");
     assert_eq!(listing(&out_dir), ["renamed.dat"]);
     // Onto an existing file: replaced, as cp does.
-    let out = intact(&[
-        "copy",
-        "--verify",
-        "fiver",
-        s(&src.join("sub/x.dat")),
-        s(&renamed),
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    copy_fiver(&[s(&src.join("sub/x.dat")), s(&renamed)]);
     assert_eq!(fs::read(&renamed).unwrap(), b"xx");
     // A trailing slash asks for a directory.
-    let out = intact(&[
-        "copy",
-        "--verify",
-        "fiver",
+    copy_fiver(&[
         s(&src.join("a.bin")),
         &format!("{}/", s(&out_dir.join("d"))),
     ]);
-    assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(fs::read(out_dir.join("d/a.bin")).unwrap(), b"aaa");
     // A new name in a directory that does not exist.
     let out = intact(&[
@@ -173,14 +117,7 @@ fn one_file_to_a_new_name_is_a_file_and_a_directory_never_goes_into_itself() {
     assert_eq!(listing(&src), before, "nothing was written into the source");
     assert_eq!(fs::read(src.join("a.bin")).unwrap(), b"aaa");
     // A sibling whose name starts the same is not inside.
-    let out = intact(&[
-        "copy",
-        "--verify",
-        "fiver",
-        s(&src),
-        s(&dir.path().join("data2")),
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    copy_fiver(&[s(&src), s(&dir.path().join("data2"))]);
 }
 
 #[test]
@@ -192,8 +129,7 @@ fn symlinks_on_the_command_line_are_not_followed_unless_asked() {
     let dst = dir.path().join("dst");
     fs::create_dir(&dst).unwrap();
 
-    let out = intact(&["copy", "--verify", "fiver", s(&link), s(&dst)]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    let out = copy_fiver(&[s(&link), s(&dst)]);
     assert!(
         stderr(&out).contains("is a symlink and is copied as a link; -L copies what it points to"),
         "{}",
@@ -210,14 +146,7 @@ fn symlinks_on_the_command_line_are_not_followed_unless_asked() {
 
     // A trailing slash: the contents of what it points to.
     let dst_c = dir.path().join("dst_c");
-    let out = intact(&[
-        "copy",
-        "--verify",
-        "fiver",
-        &format!("{}/", s(&link)),
-        s(&dst_c),
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    copy_fiver(&[&format!("{}/", s(&link)), s(&dst_c)]);
     assert_eq!(listing(&dst_c), ["a.bin", "sub", "sub/x.dat", "sub/y.tmp"]);
 }
 
@@ -226,15 +155,7 @@ fn include_exclude_dry_run_and_delete() {
     let dir = tempfile::tempdir().unwrap();
     let src = data(dir.path());
     let dst = dir.path().join("dst");
-    fs::create_dir_all(dst.join("data/gone/deeper")).unwrap();
-    fs::write(dst.join("data/gone/deeper/z"), b"z").unwrap();
-    fs::write(dst.join("data/old.dat"), b"old").unwrap();
-    fs::write(dst.join("data/keep.tmp"), b"excluded, so protected").unwrap();
-    fs::write(dst.join("beside.dat"), b"outside what data covers").unwrap();
-    let outside = dir.path().join("outside");
-    fs::create_dir(&outside).unwrap();
-    fs::write(outside.join("precious"), b"p").unwrap();
-    std::os::unix::fs::symlink(&outside, dst.join("data/link")).unwrap();
+    let outside = stale(dir.path(), &dst);
     let before = listing(&dst);
 
     // --dry-run: the plan with sizes, nothing changed.
@@ -261,17 +182,7 @@ fn include_exclude_dry_run_and_delete() {
     assert_eq!(listing(&dst), before, "a dry run changes nothing");
 
     // The same for real.
-    let out = intact(&[
-        "copy",
-        "--verify",
-        "fiver",
-        "--delete",
-        "--exclude",
-        "*.tmp",
-        s(&src),
-        s(&dst),
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    let out = copy_fiver(&["--delete", "--exclude", "*.tmp", s(&src), s(&dst)]);
     assert!(
         stdout(&out).contains("deleted data/old.dat"),
         "{}",
@@ -296,10 +207,7 @@ fn include_exclude_dry_run_and_delete() {
 
     // Include before exclude: the first rule that matches decides.
     let only = dir.path().join("only");
-    let out = intact(&[
-        "copy",
-        "--verify",
-        "fiver",
+    copy_fiver(&[
         "--include",
         "*/",
         "--include",
@@ -309,7 +217,6 @@ fn include_exclude_dry_run_and_delete() {
         s(&src),
         s(&only),
     ]);
-    assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(listing(&only), ["data", "data/sub", "data/sub/x.dat"]);
 }
 
@@ -318,10 +225,7 @@ fn delete_waits_for_a_copy_that_succeeded() {
     let dir = tempfile::tempdir().unwrap();
     let src = data(dir.path());
     let dst = dir.path().join("dst");
-    fs::create_dir_all(dst.join("data")).unwrap();
-    fs::write(dst.join("data/old.dat"), b"old").unwrap();
-    // data/sub is a file at the destination: that entry fails.
-    fs::write(dst.join("data/sub"), b"in the way").unwrap();
+    blocked(&dst);
     let out = intact(&["copy", "--verify", "fiver", "--delete", s(&src), s(&dst)]);
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
@@ -344,10 +248,7 @@ fn bwlimit_holds_the_rate() {
     let dst = dir.path().join("dst");
     let t = Instant::now();
     // 512 KiB/s for 1 MiB: about 2 s, never less than the last block's due time.
-    let out = intact(&[
-        "copy",
-        "--verify",
-        "fiver",
+    copy_fiver(&[
         "--block-size",
         "64KiB",
         "--bwlimit",
@@ -355,7 +256,6 @@ fn bwlimit_holds_the_rate() {
         s(&f),
         &format!("{}/", s(&dst)),
     ]);
-    assert!(out.status.success(), "{}", stderr(&out));
     assert!(t.elapsed().as_secs_f64() > 1.8, "{:?}", t.elapsed());
     assert_eq!(
         fs::read(dst.join("f.dat")).unwrap(),

@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 
 use intact_faults::{FlipProxy, LoopFs, ProxyFault};
 use intact_transfer::{
-    send, CopyReport, FileReport, LocalServer, SendOptions, ServerConfig, TransferError, VerifyMode,
+    partial_name, send, CopyReport, FileReport, LocalServer, SendOptions, ServerConfig,
+    TransferError, VerifyLevel, VerifyMode,
 };
 
 pub const BS: usize = 1 << 20;
@@ -128,10 +129,35 @@ impl Case {
         }
     }
 
+    /// Interrupts a fiver send (the proxy cuts after about five blocks)
+    /// and returns the partial file it left.
+    pub fn interrupted_fiver(&self) -> PathBuf {
+        let first = send_once(
+            &self.src,
+            &self.root,
+            &opts(VerifyMode::Fiver),
+            Some(5 * BS as u64),
+        );
+        assert!(first.is_err() || first.as_ref().unwrap().failed > 0);
+        let partial = self.root.join(partial_name("data.bin".as_ref()));
+        assert!(partial.exists(), "the interrupted run left no partial file");
+        partial
+    }
+
     /// The stored file's bytes after a remount (no cache survives it).
     pub fn stored(&self) -> Vec<u8> {
         remount(&self.fs);
         fs::read(self.root.join("data.bin")).unwrap()
+    }
+
+    /// A fresh case whose file one whole send in `mode` has delivered
+    /// with nothing failed, reported at `level`.
+    pub fn sent_whole(mode: VerifyMode, level: VerifyLevel) -> Case {
+        let c = Case::new();
+        let r = send_once(&c.src, &c.root, &opts(mode), None).unwrap();
+        assert_eq!(r.failed, 0);
+        assert_eq!(the_file(&r).level, Some(level));
+        c
     }
 
     /// Flips a bit on the device under `path` at `offset` and proves it:

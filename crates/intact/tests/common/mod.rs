@@ -1,12 +1,98 @@
 // Each test binary uses a different part of this module.
 #![allow(dead_code)]
 
-//! A real `intact serve` for the integration tests.
+//! A real `intact serve` for the integration tests, the binary run as a
+//! command, and the small trees the CLI tests copy and send.
 
+use std::fs;
 use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
+
+/// `intact <args>`, run to its end.
+pub fn intact(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_intact"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// `intact send <args>`, run to its end.
+pub fn send(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_intact"))
+        .arg("send")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// A path as a command-line argument.
+pub fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// data/{a.bin, sub/x.dat, sub/y.tmp} under `root`.
+pub fn data(root: &Path) -> PathBuf {
+    let d = root.join("data");
+    fs::create_dir_all(d.join("sub")).unwrap();
+    fs::write(d.join("a.bin"), b"aaa").unwrap();
+    fs::write(d.join("sub/x.dat"), b"xx").unwrap();
+    fs::write(d.join("sub/y.tmp"), b"yy").unwrap();
+    d
+}
+
+/// Every path under `root`, relative, sorted.
+pub fn listing(root: &Path) -> Vec<String> {
+    let mut v: Vec<String> = walkdir::WalkDir::new(root)
+        .min_depth(1)
+        .into_iter()
+        .map(|e| {
+            e.unwrap()
+                .path()
+                .strip_prefix(root)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// What a source (`data`) that lost files leaves at the destination `dst`:
+/// a file and a directory tree the source no longer has, an excluded
+/// `keep.tmp`, a file beside `data`, and a symlink `data/link` to a
+/// directory `outside` in `dir` (returned) holding `precious`.
+/// A destination `dst` with a stale `data/old.dat` and a file `data/sub`
+/// where the source (`data`) has a directory: that entry fails, so a
+/// `--delete` must delete nothing.
+pub fn blocked(dst: &Path) {
+    fs::create_dir_all(dst.join("data")).unwrap();
+    fs::write(dst.join("data/old.dat"), b"old").unwrap();
+    fs::write(dst.join("data/sub"), b"in the way").unwrap();
+}
+
+pub fn stale(dir: &Path, dst: &Path) -> PathBuf {
+    fs::create_dir_all(dst.join("data/gone/deeper")).unwrap();
+    fs::write(dst.join("data/gone/deeper/z"), b"z").unwrap();
+    fs::write(dst.join("data/old.dat"), b"old").unwrap();
+    fs::write(dst.join("data/keep.tmp"), b"excluded, so protected").unwrap();
+    fs::write(dst.join("beside.dat"), b"outside what data covers").unwrap();
+    let outside = dir.join("outside");
+    fs::create_dir_all(&outside).unwrap();
+    fs::write(outside.join("precious"), b"p").unwrap();
+    std::os::unix::fs::symlink(&outside, dst.join("data/link")).unwrap();
+    outside
+}
 
 /// A running `intact serve` on 127.0.0.1:0; killed when dropped. Its log
 /// lines (standard error) arrive on `log`.
