@@ -405,3 +405,26 @@ fn a_failed_file_gets_a_log_line_of_its_own() {
         fs::read(src.join("f0")).unwrap()
     );
 }
+
+/// A repeated send whose files the server holds whole and trusts counts
+/// them as verified in the session's log line (nothing received).
+#[test]
+fn files_held_whole_count_as_verified_in_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = source(dir.path(), 3);
+    let root = dir.path().join("recv");
+    let server = Server::start(&root);
+    for round in 0..2 {
+        let out = intact(&["send", src.to_str().unwrap(), &server.addr()]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let log = log_until(&server, " received in ");
+        let totals = log.last().unwrap();
+        assert!(
+            totals.contains("3 files verified, 0 failed"),
+            "round {round}: {log:?}"
+        );
+        if round == 1 {
+            assert!(totals.contains(" 0 B received"), "{log:?}");
+        }
+    }
+}
