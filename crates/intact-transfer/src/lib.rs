@@ -19,7 +19,7 @@
 mod copy;
 mod dest;
 mod error;
-pub mod fault;
+pub(crate) mod fault;
 mod journal;
 mod limits;
 mod model;

@@ -157,7 +157,7 @@ pub(crate) fn crash(ctx: &Ctx) -> Result<Verdict, LabError> {
         return Ok((
             Outcome::NoEffect,
             "no trial was killed".into(),
-            String::new(),
+            "is the intact binary built with the crash seam (cargo build --release -p intact --features fault-seam)?".into(),
         ));
     }
     Ok((
