@@ -14,6 +14,7 @@
 //! the input) yields the same digest for the same bytes.
 
 mod algorithm;
+mod blake3_blocks;
 pub mod defaults;
 mod digest;
 mod error;
@@ -23,6 +24,7 @@ mod hasher;
 pub mod manifest;
 
 pub use algorithm::Algorithm;
+pub use blake3_blocks::Blake3Blocks;
 pub use digest::{Digest, MAX_DIGEST_LEN};
 pub use error::{io_reason, DigestError};
 pub use file::{

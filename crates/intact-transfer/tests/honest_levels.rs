@@ -11,7 +11,7 @@ mod common;
 use std::fs::{self, File};
 
 use common::*;
-use intact_transfer::{VerifyLevel, VerifyMode};
+use intact_transfer::{SendOptions, VerifyLevel, VerifyMode};
 
 /// Lie 1: blocks journaled by a `fiver` run (level network) are not
 /// trusted by a later `riva` run; damage on the device under one of them
@@ -144,7 +144,22 @@ fn reverify_reads_the_device() {
 /// reads the device; the report's BLAKE3 must be the true source's.
 #[test]
 fn the_reported_digest_is_of_the_bytes_accepted() {
-    if !usable("the_reported_digest_is_of_the_bytes_accepted") {
+    // A power-of-two block size: the digest is assembled per block.
+    digest_after_a_resend("the_reported_digest_is_of_the_bytes_accepted", BS);
+}
+
+/// The same with a block size that is not a power of two: the digest is
+/// streamed and, after a resend, computed again from the source.
+#[test]
+fn the_reported_digest_is_of_the_bytes_accepted_at_any_block_size() {
+    digest_after_a_resend(
+        "the_reported_digest_is_of_the_bytes_accepted_at_any_block_size",
+        768 << 10,
+    );
+}
+
+fn digest_after_a_resend(test: &str, block_size: usize) {
+    if !usable(test) {
         return;
     }
     let c = Case::new();
@@ -173,7 +188,11 @@ fn the_reported_digest_is_of_the_bytes_accepted() {
     );
     drop(f);
 
-    let r = send_once(&src, &c.root, &opts(VerifyMode::Riva), None).unwrap();
+    let o = SendOptions {
+        block_size,
+        ..opts(VerifyMode::Riva)
+    };
+    let r = send_once(&src, &c.root, &o, None).unwrap();
     let rep = the_file(&r);
     assert_eq!(r.failed, 0, "{:?}", rep.error);
     assert!(

@@ -18,7 +18,7 @@ use std::sync::{mpsc, Mutex};
 use std::time::Instant;
 
 use intact_cache::{DeviceReader, ReadPath};
-use intact_digest::{defaults, hash, AlignedBuf, Hasher};
+use intact_digest::{defaults, hash, Algorithm, AlignedBuf, Blake3Blocks, Hasher};
 use intact_proto::{
     client_handshake_in, Block, Connection, Entry, EntryKind, FileEnd, FileResult, FileStatus,
     Holding, Key, Message, ProtoError, SessionId, WirePath,
@@ -278,9 +278,13 @@ struct Outgoing {
     ended: bool,
     report: FileReport,
     started: Instant,
-    /// A block was sent again: the whole-file digest computed from the
-    /// first reads may include bytes the receiver refused, so it is
-    /// computed again from the source once the file is verified.
+    /// The whole-file BLAKE3 assembled per block (power-of-two block
+    /// sizes): a resent block replaces its own part, so the digest is of
+    /// the bytes finally accepted without reading the file again.
+    tree: Option<Blake3Blocks>,
+    /// A block was sent again while the digest is streamed (other block
+    /// sizes): it is computed again from the source once the file is
+    /// verified.
     stale_digest: bool,
 }
 
@@ -468,6 +472,7 @@ impl<'a> Stream<'a> {
             report,
             started: Instant::now(),
             source,
+            tree: None,
             stale_digest: false,
         };
         if o.source.is_some() {
@@ -510,8 +515,10 @@ impl<'a> Stream<'a> {
             }
         }
         // The whole-file digest needs every block read; a resumed file has none.
-        let mut whole = (held.is_empty() && self.ctx.opts.verify != VerifyMode::None)
-            .then(|| Hasher::new(defaults::FILE_ALGORITHM));
+        let wanted = held.is_empty() && self.ctx.opts.verify != VerifyMode::None;
+        o.tree = Blake3Blocks::new(size, bs)
+            .filter(|_| wanted && defaults::FILE_ALGORITHM == Algorithm::Blake3);
+        let mut whole = (wanted && o.tree.is_none()).then(|| Hasher::new(defaults::FILE_ALGORITHM));
         for index in 0..blocks {
             if let Some(theirs) = held.get(&index) {
                 match self.source_block_matches(o, id, index, theirs) {
@@ -534,7 +541,9 @@ impl<'a> Stream<'a> {
                 break;
             }
         }
-        o.report.digest = whole.map(|w| w.finalize().to_hex());
+        if let Some(w) = whole {
+            o.report.digest = Some(w.finalize().to_hex());
+        }
         if o.pending == 0 {
             self.end_file(id, o);
         }
@@ -716,6 +725,9 @@ impl<'a> Stream<'a> {
         if let Some(w) = whole {
             w.update(data);
         }
+        if let Some(t) = o.tree.as_mut() {
+            t.set(index, data);
+        }
         o.report.checksum_seconds += t.elapsed().as_secs_f64();
         // The level the digest's read reached at this end.
         let source_level = match (riva, self.last_read_device) {
@@ -878,7 +890,9 @@ impl<'a> Stream<'a> {
         o.report.note = reached
             .note
             .filter(|_| reached.level < self.ctx.opts.verify.level());
-        if o.stale_digest && o.report.digest.is_some() {
+        if let Some(t) = &o.tree {
+            o.report.digest = t.finalize().map(|h| h.to_hex().to_string());
+        } else if o.stale_digest && o.report.digest.is_some() {
             o.report.digest = match self.digest_again(o, id) {
                 Ok(d) => Some(d),
                 Err(err) => {

@@ -1,0 +1,118 @@
+//! A file's BLAKE3 assembled from its blocks, in any order, each block
+//! replaceable: BLAKE3 is a tree, and a block of a power-of-two size at a
+//! multiple of that size is a whole subtree whose chaining value can be
+//! computed alone and merged later (blake3's `hazmat`). A sender that
+//! resends one block of a large file then needs to hash that block again,
+//! not the file.
+
+use blake3::hazmat::{
+    left_subtree_len, merge_subtrees_non_root, merge_subtrees_root, ChainingValue, HasherExt, Mode,
+};
+
+/// BLAKE3's chunk size: the smallest subtree, in bytes.
+const CHUNK: u64 = 1024;
+
+/// Per-block parts of one file's BLAKE3.
+#[derive(Debug, Clone)]
+pub struct Blake3Blocks {
+    len: u64,
+    block: u64,
+    /// Per block: its chaining value (the file's root hash when the file
+    /// is a single block).
+    parts: Vec<Option<[u8; 32]>>,
+}
+
+impl Blake3Blocks {
+    /// Parts for a file of `len` bytes cut into blocks of `block` bytes;
+    /// None unless `block` is a power of two of at least 1 KiB (only then is
+    /// every block a BLAKE3 subtree).
+    pub fn new(len: u64, block: u64) -> Option<Blake3Blocks> {
+        if !block.is_power_of_two() || block < CHUNK {
+            return None;
+        }
+        Some(Blake3Blocks {
+            len,
+            block,
+            parts: vec![None; len.div_ceil(block) as usize],
+        })
+    }
+
+    /// Sets (or replaces) block `index` to `bytes`.
+    pub fn set(&mut self, index: u64, bytes: &[u8]) {
+        let part = if self.parts.len() == 1 {
+            *blake3::hash(bytes).as_bytes()
+        } else {
+            let mut h = blake3::Hasher::new();
+            h.set_input_offset(index * self.block);
+            h.update(bytes);
+            h.finalize_non_root()
+        };
+        if let Some(p) = self.parts.get_mut(index as usize) {
+            *p = Some(part);
+        }
+    }
+
+    /// The file's BLAKE3, once every block is set.
+    pub fn finalize(&self) -> Option<blake3::Hash> {
+        match self.parts.len() {
+            0 => Some(blake3::hash(&[])),
+            1 => self.parts[0].map(blake3::Hash::from_bytes),
+            _ => {
+                let (left, right) = self.split(0, self.len)?;
+                Some(merge_subtrees_root(&left, &right, Mode::Hash))
+            }
+        }
+    }
+
+    /// The chaining values of the two halves of `start..end` (more than one
+    /// block), split where BLAKE3 splits it.
+    fn split(&self, start: u64, end: u64) -> Option<(ChainingValue, ChainingValue)> {
+        let mid = start + left_subtree_len(end - start);
+        Some((self.node(start, mid)?, self.node(mid, end)?))
+    }
+
+    fn node(&self, start: u64, end: u64) -> Option<ChainingValue> {
+        if end - start <= self.block {
+            return self.parts[(start / self.block) as usize];
+        }
+        let (left, right) = self.split(start, end)?;
+        Some(merge_subtrees_non_root(&left, &right, Mode::Hash))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn equals_blake3_at_boundary_sizes_in_any_order() {
+        let data: Vec<u8> = (0..70_000u32).map(|i| (i * 31 % 251) as u8).collect();
+        for block in [1024u64, 4096, 16384] {
+            for len in [
+                0, 1, 1023, 1024, 1025, 4095, 4096, 4097, 16384, 40_000, 70_000,
+            ] {
+                let bytes = &data[..len as usize];
+                let mut b = Blake3Blocks::new(len, block).unwrap();
+                let n = len.div_ceil(block);
+                // Last block first, and block 0 set twice (a resend).
+                for i in (0..n).rev() {
+                    let s = (i * block) as usize;
+                    let e = (s + block as usize).min(len as usize);
+                    if i == 0 && n > 1 {
+                        assert!(b.finalize().is_none(), "a block is missing");
+                        b.set(0, &vec![0xAA; e - s]);
+                    }
+                    b.set(i, &bytes[s..e]);
+                }
+                assert_eq!(b.finalize(), Some(blake3::hash(bytes)), "{len} {block}");
+            }
+        }
+    }
+
+    #[test]
+    fn only_power_of_two_blocks_of_a_chunk_or_more() {
+        assert!(Blake3Blocks::new(10, 3 << 12).is_none());
+        assert!(Blake3Blocks::new(10, 512).is_none());
+        assert!(Blake3Blocks::new(10, 4 << 20).is_some());
+    }
+}
