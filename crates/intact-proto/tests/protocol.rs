@@ -432,7 +432,10 @@ fn a_version_3_hello_is_told_its_version_not_that_its_frame_is_bad() {
     std::io::Write::write_all(&mut conn.get_ref(), &frame).unwrap();
     match conn.expect_message().unwrap() {
         Message::Refused { reason } => assert!(
-            reason.contains(&format!("version 3 is not spoken here ({} is)", intact_proto::VERSION)),
+            reason.contains(&format!(
+                "version 3 is not spoken here ({} is)",
+                intact_proto::VERSION
+            )),
             "{reason}"
         ),
         other => panic!("{other:?}"),

@@ -91,7 +91,10 @@ impl std::fmt::Display for SourceDigest {
             SourceDigest::Transfer => write!(f, "source digest: from this run's reads"),
             SourceDigest::Read => write!(f, "source digest: read now"),
             SourceDigest::Cache { recorded_at } => {
-                write!(f, "source digest: from the source cache, recorded at {recorded_at}")
+                write!(
+                    f,
+                    "source digest: from the source cache, recorded at {recorded_at}"
+                )
             }
         }
     }

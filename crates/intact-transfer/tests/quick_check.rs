@@ -21,8 +21,7 @@ use intact_proto::{
     WirePath,
 };
 use intact_transfer::{
-    LocalServer, SendOptions, ServerConfig, SourceCacheSetting, SourceDigest, VerifyMode,
-    STATE_DIR,
+    LocalServer, SendOptions, ServerConfig, SourceCacheSetting, SourceDigest, VerifyMode, STATE_DIR,
 };
 
 /// A scratch directory with a source directory and a server root.
@@ -113,7 +112,10 @@ fn a_different_file_with_the_same_size_and_mtime_is_not_unchanged() {
                 "{mode} reverify={reverify}: the attacker's file was reported unchanged at {:?}",
                 f.level
             );
-            assert_eq!(f.bytes_sent, SMALL as u64, "{mode} reverify={reverify}: {f:#?}");
+            assert_eq!(
+                f.bytes_sent, SMALL as u64,
+                "{mode} reverify={reverify}: {f:#?}"
+            );
             assert!(
                 d.stored() == victim_data,
                 "{mode} reverify={reverify}: the destination is not the victim's source"
@@ -154,8 +156,14 @@ fn an_in_place_edit_keeping_size_and_mtime_is_not_unchanged() {
         let r = send_once(&src, &d.root, &o, None).unwrap();
         let f = the_file(&r).clone();
         assert_eq!(r.failed, 0, "{:?}", f.error);
-        assert!(!f.unchanged, "{mode}: an edited source was reported unchanged: {f:#?}");
-        assert!(d.stored() == data, "{mode}: the destination is not the edited source");
+        assert!(
+            !f.unchanged,
+            "{mode}: an edited source was reported unchanged: {f:#?}"
+        );
+        assert!(
+            d.stored() == data,
+            "{mode}: the destination is not the edited source"
+        );
     }
 }
 
@@ -353,15 +361,36 @@ fn a_file_end_digest_that_does_not_match_the_bytes_written_is_not_committed() {
             let mut wrong = *blake3::hash(&data).as_bytes();
             wrong[0] ^= 1;
             let s = hand_send(&addr, mode, bs, &data, wrong.to_vec());
-            assert_eq!(s, FileStatus::Failed, "{mode} bs {bs}: a wrong digest was committed");
-            assert!(!final_path.exists(), "{mode} bs {bs}: the file got its final name");
+            assert_eq!(
+                s,
+                FileStatus::Failed,
+                "{mode} bs {bs}: a wrong digest was committed"
+            );
+            assert!(
+                !final_path.exists(),
+                "{mode} bs {bs}: the file got its final name"
+            );
             // No digest at all is not a match either.
             let s = hand_send(&addr, mode, bs, &data, Vec::new());
-            assert_eq!(s, FileStatus::Failed, "{mode} bs {bs}: no digest was committed");
+            assert_eq!(
+                s,
+                FileStatus::Failed,
+                "{mode} bs {bs}: no digest was committed"
+            );
             assert!(!final_path.exists());
 
-            let s = hand_send(&addr, mode, bs, &data, blake3::hash(&data).as_bytes().to_vec());
-            assert_eq!(s, FileStatus::Verified, "{mode} bs {bs}: the right digest failed");
+            let s = hand_send(
+                &addr,
+                mode,
+                bs,
+                &data,
+                blake3::hash(&data).as_bytes().to_vec(),
+            );
+            assert_eq!(
+                s,
+                FileStatus::Verified,
+                "{mode} bs {bs}: the right digest failed"
+            );
             assert_eq!(fs::read(&final_path).unwrap(), data);
             server.stop().unwrap();
         }

@@ -15,6 +15,13 @@
 //! says how many bytes were re-verified and how many were trusted, and at
 //! which recorded level.
 //!
+//! Before a file is committed, the BLAKE3 of the bytes held for it must
+//! equal the sender's FileEnd digest, and the journal records it (see
+//! [`crate::net::whole_digest`]). A file held whole is answered with that
+//! recorded digest (or, re-verified in place, the digest of what the
+//! re-read found), and is unchanged only if the sender's FileEnd confirms
+//! its source has the same: size and mtime only pick the candidate.
+//!
 //! Riva (and block-mode) blocks are verified off the session thread: a verifier thread
 //! flushes, evicts and re-reads each written block from the device while
 //! the session thread receives and writes the next ones (the RIVA paper's

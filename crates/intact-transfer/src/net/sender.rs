@@ -507,7 +507,9 @@ impl<'a> Stream<'a> {
     /// block it holds with a digest other than the source's own (checked
     /// by reading the source here, which costs no network; in `riva` the
     /// read reaches the device). A file held whole is all or nothing: if
-    /// any block differs, every block is sent.
+    /// the BLAKE3 the receiver holds is not the source's, every block is
+    /// sent; if it is, none, and FileEnd carries that digest for the
+    /// receiver to confirm.
     fn send_missing(&mut self, id: u64, o: &mut Outgoing, holding: Holding) {
         let held: HashMap<u64, Vec<u8>> = match holding {
             Holding::Nothing => HashMap::new(),

@@ -80,7 +80,12 @@ impl WholeDigest {
 
     /// The BLAKE3 of the file's bytes: from the blocks' parts, or (other
     /// block sizes, or a part missing) by reading `file`, `size` bytes.
-    pub fn of_file(&self, file: &File, size: u64, buf: &mut AlignedBuf) -> std::io::Result<[u8; LEN]> {
+    pub fn of_file(
+        &self,
+        file: &File,
+        size: u64,
+        buf: &mut AlignedBuf,
+    ) -> std::io::Result<[u8; LEN]> {
         if let Some(h) = self.tree.as_ref().and_then(Blake3Blocks::finalize) {
             return Ok(*h.as_bytes());
         }
@@ -90,8 +95,12 @@ impl WholeDigest {
     /// Compares `ours` with the sender's digest; equal: remembered as the
     /// digest to record. Constant time (a client learns nothing from it).
     pub fn confirm(&mut self, ours: [u8; LEN]) -> Result<(), String> {
-        let theirs = <[u8; LEN]>::try_from(self.theirs.as_slice())
-            .map_err(|_| format!("the sender's FileEnd carries no BLAKE3 ({} bytes)", self.theirs.len()))?;
+        let theirs = <[u8; LEN]>::try_from(self.theirs.as_slice()).map_err(|_| {
+            format!(
+                "the sender's FileEnd carries no BLAKE3 ({} bytes)",
+                self.theirs.len()
+            )
+        })?;
         if blake3::Hash::from_bytes(ours) != blake3::Hash::from_bytes(theirs) {
             return Err(format!(
                 "the BLAKE3 of the bytes written ({}) differs from the sender's ({}): not committed",
@@ -105,7 +114,11 @@ impl WholeDigest {
 }
 
 /// The BLAKE3 of the first `size` bytes of `file`, read in large calls.
-pub(crate) fn hash_file(file: &File, size: u64, buf: &mut AlignedBuf) -> std::io::Result<[u8; LEN]> {
+pub(crate) fn hash_file(
+    file: &File,
+    size: u64,
+    buf: &mut AlignedBuf,
+) -> std::io::Result<[u8; LEN]> {
     if buf.len() < READ_BYTES {
         *buf = AlignedBuf::new(READ_BYTES);
     }
