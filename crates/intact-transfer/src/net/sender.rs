@@ -517,8 +517,8 @@ impl<'a> Stream<'a> {
             Holding::Whole { digest } => {
                 match self.holds_whole(o, id, &digest) {
                     Ok(true) => {
-                        o.report.blocks_skipped = o.report.blocks;
-                        o.report.bytes_skipped = self.ctx.entries[id as usize].size;
+                        // Counted as unchanged (held and trusted, or
+                        // re-verified in place), not as skipped blocks.
                         self.end_file(id, o);
                         return;
                     }
