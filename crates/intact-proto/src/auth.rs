@@ -24,8 +24,9 @@ use subtle::ConstantTimeEq;
 use crate::{Connection, Message, ProtoError};
 
 /// The protocol version this build speaks (4: Hello carries the client's
-/// session id; 5: the `--delete` exchange).
-pub const VERSION: u16 = 5;
+/// session id; 5: the `--delete` exchange; 6: FileEnd's whole-file digest
+/// is checked, and a file held whole is answered with its recorded digest).
+pub const VERSION: u16 = 6;
 
 /// The reason a server gives a client whose proof is wrong.
 pub const AUTH_FAILED: &str = "authentication failed";

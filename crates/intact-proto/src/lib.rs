@@ -1,7 +1,7 @@
 //! intact's wire protocol.
 //!
 //! [`Message`] is everything the sender and the receiver say to each other
-//! (protocol [`VERSION`] 5); frames are length-prefixed and decoded in two
+//! (protocol [`VERSION`] 6); frames are length-prefixed and decoded in two
 //! steps, [`frame_len`] (is a whole frame buffered? is its length
 //! possible?) then [`Message::decode`], with a hard limit on every field,
 //! so hostile bytes end a connection with a [`ProtoError`], never a panic

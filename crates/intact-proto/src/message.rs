@@ -1,10 +1,13 @@
-//! The messages of protocol version 5 and their byte encoding.
+//! The messages of protocol version 6 and their byte encoding.
 //!
 //! Version 4 added the client's session id to Hello (so a server can tell
 //! the streams of one client apart from other clients'). Version 5 added
 //! the `--delete` exchange: [`Message::DeleteStart`], [`Message::DeleteKeep`]
 //! (in chunks), [`Message::DeleteRun`], answered by [`Message::DeleteReport`]
-//! chunks and [`Message::DeleteDone`].
+//! chunks and [`Message::DeleteDone`]. Version 6: [`Message::FileEnd`]
+//! carries the whole file's BLAKE3, which the receiver compares with the
+//! bytes it holds before it commits, and [`Holding::Whole`] carries the
+//! digest the receiver holds instead of a list of block digests.
 //!
 //! A frame is a 4-byte big-endian body length, then the body: one type
 //! byte and the fields. Integers are big-endian; byte strings carry a
@@ -80,12 +83,19 @@ pub enum Holding {
     /// These blocks are on its disk and still match these digests. The
     /// sender skips a block only if its own copy has the same digest.
     Blocks(Vec<(u64, Vec<u8>)>),
-    /// The file is held whole under its final name and every block still
-    /// matches these digests (re-verified in place, or trusted from its
-    /// journal at a level at least the mode's). The sender checks its own
-    /// copy against every digest: if all match it sends no block, else it
-    /// sends every block (the receiver then writes the file anew).
-    Whole(Vec<(u64, Vec<u8>)>),
+    /// The file is held whole under its final name, and these are the
+    /// BLAKE3 bytes of what it holds: recorded by the receiver's own
+    /// whole-file comparison when the file was committed (trusted from its
+    /// journal at a level at least the mode's), or computed now from a
+    /// re-read in place (`--reverify`, or a record below the mode's aim).
+    /// The sender compares them with its own source's digest: if equal it
+    /// sends no block, only a FileEnd with that digest (the receiver then
+    /// answers `unchanged`); else it sends every block (the receiver then
+    /// writes the file anew).
+    Whole {
+        /// The whole file's BLAKE3, as the receiver holds it.
+        digest: Vec<u8>,
+    },
 }
 
 /// One block of a file, with the digest the sender computed.
@@ -203,7 +213,10 @@ pub enum Message {
         /// The level the sender's reads of the source reached for the
         /// whole file (intact's level id): the receiver records no more.
         source_level: u8,
-        /// Digest of the whole file.
+        /// The whole file's BLAKE3 as the sender's source holds it (for an
+        /// abandoned file, anything). The receiver commits only if it equals
+        /// the BLAKE3 of the bytes it holds for the file; a file it holds
+        /// whole commits unchanged only if it equals the digest it holds.
         digest: Vec<u8>,
     },
     /// The receiver's verdict on a file.
@@ -448,12 +461,12 @@ impl Message {
                 w.u64(*file);
                 match holding {
                     Holding::Nothing => w.u8(0),
-                    Holding::Blocks(b) | Holding::Whole(b) => {
-                        w.u8(if matches!(holding, Holding::Whole(_)) {
-                            2
-                        } else {
-                            1
-                        });
+                    Holding::Whole { digest } => {
+                        w.u8(2);
+                        w.bytes(&digest[..digest.len().min(MAX_DIGEST)]);
+                    }
+                    Holding::Blocks(b) => {
+                        w.u8(1);
                         let b = &b[..b.len().min(MAX_STATUS_BLOCKS)];
                         w.u32(b.len() as u32);
                         for (i, d) in b {
@@ -575,7 +588,10 @@ impl Message {
                 let file = r.u64()?;
                 let holding = match r.u8()? {
                     0 => Holding::Nothing,
-                    kind @ (1 | 2) => {
+                    2 => Holding::Whole {
+                        digest: r.bytes(MAX_DIGEST)?.to_vec(),
+                    },
+                    1 => {
                         let n = r.u32()? as usize;
                         if n > MAX_STATUS_BLOCKS || n * 12 > r.buf.len() {
                             return Err(r.bad("block list longer than the frame"));
@@ -584,11 +600,7 @@ impl Message {
                         for _ in 0..n {
                             list.push((r.u64()?, r.bytes(MAX_DIGEST)?.to_vec()));
                         }
-                        if kind == 1 {
-                            Holding::Blocks(list)
-                        } else {
-                            Holding::Whole(list)
-                        }
+                        Holding::Blocks(list)
                     }
                     _ => return Err(r.bad("unknown holding")),
                 };

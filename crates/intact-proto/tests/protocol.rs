@@ -184,7 +184,9 @@ fn arb_message() -> impl Strategy<Value = Message> {
                 holding: match (b, whole) {
                     (None, _) => intact_proto::Holding::Nothing,
                     (Some(b), false) => intact_proto::Holding::Blocks(b),
-                    (Some(b), true) => intact_proto::Holding::Whole(b),
+                    (Some(b), true) => intact_proto::Holding::Whole {
+                        digest: b.first().map(|(_, d)| d.clone()).unwrap_or_default(),
+                    },
                 },
             }),
     ]
@@ -430,7 +432,10 @@ fn a_version_3_hello_is_told_its_version_not_that_its_frame_is_bad() {
     std::io::Write::write_all(&mut conn.get_ref(), &frame).unwrap();
     match conn.expect_message().unwrap() {
         Message::Refused { reason } => assert!(
-            reason.contains("version 3 is not spoken here (5 is)"),
+            reason.contains(&format!(
+                "version 3 is not spoken here ({} is)",
+                intact_proto::VERSION
+            )),
             "{reason}"
         ),
         other => panic!("{other:?}"),

@@ -78,9 +78,16 @@ pub struct FileReport {
     pub kind: &'static str,
     /// Bytes.
     pub size: u64,
-    /// BLAKE3 of the file as read for the transfer (not with `--verify none`).
+    /// BLAKE3 of the file as read for the transfer (`copy`: not with
+    /// `--verify none`; `send`: in every mode, the digest the receiver
+    /// compared with the bytes it holds).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub digest: Option<String>,
+    /// `send`: how the source's whole-file digest was obtained (this run's
+    /// reads, read now to compare with a file the server held whole, or
+    /// the source-digest cache and when it was recorded).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source_digest: Option<crate::SourceDigest>,
     /// Blocks the file was cut into.
     pub blocks: u64,
     /// Blocks sent again after failing verification.
@@ -307,6 +314,7 @@ pub(crate) fn simple_report(
         },
         size: e.size,
         digest: None,
+        source_digest: None,
         blocks: 0,
         blocks_resent: 0,
         blocks_skipped: 0,

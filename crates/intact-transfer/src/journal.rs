@@ -15,6 +15,13 @@
 //! re-verified in place by a `riva` run, never taken as `device`. Rows
 //! from journals older than these columns read as level `none`, so they
 //! are always re-verified.
+//!
+//! A finished file also carries its whole-file BLAKE3, set only from the
+//! receiver's own comparison of the bytes it holds with the sender's
+//! digest (at commit). The quick check answers a repeated send with it, and
+//! the file counts as unchanged only if the sender's source has the same
+//! digest. Rows from journals older than this column have none, and are
+//! never unchanged.
 
 use std::path::Path;
 
@@ -104,6 +111,22 @@ pub struct FileRow {
     pub done: bool,
     /// How and when it was verified as a whole, when done.
     pub verified: VerifiedAt,
+    /// Its whole-file BLAKE3, when done and recorded by a build that checks
+    /// it (None in older rows, and in any row not done).
+    pub digest: Option<[u8; 32]>,
+}
+
+/// A file that reached its final name, as [`Journal::done_batch`] records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DoneFile {
+    /// Its row.
+    pub row: i64,
+    /// Blocks verified since the last record.
+    pub blocks: Vec<BlockRecord>,
+    /// How the file as a whole was verified.
+    pub verified: VerifiedAt,
+    /// The BLAKE3 of the bytes it holds, found equal to the sender's.
+    pub digest: [u8; 32],
 }
 
 /// The journal of one receiving root, shared by all sessions of a server
@@ -151,7 +174,8 @@ impl Journal {
                  done INTEGER NOT NULL DEFAULT 0,
                  level INTEGER NOT NULL DEFAULT 0,
                  mode INTEGER NOT NULL DEFAULT 0,
-                 at INTEGER NOT NULL DEFAULT 0
+                 at INTEGER NOT NULL DEFAULT 0,
+                 digest BLOB
              );
              CREATE TABLE IF NOT EXISTS blocks (
                  file INTEGER NOT NULL REFERENCES files(id) ON DELETE CASCADE,
@@ -193,6 +217,19 @@ impl Journal {
                 }
             }
         }
+        // The whole-file digest (added later still: old rows have none, so
+        // they are never answered as unchanged).
+        let has: bool = db
+            .query_row(
+                "SELECT COUNT(*) FROM pragma_table_info('files') WHERE name = 'digest'",
+                [],
+                |r| r.get::<_, i64>(0).map(|n| n > 0),
+            )
+            .map_err(db_err)?;
+        if !has {
+            db.execute_batch("ALTER TABLE files ADD COLUMN digest BLOB")
+                .map_err(db_err)?;
+        }
         Ok(Journal { db: Mutex::new(db) })
     }
 
@@ -206,7 +243,7 @@ impl Journal {
     pub fn lookup(&self, path: &[u8]) -> Result<Option<FileRow>, TransferError> {
         self.db()
             .query_row(
-                "SELECT id, size, mtime_sec, mtime_nsec, block_size, done, mode, level, at FROM files WHERE path = ?1",
+                "SELECT id, size, mtime_sec, mtime_nsec, block_size, done, mode, level, at, digest FROM files WHERE path = ?1",
                 params![path],
                 |r| {
                     Ok(FileRow {
@@ -217,6 +254,9 @@ impl Journal {
                         block_size: r.get::<_, i64>(4)? as u32,
                         done: r.get(5)?,
                         verified: VerifiedAt::from_row(r.get(6)?, r.get(7)?, r.get(8)?),
+                        digest: r
+                            .get::<_, Option<Vec<u8>>>(9)?
+                            .and_then(|d| <[u8; 32]>::try_from(d).ok()),
                     })
                 },
             )
@@ -240,10 +280,10 @@ impl Journal {
         )
         .map_err(db_err)?;
         tx.execute(
-            "INSERT INTO files (path, size, mtime_sec, mtime_nsec, block_size, done, level, mode, at)
-             VALUES (?1, ?2, ?3, ?4, ?5, 0, 0, 0, 0)
+            "INSERT INTO files (path, size, mtime_sec, mtime_nsec, block_size, done, level, mode, at, digest)
+             VALUES (?1, ?2, ?3, ?4, ?5, 0, 0, 0, 0, NULL)
              ON CONFLICT(path) DO UPDATE SET size = ?2, mtime_sec = ?3, mtime_nsec = ?4,
-                 block_size = ?5, done = 0, level = 0, mode = 0, at = 0",
+                 block_size = ?5, done = 0, level = 0, mode = 0, at = 0, digest = NULL",
             params![
                 path,
                 size as i64,
@@ -262,10 +302,14 @@ impl Journal {
         Ok(id)
     }
 
-    /// Marks the file unfinished again (its recorded blocks stay).
+    /// Marks the file unfinished again (its recorded blocks stay; its
+    /// whole-file digest goes, as the file's bytes may now change).
     pub fn reopen(&self, id: i64) -> Result<(), TransferError> {
         self.db()
-            .execute("UPDATE files SET done = 0 WHERE id = ?1", params![id])
+            .execute(
+                "UPDATE files SET done = 0, digest = NULL WHERE id = ?1",
+                params![id],
+            )
             .map_err(db_err)?;
         Ok(())
     }
@@ -301,25 +345,24 @@ impl Journal {
         tx.commit().map_err(db_err)
     }
 
-    /// Records, in one transaction, files that reached their final names:
-    /// (row, blocks verified since the last record, how the file as a
-    /// whole was verified); every block of such a file is capped at the
-    /// file's level.
-    pub fn done_batch(
-        &self,
-        files: &[(i64, Vec<BlockRecord>, VerifiedAt)],
-    ) -> Result<(), TransferError> {
+    /// Records, in one transaction, files that reached their final names
+    /// (with the whole-file digest the receiver's own comparison found);
+    /// every block of such a file is capped at the file's level.
+    pub fn done_batch(&self, files: &[DoneFile]) -> Result<(), TransferError> {
         let mut db = self.db();
         let tx = db.transaction().map_err(db_err)?;
         {
             let mut done = tx
-                .prepare("UPDATE files SET done = 1, mode = ?2, level = ?3, at = ?4 WHERE id = ?1")
+                .prepare(
+                    "UPDATE files SET done = 1, mode = ?2, level = ?3, at = ?4, digest = ?5 WHERE id = ?1",
+                )
                 .map_err(db_err)?;
             let mut cap = tx
                 .prepare("UPDATE blocks SET level = MIN(level, ?2) WHERE file = ?1")
                 .map_err(db_err)?;
-            for (id, blocks, v) in files {
-                insert_blocks(&tx, *id, blocks)?;
+            for f in files {
+                let (id, v) = (&f.row, &f.verified);
+                insert_blocks(&tx, *id, &f.blocks)?;
                 // No block of a file is recorded above the file's level
                 // (which includes what the source's reads reached).
                 cap.execute(params![id, i64::from(v.level.wire_id())])
@@ -328,7 +371,8 @@ impl Journal {
                     id,
                     i64::from(v.mode.wire_id()),
                     i64::from(v.level.wire_id()),
-                    v.at
+                    v.at,
+                    &f.digest[..]
                 ])
                 .map_err(db_err)?;
             }

@@ -28,6 +28,7 @@ mod prune;
 mod recheck;
 mod select;
 mod source;
+mod source_cache;
 mod verify;
 
 pub use copy::{
@@ -36,7 +37,7 @@ pub use copy::{
 pub use dest::{partial_name, Destination, Mtime, PartialFile};
 pub use error::TransferError;
 pub use intact_cache::ReadPath;
-pub use journal::{BlockRecord, FileRow, Journal, VerifiedAt, STATE_DIR};
+pub use journal::{BlockRecord, DoneFile, FileRow, Journal, VerifiedAt, STATE_DIR};
 pub use limits::raise_open_file_limit;
 pub use model::RivaModel;
 pub use net::{
@@ -49,4 +50,5 @@ pub use select::{Filter, Rule, RuleKind};
 pub use source::{
     scan, scan_with, Placement, Scan, ScanOptions, SourceEntry, SourceKind, SourceSpec,
 };
+pub use source_cache::{SourceCache, SourceCacheSetting, SourceDigest, SourceKey};
 pub use verify::{DeviceStats, Reached, VerifyLevel, VerifyMode};

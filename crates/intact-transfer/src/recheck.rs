@@ -44,6 +44,16 @@ fn lock(r: &Mutex<DeviceReader>) -> std::sync::MutexGuard<'_, DeviceReader> {
 
 /// Re-reads a batch of blocks and compares each with its digest.
 pub(crate) fn recheck_batch(items: &[Recheck<'_>], buf: &mut AlignedBuf) -> Vec<Rechecked> {
+    recheck_batch_seen(items, buf, |_, _| {})
+}
+
+/// [`recheck_batch`], showing `seen` the bytes each read returned (item
+/// number, bytes), so that a caller can hash what this very read found.
+pub(crate) fn recheck_batch_seen(
+    items: &[Recheck<'_>],
+    buf: &mut AlignedBuf,
+    mut seen: impl FnMut(usize, &[u8]),
+) -> Vec<Rechecked> {
     for c in items {
         if let Some(r) = c.reader {
             lock(r).begin(c.file, c.offset, c.len);
@@ -59,7 +69,8 @@ pub(crate) fn recheck_batch(items: &[Recheck<'_>], buf: &mut AlignedBuf) -> Vec<
     items
         .iter()
         .zip(prepared)
-        .map(|(c, p)| {
+        .enumerate()
+        .map(|(i, (c, p))| {
             if buf.len() < c.len {
                 *buf = AlignedBuf::new(c.len);
             }
@@ -74,11 +85,16 @@ pub(crate) fn recheck_batch(items: &[Recheck<'_>], buf: &mut AlignedBuf) -> Vec<
                     .map(|()| ReadOutcome::default()),
             };
             match read {
-                Ok(outcome) => Rechecked {
-                    ok: Ok(hash(defaults::BLOCK_ALGORITHM, &buf[..c.len]).ct_eq(c.digest)),
-                    outcome,
-                    took: t.elapsed(),
-                },
+                Ok(outcome) => {
+                    let ok = hash(defaults::BLOCK_ALGORITHM, &buf[..c.len]).ct_eq(c.digest);
+                    let took = t.elapsed();
+                    seen(i, &buf[..c.len]);
+                    Rechecked {
+                        ok: Ok(ok),
+                        outcome,
+                        took,
+                    }
+                }
                 Err(e) => Rechecked {
                     ok: Err(e),
                     outcome: ReadOutcome::default(),

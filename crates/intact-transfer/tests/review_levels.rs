@@ -194,11 +194,9 @@ fn a_resume_beyond_one_status_counts_each_byte_once() {
 /// at `device`, while the destination holds other bytes. The rules allow
 /// trusting the receiver's record for the receiver's bytes, but nothing
 /// in this run or in any record checked them against the source as it is.
-/// The quick check trusting size and mtime is issue 11's item 4 (the
-/// unchanged check must compare the source's own digest); until then this
-/// known hole is kept here, ignored, so that it is counted and not lost.
+/// Fixed by issue 11's item 4: the server answers with the digest its
+/// commit compared, and the sender compares it with its source's own.
 #[test]
-#[ignore = "known hole, issue 11 item 4: the quick check trusts size and mtime of the source"]
 fn an_unchanged_report_is_not_given_for_a_source_rewritten_in_place() {
     if !usable("an_unchanged_report_is_not_given_for_a_source_rewritten_in_place") {
         return;

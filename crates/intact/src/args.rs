@@ -271,6 +271,12 @@ pub struct SendArgs {
     #[arg(long)]
     pub reverify: bool,
 
+    /// Do not use the source-digest cache ($XDG_CACHE_HOME/intact, else
+    /// ~/.cache/intact): every source the server holds whole is read to
+    /// compare its digest with the server's. (--reverify never uses it.)
+    #[arg(long)]
+    pub no_source_cache: bool,
+
     /// After everything was sent and verified, have the server remove
     /// what it holds under the sent directories and the sources no longer
     /// have (excluded entries are kept; symlinks are removed as links,

@@ -113,6 +113,11 @@ pub fn run_send(args: &SendArgs) -> anyhow::Result<ExitCode> {
         reverify: args.reverify,
         read_path: p.read_path,
         require_level: p.require_level,
+        source_cache: if args.no_source_cache {
+            intact_transfer::SourceCacheSetting::Off
+        } else {
+            intact_transfer::SourceCacheSetting::User
+        },
     };
     if args.tree.dry_run {
         // Nothing is sent; the server says what it would delete against

@@ -105,9 +105,15 @@ fn verbose_line(f: &FileReport) -> String {
         ),
         (r, t, None) => format!(", {r} B re-verified in place, {t} B trusted"),
     };
+    // A file the server held whole: how the source's digest it was
+    // compared with was obtained (read now, or the source cache and when).
+    let source = match (f.unchanged, f.source_digest) {
+        (true, Some(d)) => format!(", unchanged, {d}"),
+        _ => String::new(),
+    };
     let (mark, name) = printable(&f.path);
     format!(
-        "{mark}{} {name} ({} B, level {level}, {} B sent, {} blocks resent{held})",
+        "{mark}{} {name} ({} B, level {level}, {} B sent, {} blocks resent{held}{source})",
         f.kind, f.size, f.bytes_sent, f.blocks_resent
     )
 }

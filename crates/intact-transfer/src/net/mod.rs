@@ -7,6 +7,7 @@ mod root;
 mod sender;
 mod server;
 mod sessions;
+mod whole_digest;
 
 pub use delete::{DeleteRequest, MAX_KEEP_BYTES, MAX_KEEP_PATHS};
 pub use receiver::{receive, ReceiveOptions, SessionSummary};

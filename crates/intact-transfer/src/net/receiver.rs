@@ -15,6 +15,13 @@
 //! says how many bytes were re-verified and how many were trusted, and at
 //! which recorded level.
 //!
+//! Before a file is committed, the BLAKE3 of the bytes held for it must
+//! equal the sender's FileEnd digest, and the journal records it (see
+//! [`crate::net::whole_digest`]). A file held whole is answered with that
+//! recorded digest (or, re-verified in place, the digest of what the
+//! re-read found), and is unchanged only if the sender's FileEnd confirms
+//! its source has the same: size and mtime only pick the candidate.
+//!
 //! Riva (and block-mode) blocks are verified off the session thread: a verifier thread
 //! flushes, evicts and re-reads each written block from the device while
 //! the session thread receives and writes the next ones (the RIVA paper's
@@ -39,9 +46,10 @@ use intact_proto::{
 
 use crate::copy::WriteHook;
 use crate::dest::{Destination, Mtime, PartialFile};
-use crate::journal::{unix_now, BlockRecord, Journal, VerifiedAt};
+use crate::journal::{unix_now, BlockRecord, DoneFile, Journal, VerifiedAt};
 use crate::net::delete::Pending;
-use crate::recheck::{recheck_batch, Recheck, BATCH_BYTES};
+use crate::net::whole_digest::{HeldWhole, WholeDigest};
+use crate::recheck::{recheck_batch, recheck_batch_seen, Recheck, BATCH_BYTES};
 use crate::verify::{DeviceStats, Reached, VerifyLevel, VerifyMode};
 use crate::TransferError;
 
@@ -120,6 +128,8 @@ struct Incoming {
     held: Held,
     /// The level the sender's reads of the source reached (its FileEnd).
     source_level: Option<VerifyLevel>,
+    /// The whole-file BLAKE3 of the bytes held, checked at FileEnd.
+    whole: WholeDigest,
 }
 
 /// Blocks a file already held when this run began: re-verified in place,
@@ -530,12 +540,13 @@ impl Session<'_> {
                 file,
                 blocks,
                 source_level,
-                ..
+                digest,
             } => {
                 let Some(f) = self.files.get_mut(&file) else {
                     return Ok(());
                 };
                 f.ended = Some(blocks);
+                f.whole.theirs = digest;
                 f.source_level = Some(wire_level(source_level));
                 if f.checking == 0 {
                     self.end(file)?;
@@ -750,6 +761,9 @@ impl Session<'_> {
             return Ok(());
         };
         let blocks = f.ended.take().expect("called once ended");
+        if let Some(held) = f.whole.held.filter(|_| f.partial.is_none()) {
+            return self.end_held(file, f, held, blocks);
+        }
         if blocks != f.verified.len() as u64 {
             // Abandoned (the source changed or failed) or inconsistent:
             // keep what verified for a later attempt, name nothing.
@@ -779,6 +793,12 @@ impl Session<'_> {
                 self.out.write_message(&failed(file, &why))?;
             }
             Ok(_) => {
+                if let Err(why) = whole_digest_matches(&mut f, &mut self.buf) {
+                    let _ = f.journal(self.journal);
+                    self.summary.fail(&f.entry.path.to_string(), &why);
+                    self.out.write_message(&failed(file, &why))?;
+                    return Ok(());
+                }
                 let reached = f.reached();
                 if reached.level < VerifyLevel::Device && f.entry.flags & Entry::REQUIRE_DEVICE != 0
                 {
@@ -800,6 +820,70 @@ impl Session<'_> {
         }
         Ok(())
     }
+}
+
+impl Session<'_> {
+    /// FileEnd of a file held whole under its final name, to which the
+    /// sender sent no block: it is unchanged only if the sender's digest of
+    /// its source equals the digest held (recorded at its commit, or
+    /// computed now from a re-read in place).
+    fn end_held(
+        &mut self,
+        file: u64,
+        mut f: Incoming,
+        held: HeldWhole,
+        blocks: u64,
+    ) -> Result<(), TransferError> {
+        let path = f.entry.path.to_string();
+        let checked = if blocks != f.verified.len() as u64 {
+            Err("the sender abandoned the file".to_string())
+        } else {
+            f.whole.confirm(held.digest).map_err(|_| {
+                "the sender's digest differs from the file held, and it sent no block: \
+                 nothing changed, the file is not reported unchanged"
+                    .to_string()
+            })
+        };
+        if let Err(why) = checked {
+            self.summary.fail(&path, &why);
+            self.out.write_message(&failed(file, &why))?;
+            return Ok(());
+        }
+        let Some(v) = held.trusted else {
+            // Re-verified in place now: recorded anew, at this run's level.
+            self.ready.push((file, f));
+            if self.ready.len() >= GROUP_COMMIT_FILES {
+                self.commit()?;
+            }
+            return Ok(());
+        };
+        // Trusted at the level its record says, no higher; nothing to record.
+        self.summary.verified += 1;
+        self.out.write_message(&Message::FileResult(FileResult {
+            unchanged: true,
+            trusted: f.entry.size,
+            trusted_level: v.level.wire_id(),
+            trusted_at: v.at,
+            ..verified(file, v.level, "")
+        }))?;
+        Ok(())
+    }
+}
+
+/// Every block verified: the BLAKE3 of the bytes held (the parts of the
+/// blocks written and re-read, or a read of the partial file) must equal
+/// the sender's. Err: why the file is not committed.
+fn whole_digest_matches(f: &mut Incoming, buf: &mut AlignedBuf) -> Result<(), String> {
+    let Some(partial) = &f.partial else {
+        return Err("no partial file to compare".into());
+    };
+    let ours = f
+        .whole
+        .of_file(partial.file(), f.entry.size, buf)
+        .map_err(|e| format!("{}: reading it for its digest: {e}", f.entry.path))?;
+    f.whole
+        .confirm(ours)
+        .map_err(|why| format!("{}: {why}", f.entry.path))
 }
 
 /// Commits the ready files as one group and sends their results. A file
@@ -836,11 +920,19 @@ fn commit_ready<S: std::io::Read + std::io::Write>(
             result.evict_micros = r.stats.evict.as_micros() as u64;
             result.check_micros = r.check.as_micros() as u64;
         }
-        let record = (
-            f.row,
-            std::mem::take(&mut f.unjournaled),
-            f.verified_at(reached.level),
-        );
+        let Some(digest) = f.whole.confirmed else {
+            // Only a file whose digest was compared is ever made ready.
+            let why = "the whole-file digest was not compared: not committed";
+            summary.fail(&f.entry.path.to_string(), why);
+            conn.write_message(&failed(id, why))?;
+            continue;
+        };
+        let record = DoneFile {
+            row: f.row,
+            blocks: std::mem::take(&mut f.unjournaled),
+            verified: f.verified_at(reached.level),
+            digest,
+        };
         match f.partial.take() {
             Some(partial) => {
                 meta.push((id, f.entry.path.to_string(), record, result));
@@ -850,7 +942,7 @@ fn commit_ready<S: std::io::Read + std::io::Write>(
         }
     }
     let results = dest.commit_batch(batch);
-    let mut done: Vec<(i64, Vec<BlockRecord>, VerifiedAt)> = meta
+    let mut done: Vec<DoneFile> = meta
         .iter()
         .zip(&results)
         .filter(|(_, r)| r.is_ok())
@@ -985,8 +1077,15 @@ fn begin_file(
             && r.block_size == e.block_size
     };
     let row = journal.lookup(e.path.as_bytes())?.filter(same);
-    // Held whole, unchanged since: the quick check.
-    if let Some(r) = row.as_ref().filter(|r| r.done) {
+    // Held whole, with the digest its commit compared (older rows have
+    // none, and are received anew): the quick check. The sender compares
+    // that digest with its source's own; size and mtime only pick the
+    // candidate.
+    if let Some((r, digest)) = row
+        .as_ref()
+        .filter(|r| r.done)
+        .and_then(|r| Some((r, r.digest?)))
+    {
         if let Some(file) = dest.open_final(&e.path).filter(|f| unchanged_since(f, &e)) {
             let reverify = e.flags & Entry::REVERIFY != 0;
             if !reverify && r.verified.level >= mode.level() {
@@ -998,21 +1097,28 @@ fn begin_file(
                         what: format!("--require-level device: held at level {level}"),
                     });
                 }
-                return Ok(Message::FileResult(FileResult {
-                    unchanged: true,
-                    trusted: e.size,
-                    trusted_level: level.wire_id(),
-                    trusted_at: r.verified.at,
-                    ..verified(id, level, "")
-                }));
+                let mut inc = Incoming::fresh(e.clone(), mode, None, r.id);
+                inc.whole.held = Some(HeldWhole {
+                    digest,
+                    trusted: Some(r.verified),
+                });
+                files.insert(id, inc);
+                return Ok(Message::Status {
+                    file: id,
+                    holding: Holding::Whole {
+                        digest: digest.to_vec(),
+                    },
+                });
             }
             if mode != VerifyMode::None {
                 let inc = Incoming::fresh(e.clone(), mode, None, r.id);
-                if let Some((inc, list)) = reverify_whole(inc, journal, &file, opts, buf)? {
+                if let Some(inc) = reverify_whole(inc, journal, &file, opts, buf, &digest)? {
                     files.insert(id, inc);
                     return Ok(Message::Status {
                         file: id,
-                        holding: Holding::Whole(list),
+                        holding: Holding::Whole {
+                            digest: digest.to_vec(),
+                        },
                     });
                 }
             }
@@ -1060,6 +1166,7 @@ impl Incoming {
     fn fresh(entry: Entry, mode: VerifyMode, partial: Option<PartialFile>, row: i64) -> Incoming {
         let blocks = entry.size.div_ceil(u64::from(entry.block_size)) as usize;
         Incoming {
+            whole: WholeDigest::new(entry.size, entry.block_size),
             verified: vec![None; blocks],
             entry,
             mode,
@@ -1191,6 +1298,11 @@ fn reread_in_place(
     let mut out = Vec::with_capacity(items.len());
     let reader = inc.riva.as_ref().map(|r| Arc::clone(&r.reader));
     for chunk in batches(items) {
+        // Each block's part of the whole-file digest, from this very read
+        // (a block that does not match is not held, and its part is
+        // replaced when it is received).
+        let whole = &mut inc.whole;
+        let seen = |i: usize, bytes: &[u8]| whole.add(chunk[i].0, bytes);
         let rechecks: Vec<Recheck<'_>> = chunk
             .iter()
             .map(|(_, offset, len, digest)| Recheck {
@@ -1201,7 +1313,7 @@ fn reread_in_place(
                 digest,
             })
             .collect();
-        for r in recheck_batch(&rechecks, buf) {
+        for r in recheck_batch_seen(&rechecks, buf, seen) {
             let ok = r.ok.map_err(inc.path_err())?;
             let level = match inc.riva.as_mut() {
                 Some(riva) => {
@@ -1263,6 +1375,7 @@ fn reverify_held(
         }
         let (index, offset, len, d) = item;
         if reread_matches(&file, offset, len, &d, buf).unwrap_or(false) {
+            inc.whole.add(index, &buf[..len]);
             inc.verified[index as usize] = Some(d);
             inc.held.trust(index, len as u64, rec.verified);
             held.push((index, d.as_bytes().to_vec()));
@@ -1287,25 +1400,25 @@ fn reverify_held(
 
 /// A file held whole under its final name, below the mode's aim or with
 /// `--reverify`: every block is re-verified in place by the mode's own
-/// means. Returns the file (ended without data if the sender's copy
-/// matches) and its digests, or None if a block is missing from the
-/// journal or no longer matches (the file is then received anew).
+/// means, and the BLAKE3 of the bytes those reads found must equal the
+/// digest `recorded` at its commit. Returns the file, holding that digest
+/// (it ends without data if the sender's source has the same), or None if
+/// a block is missing from the journal or no longer matches, or the whole
+/// differs (the file is then received anew).
 fn reverify_whole(
     mut inc: Incoming,
     journal: &Journal,
     file: &File,
     opts: &ReceiveOptions,
     buf: &mut AlignedBuf,
-) -> Result<Option<(Incoming, BlockList)>, TransferError> {
+    recorded: &[u8; crate::net::whole_digest::LEN],
+) -> Result<Option<Incoming>, TransferError> {
     let items: Vec<HeldBlock> = journal
         .blocks(inc.row)?
         .iter()
         .filter_map(|r| usable_record(&inc.entry, r))
         .collect();
-    // One Status lists at most MAX_STATUS_BLOCKS blocks; a larger file is
-    // received anew rather than half held.
     let complete = items.len() == inc.verified.len()
-        && items.len() <= MAX_STATUS_BLOCKS
         && items.iter().enumerate().all(|(i, it)| it.0 == i as u64);
     if !complete {
         return Ok(None);
@@ -1315,11 +1428,21 @@ fn reverify_whole(
     if results.iter().any(|(ok, _)| !ok) {
         return Ok(None);
     }
-    let mut list = Vec::with_capacity(items.len());
-    for ((index, _, len, d), (_, level)) in items.into_iter().zip(results) {
-        list.push(inc.reverified_in_place(index, len, d, level));
+    let now = inc
+        .whole
+        .of_file(file, inc.entry.size, buf)
+        .map_err(inc.path_err())?;
+    if blake3::Hash::from_bytes(now) != blake3::Hash::from_bytes(*recorded) {
+        return Ok(None);
     }
-    Ok(Some((inc, list)))
+    for ((index, _, len, d), (_, level)) in items.into_iter().zip(results) {
+        inc.reverified_in_place(index, len, d, level);
+    }
+    inc.whole.held = Some(HeldWhole {
+        digest: now,
+        trusted: None,
+    });
+    Ok(Some(inc))
 }
 
 /// Where a received block stands.
@@ -1394,6 +1517,8 @@ fn accept_block(
     if let Some(hook) = &opts.after_write {
         hook(partial.file(), &path, index, offset, want_len);
     }
+    // The bytes written are the block's part of the whole-file digest.
+    f.whole.add(index, data);
     // Block and riva: the verifier re-reads it.
     if let (Some(d), Some(r)) = (&expected, &f.riva) {
         return Ok(Verdict::Check(Check {

@@ -15,10 +15,10 @@ use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Mutex};
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use intact_cache::{DeviceReader, ReadPath};
-use intact_digest::{defaults, hash, Algorithm, AlignedBuf, Blake3Blocks, Hasher};
+use intact_digest::{defaults, hash, AlignedBuf, Blake3Blocks};
 use intact_proto::{
     client_handshake_in, Block, Connection, Entry, EntryKind, FileEnd, FileResult, FileStatus,
     Holding, Key, Message, ProtoError, SessionId, WirePath,
@@ -29,6 +29,7 @@ use crate::copy::{
 };
 use crate::net::receiver::block_algorithm_id;
 use crate::source::{scan, Scan, SourceEntry, SourceKind};
+use crate::source_cache::{SourceCache, SourceCacheSetting, SourceDigest, SourceKey};
 use crate::verify::{DeviceStats, Reached, VerifyLevel, VerifyMode};
 use crate::TransferError;
 
@@ -61,6 +62,9 @@ pub struct SendOptions {
     pub read_path: ReadPath,
     /// A file that cannot reach this level fails instead of being committed.
     pub require_level: Option<VerifyLevel>,
+    /// Where the digests of sources are cached, for the quick check of
+    /// files the server holds whole (off: each such source is read).
+    pub source_cache: SourceCacheSetting,
 }
 
 impl Default for SendOptions {
@@ -76,6 +80,7 @@ impl Default for SendOptions {
             reverify: false,
             read_path: ReadPath::default(),
             require_level: None,
+            source_cache: SourceCacheSetting::Off,
         }
     }
 }
@@ -156,7 +161,9 @@ pub fn send_scanned(
     let next = AtomicUsize::new(0);
     let sent = AtomicU64::new(0);
     let reports = Mutex::new(vec![None; entries.len()]);
+    let cache = SourceCache::from_setting(&opts.source_cache);
     let ctx = Ctx {
+        cache: cache.as_ref(),
         opts,
         entries,
         sent: &sent,
@@ -261,6 +268,7 @@ fn source_device(
 
 struct Ctx<'a> {
     opts: &'a SendOptions,
+    cache: Option<&'a SourceCache>,
     entries: &'a [SourceEntry],
     sent: &'a AtomicU64,
     progress: Progress<'a>,
@@ -283,9 +291,16 @@ struct Outgoing {
     /// the bytes finally accepted without reading the file again.
     tree: Option<Blake3Blocks>,
     /// A block was sent again while the digest is streamed (other block
-    /// sizes): it is computed again from the source once the file is
-    /// verified.
+    /// sizes): it is computed again from the source before FileEnd.
     stale_digest: bool,
+    /// Other block sizes: the whole-file BLAKE3 streamed as every block
+    /// was sent in order.
+    streamed: Option<[u8; 32]>,
+    /// The digest sent in FileEnd.
+    digest: Option<[u8; 32]>,
+    /// The source's cache key when it was opened, and when.
+    key: Option<SourceKey>,
+    opened_at: SystemTime,
 }
 
 struct Stream<'a> {
@@ -462,7 +477,12 @@ impl<'a> Stream<'a> {
         self.in_flight += e.size;
         let mut report = report;
         report.read_path = device.as_ref().map(|(r, _)| r.path());
+        let key = source.as_ref().and_then(|f| SourceKey::of(f).ok());
         let mut o = Outgoing {
+            streamed: None,
+            digest: None,
+            key,
+            opened_at: SystemTime::now(),
             device,
             pending: 0,
             attempts: HashMap::new(),
@@ -487,38 +507,42 @@ impl<'a> Stream<'a> {
     /// block it holds with a digest other than the source's own (checked
     /// by reading the source here, which costs no network; in `riva` the
     /// read reaches the device). A file held whole is all or nothing: if
-    /// any block differs, every block is sent.
+    /// the BLAKE3 the receiver holds is not the source's, every block is
+    /// sent; if it is, none, and FileEnd carries that digest for the
+    /// receiver to confirm.
     fn send_missing(&mut self, id: u64, o: &mut Outgoing, holding: Holding) {
-        let (mut held, whole_file): (HashMap<u64, Vec<u8>>, bool) = match holding {
-            Holding::Nothing => (HashMap::new(), false),
-            Holding::Blocks(b) => (b.into_iter().collect(), false),
-            Holding::Whole(b) => (b.into_iter().collect(), true),
+        let held: HashMap<u64, Vec<u8>> = match holding {
+            Holding::Nothing => HashMap::new(),
+            Holding::Blocks(b) => b.into_iter().collect(),
+            Holding::Whole { digest } => {
+                match self.holds_whole(o, id, &digest) {
+                    Ok(true) => {
+                        // Counted as unchanged (held and trusted, or
+                        // re-verified in place), not as skipped blocks.
+                        self.end_file(id, o);
+                        return;
+                    }
+                    Ok(false) => {}
+                    Err(err) => {
+                        o.report.error = Some(err.to_string());
+                        o.gave_up.get_or_insert(0);
+                        self.end_file(id, o);
+                        return;
+                    }
+                }
+                HashMap::new()
+            }
         };
         let blocks = o.report.blocks;
         let bs = self.ctx.opts.block_size as u64;
         let size = self.ctx.entries[id as usize].size;
-        if whole_file {
-            match self.holds_whole(o, id, &held) {
-                Ok(true) => {
-                    o.report.blocks_skipped = blocks;
-                    o.report.bytes_skipped = size;
-                    self.end_file(id, o);
-                    return;
-                }
-                Ok(false) => held.clear(),
-                Err(err) => {
-                    o.report.error = Some(err.to_string());
-                    o.gave_up.get_or_insert(0);
-                    self.end_file(id, o);
-                    return;
-                }
-            }
-        }
-        // The whole-file digest needs every block read; a resumed file has none.
-        let wanted = held.is_empty() && self.ctx.opts.verify != VerifyMode::None;
-        o.tree = Blake3Blocks::new(size, bs)
-            .filter(|_| wanted && defaults::FILE_ALGORITHM == Algorithm::Blake3);
-        let mut whole = (wanted && o.tree.is_none()).then(|| Hasher::new(defaults::FILE_ALGORITHM));
+        // The whole-file BLAKE3 for FileEnd, in every mode: per block
+        // (power-of-two block sizes; held blocks from the read that checks
+        // them), else streamed when every block is sent in order, else
+        // read again before FileEnd.
+        o.report.source_digest = Some(SourceDigest::Transfer);
+        o.tree = Blake3Blocks::new(size, bs);
+        let mut whole = (held.is_empty() && o.tree.is_none()).then(blake3::Hasher::new);
         for index in 0..blocks {
             if let Some(theirs) = held.get(&index) {
                 match self.source_block_matches(o, id, index, theirs) {
@@ -541,32 +565,45 @@ impl<'a> Stream<'a> {
                 break;
             }
         }
-        if let Some(w) = whole {
-            o.report.digest = Some(w.finalize().to_hex());
-        }
+        o.streamed = whole.map(|w| *w.finalize().as_bytes());
         if o.pending == 0 {
             self.end_file(id, o);
         }
     }
 
-    /// Whether every block of a file the receiver holds whole matches the
-    /// source's own.
+    /// Whether the BLAKE3 the receiver holds for a file it holds whole
+    /// (`theirs`) equals the source's own, from the source-digest cache or
+    /// read now (`--reverify`: always read, in riva from the device). The
+    /// report says which.
     fn holds_whole(
         &mut self,
         o: &mut Outgoing,
         id: u64,
-        held: &HashMap<u64, Vec<u8>>,
+        theirs: &[u8],
     ) -> Result<bool, TransferError> {
-        if held.len() as u64 != o.report.blocks {
-            return Ok(false);
-        }
-        for index in 0..o.report.blocks {
-            match held.get(&index) {
-                Some(theirs) if self.source_block_matches(o, id, index, theirs)? => {}
-                _ => return Ok(false),
+        let cached = match (self.ctx.cache, &o.key) {
+            (Some(c), Some(k)) if !self.ctx.opts.reverify => c.get(k),
+            _ => None,
+        };
+        let (ours, from) = match cached {
+            Some((d, recorded_at)) => (d, SourceDigest::Cache { recorded_at }),
+            None => {
+                let start = SystemTime::now();
+                let d = self.read_digest(o, id, self.ctx.opts.reverify)?;
+                if let (Some(c), Some(k), Some(src)) = (self.ctx.cache, &o.key, &o.source) {
+                    c.put(src, k, start, &d);
+                }
+                (d, SourceDigest::Read)
             }
+        };
+        o.report.source_digest = Some(from);
+        let same = <[u8; 32]>::try_from(theirs)
+            .is_ok_and(|t| blake3::Hash::from_bytes(t) == blake3::Hash::from_bytes(ours));
+        if same {
+            o.digest = Some(ours);
+            o.report.digest = Some(blake3::Hash::from_bytes(ours).to_hex().to_string());
         }
-        Ok(true)
+        Ok(same)
     }
 
     /// Whether block `index` of the source hashes to `theirs`; in `riva`
@@ -578,29 +615,42 @@ impl<'a> Stream<'a> {
         index: u64,
         theirs: &[u8],
     ) -> Result<bool, TransferError> {
-        let ours = if o.device.is_none() {
-            let len = self.read_block(o, id, index)?;
-            hash(defaults::BLOCK_ALGORITHM, &self.buf[..len])
-                .as_bytes()
-                .to_vec()
+        let (_, len) = self.block_range(id, index);
+        let (ours, bytes) = if o.device.is_none() {
+            self.read_block(o, id, index)?;
+            let d = hash(defaults::BLOCK_ALGORITHM, &self.buf[..len]);
+            (d.as_bytes().to_vec(), &self.buf[..len])
         } else if self.read_block_if_cold(o, id, index)? {
-            let (_, len) = self.block_range(id, index);
-            hash(defaults::BLOCK_ALGORITHM, &self.buf[..len])
-                .as_bytes()
-                .to_vec()
+            let d = hash(defaults::BLOCK_ALGORITHM, &self.buf[..len]);
+            (d.as_bytes().to_vec(), &self.buf[..len])
         } else {
-            self.read_block_from_device(o, id, index, false)?
+            let d = self.read_block_from_device(o, id, index, false)?;
+            (d, &self.dev[..len])
         };
-        Ok(ours == theirs)
+        let same = ours == theirs;
+        if same {
+            // A block not sent: its part of the whole-file digest is of
+            // the bytes this check read.
+            if let Some(t) = o.tree.as_mut() {
+                t.set(index, bytes);
+            }
+        }
+        Ok(same)
     }
 
-    /// The whole-file digest of what the source holds now, read the way a
-    /// resend reads (riva: from the device): after a resend, the digest of
-    /// the bytes finally accepted, not of a first read found wrong.
-    fn digest_again(&mut self, o: &mut Outgoing, id: u64) -> Result<String, TransferError> {
-        let mut whole = Hasher::new(defaults::FILE_ALGORITHM);
+    /// The whole-file BLAKE3 of what the source holds now; with
+    /// `device`, read the way a resend reads (riva: from the device), so
+    /// that after a resend it is the digest of the bytes finally accepted,
+    /// not of a first read found wrong.
+    fn read_digest(
+        &mut self,
+        o: &mut Outgoing,
+        id: u64,
+        device: bool,
+    ) -> Result<[u8; 32], TransferError> {
+        let mut whole = blake3::Hasher::new();
         for index in 0..o.report.blocks {
-            let len = if o.device.is_some() {
+            let len = if device && o.device.is_some() {
                 self.read_block_from_device(o, id, index, true)?;
                 self.block_range(id, index).1
             } else {
@@ -608,7 +658,21 @@ impl<'a> Stream<'a> {
             };
             whole.update(&self.buf[..len]);
         }
-        Ok(whole.finalize().to_hex())
+        Ok(*whole.finalize().as_bytes())
+    }
+
+    /// The whole-file BLAKE3 of the bytes sent (and held) for FileEnd.
+    fn file_digest(&mut self, o: &mut Outgoing, id: u64) -> Result<[u8; 32], TransferError> {
+        if let Some(d) = o.digest {
+            return Ok(d);
+        }
+        if let Some(h) = o.tree.as_ref().and_then(Blake3Blocks::finalize) {
+            return Ok(*h.as_bytes());
+        }
+        match o.streamed {
+            Some(d) if !o.stale_digest => Ok(d),
+            _ => self.read_digest(o, id, true),
+        }
     }
 
     /// Reads block `index` of entry `id` from the source into the stream's
@@ -694,7 +758,7 @@ impl<'a> Stream<'a> {
         o: &mut Outgoing,
         id: u64,
         index: u64,
-        whole: Option<&mut Hasher>,
+        whole: Option<&mut blake3::Hasher>,
         resend: bool,
     ) -> Result<(), TransferError> {
         let stage = Instant::now();
@@ -761,6 +825,20 @@ impl<'a> Stream<'a> {
                 o.gave_up = Some(u64::MAX);
             }
         }
+        let mut digest = Vec::new();
+        if o.gave_up.is_none() && o.report.error.is_none() {
+            match self.file_digest(o, id) {
+                Ok(d) => {
+                    o.digest = Some(d);
+                    o.report.digest = Some(blake3::Hash::from_bytes(d).to_hex().to_string());
+                    digest = d.to_vec();
+                }
+                Err(err) => {
+                    o.report.error = Some(err.to_string());
+                    o.gave_up = Some(u64::MAX);
+                }
+            }
+        }
         // A file the sender gave up on must never get its final name.
         let blocks = if o.gave_up.is_some() || o.report.error.is_some() {
             FileEnd::ABANDON
@@ -771,7 +849,7 @@ impl<'a> Stream<'a> {
             file: id,
             blocks,
             source_level: self.source_level(o).level.wire_id(),
-            digest: Vec::new(),
+            digest,
         };
         if let Err(err) = self.conn.write_message(&msg) {
             self.broken = Some(err.to_string());
@@ -820,7 +898,7 @@ impl<'a> Stream<'a> {
                 };
                 self.release(r.file);
                 let id = r.file;
-                self.file_result(id, &mut o, r);
+                self.file_result(&mut o, r);
                 self.report_done(id, o.report);
             }
             Message::Refused { reason } => self.broken = Some(format!("server refused: {reason}")),
@@ -841,7 +919,7 @@ impl<'a> Stream<'a> {
     /// The receiver's verdict on file `id`, into its report. The level is
     /// the lower of both ends': the receiver's (its checks in this run and
     /// the recorded level of what it trusted) and the source's reads.
-    fn file_result(&mut self, id: u64, o: &mut Outgoing, r: FileResult) {
+    fn file_result(&mut self, o: &mut Outgoing, r: FileResult) {
         o.report.unchanged = r.unchanged;
         o.report.bytes_reverified = r.reverified;
         o.report.bytes_trusted = r.trusted;
@@ -890,16 +968,16 @@ impl<'a> Stream<'a> {
         o.report.note = reached
             .note
             .filter(|_| reached.level < self.ctx.opts.verify.level());
-        if let Some(t) = &o.tree {
-            o.report.digest = t.finalize().map(|h| h.to_hex().to_string());
-        } else if o.stale_digest && o.report.digest.is_some() {
-            o.report.digest = match self.digest_again(o, id) {
-                Ok(d) => Some(d),
-                Err(err) => {
-                    o.report.error = Some(err.to_string());
-                    None
-                }
-            };
+        // The bytes the receiver holds have this run's digest of the source:
+        // the next quick check can take it from the cache.
+        if let (Some(c), Some(k), Some(src), Some(d), Some(SourceDigest::Transfer)) = (
+            self.ctx.cache,
+            &o.key,
+            &o.source,
+            &o.digest,
+            o.report.source_digest,
+        ) {
+            c.put(src, k, o.opened_at, d);
         }
         if let Err(err) =
             crate::copy::require_level(self.ctx.opts.require_level, o.report.level, &o.report.path)

@@ -1,0 +1,307 @@
+//! The sender's cache of its sources' whole-file BLAKE3 digests.
+//!
+//! A file the server holds whole is unchanged only if the digest the
+//! server recorded equals the digest of the sender's source. That digest
+//! comes from a read of the source now, or from this cache: a small SQLite
+//! database (`$XDG_CACHE_HOME/intact/source-digests.sqlite`, else
+//! `~/.cache/intact/`; directory 0700, file 0600, refused if another user
+//! owns it or others may read or write it), keyed by the file's device,
+//! inode, size, mtime and ctime (both to the nanosecond). An entry is used
+//! only when all five still match: an in-place edit that puts the mtime
+//! back (`touch -r`) still moves the ctime, which no unprivileged call can
+//! set.
+//!
+//! An entry is written only for a digest of bytes this run read, when the
+//! file's key is the same after the read as before it, and when its ctime
+//! is more than [`RACY_SECS`] older than the read's start: a write in the
+//! same clock tick as the stat could otherwise leave the ctime as it was
+//! (git's "racy" entries). Writes through a shared mapping that the kernel
+//! has not yet stamped are not seen by any stat-keyed cache; `--reverify`
+//! (which never consults the cache) or `--no-source-cache` read every
+//! source instead.
+//!
+//! A cache that cannot be opened or read is never an error of the send:
+//! the digest is then read from the source.
+
+use std::fs::File;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+
+use rusqlite::{params, Connection, OptionalExtension};
+
+/// A file's ctime must be this much older than the start of the read
+/// whose digest is cached (seconds).
+pub const RACY_SECS: u64 = 1;
+
+/// Entries kept at most; the oldest recorded go first.
+const MAX_ENTRIES: i64 = 1_000_000;
+
+/// Where the sender's source-digest cache lives.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum SourceCacheSetting {
+    /// No cache: every digest is read from the source.
+    #[default]
+    Off,
+    /// The user's cache directory (`$XDG_CACHE_HOME/intact`, else
+    /// `$HOME/.cache/intact`).
+    User,
+    /// This file.
+    At(PathBuf),
+}
+
+impl SourceCacheSetting {
+    /// The database file, if any.
+    pub fn path(&self) -> Option<PathBuf> {
+        match self {
+            SourceCacheSetting::Off => None,
+            SourceCacheSetting::At(p) => Some(p.clone()),
+            SourceCacheSetting::User => {
+                let base = std::env::var_os("XDG_CACHE_HOME")
+                    .filter(|v| Path::new(v).is_absolute())
+                    .map(PathBuf::from)
+                    .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))?;
+                Some(base.join("intact").join("source-digests.sqlite"))
+            }
+        }
+    }
+}
+
+/// How the digest of a source that the server held whole was obtained,
+/// for the report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "from", rename_all = "snake_case")]
+pub enum SourceDigest {
+    /// From the reads that sent the file in this run.
+    Transfer,
+    /// Read from the source now, to compare with the server's.
+    Read,
+    /// From the source-digest cache, recorded at this time (seconds since
+    /// the epoch), its key (device, inode, size, mtime, ctime) unchanged.
+    Cache {
+        /// When the digest was recorded.
+        recorded_at: i64,
+    },
+}
+
+impl std::fmt::Display for SourceDigest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SourceDigest::Transfer => write!(f, "source digest: from this run's reads"),
+            SourceDigest::Read => write!(f, "source digest: read now"),
+            SourceDigest::Cache { recorded_at } => {
+                write!(
+                    f,
+                    "source digest: from the source cache, recorded at {recorded_at}"
+                )
+            }
+        }
+    }
+}
+
+/// What identifies one version of a source file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SourceKey {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime_ns: i128,
+    ctime_ns: i128,
+}
+
+impl SourceKey {
+    /// The key of the open file `f` now.
+    pub fn of(f: &File) -> std::io::Result<SourceKey> {
+        let m = f.metadata()?;
+        Ok(SourceKey {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.len(),
+            mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+            ctime_ns: i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec()),
+        })
+    }
+
+    /// Whether the ctime is old enough, against a read that started at
+    /// `read_start`, for the digest of that read to be cached.
+    fn settled(&self, read_start: SystemTime) -> bool {
+        let Ok(start) = read_start.duration_since(SystemTime::UNIX_EPOCH) else {
+            return false;
+        };
+        let limit = (start - Duration::from_secs(RACY_SECS.min(start.as_secs()))).as_nanos();
+        self.ctime_ns >= 0 && (self.ctime_ns as u128) < limit
+    }
+}
+
+/// An open source-digest cache.
+pub struct SourceCache {
+    db: Mutex<Connection>,
+}
+
+/// Why a cache could not be used.
+#[derive(Debug, thiserror::Error)]
+#[error("source cache {path}: {why}")]
+pub struct SourceCacheError {
+    path: String,
+    why: String,
+}
+
+impl SourceCache {
+    /// Opens (creating it 0600, in a 0700 directory) the cache at `path`.
+    pub fn open(path: &Path) -> Result<SourceCache, SourceCacheError> {
+        let err = |why: String| SourceCacheError {
+            path: path.display().to_string(),
+            why,
+        };
+        if let Some(dir) = path.parent() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(|e| err(e.to_string()))?;
+        }
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)
+            .map_err(|e| err(e.to_string()))?;
+        let m = f.metadata().map_err(|e| err(e.to_string()))?;
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let me = unsafe { libc::geteuid() };
+        if !m.is_file() || m.uid() != me || m.mode() & 0o077 != 0 {
+            return Err(err(format!(
+                "not a private file of this user (owner {}, mode {:o}): not used",
+                m.uid(),
+                m.mode() & 0o7777
+            )));
+        }
+        drop(f);
+        let db = Connection::open(path).map_err(|e| err(e.to_string()))?;
+        db.busy_timeout(Duration::from_secs(2))
+            .map_err(|e| err(e.to_string()))?;
+        db.execute_batch(
+            "CREATE TABLE IF NOT EXISTS digests (
+                 dev INTEGER NOT NULL,
+                 ino INTEGER NOT NULL,
+                 size INTEGER NOT NULL,
+                 mtime_ns BLOB NOT NULL,
+                 ctime_ns BLOB NOT NULL,
+                 digest BLOB NOT NULL,
+                 recorded_at INTEGER NOT NULL,
+                 PRIMARY KEY (dev, ino)
+             );",
+        )
+        .map_err(|e| err(e.to_string()))?;
+        Ok(SourceCache { db: Mutex::new(db) })
+    }
+
+    /// Opens the cache `setting` names; None when off or unusable (then
+    /// every digest is read from the source).
+    pub fn from_setting(setting: &SourceCacheSetting) -> Option<SourceCache> {
+        SourceCache::open(&setting.path()?).ok()
+    }
+
+    fn db(&self) -> std::sync::MutexGuard<'_, Connection> {
+        self.db.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The digest recorded for exactly this key, and when it was recorded.
+    pub fn get(&self, key: &SourceKey) -> Option<([u8; 32], i64)> {
+        let row: Option<(Vec<u8>, i64)> = self
+            .db()
+            .query_row(
+                "SELECT digest, recorded_at FROM digests
+                 WHERE dev = ?1 AND ino = ?2 AND size = ?3 AND mtime_ns = ?4 AND ctime_ns = ?5",
+                params![
+                    key.dev as i64,
+                    key.ino as i64,
+                    key.size as i64,
+                    &key.mtime_ns.to_be_bytes()[..],
+                    &key.ctime_ns.to_be_bytes()[..]
+                ],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()
+            .ok()
+            .flatten();
+        let (d, at) = row?;
+        Some((<[u8; 32]>::try_from(d).ok()?, at))
+    }
+
+    /// Records `digest` for `file`, read from a read that began at
+    /// `read_start` when the file's key was `before`: only if the key is
+    /// the same now and its ctime settled before that read. Returns
+    /// whether it was recorded.
+    pub fn put(
+        &self,
+        file: &File,
+        before: &SourceKey,
+        read_start: SystemTime,
+        digest: &[u8; 32],
+    ) -> bool {
+        let same = SourceKey::of(file).is_ok_and(|now| now == *before);
+        if !same || !before.settled(read_start) {
+            return false;
+        }
+        let now = crate::journal::unix_now();
+        let db = self.db();
+        let ok = db
+            .execute(
+                "INSERT OR REPLACE INTO digests (dev, ino, size, mtime_ns, ctime_ns, digest, recorded_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![
+                    before.dev as i64,
+                    before.ino as i64,
+                    before.size as i64,
+                    &before.mtime_ns.to_be_bytes()[..],
+                    &before.ctime_ns.to_be_bytes()[..],
+                    &digest[..],
+                    now
+                ],
+            )
+            .is_ok();
+        // Bounded: past the limit, the oldest entries go.
+        let _ = db.execute(
+            "DELETE FROM digests WHERE rowid IN (SELECT rowid FROM digests ORDER BY recorded_at
+             LIMIT MAX(0, (SELECT COUNT(*) FROM digests) - ?1))",
+            params![MAX_ENTRIES],
+        );
+        ok
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_must_match_whole_and_a_fresh_ctime_is_not_cached() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("c").join("d.sqlite");
+        let cache = SourceCache::open(&db).unwrap();
+        let mode = std::fs::metadata(&db).unwrap().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let src = dir.path().join("s");
+        std::fs::write(&src, b"hello").unwrap();
+        let f = File::open(&src).unwrap();
+        let key = SourceKey::of(&f).unwrap();
+        let d = [7u8; 32];
+        // Its ctime is now: racy, not recorded.
+        assert!(!cache.put(&f, &key, SystemTime::now(), &d));
+        assert!(cache.get(&key).is_none());
+        // A read that began well after the ctime: recorded.
+        let later = SystemTime::now() + Duration::from_secs(5);
+        assert!(cache.put(&f, &key, later, &d));
+        assert_eq!(cache.get(&key).map(|(d, _)| d), Some(d));
+        let other = SourceKey {
+            ctime_ns: key.ctime_ns + 1,
+            ..key
+        };
+        assert!(cache.get(&other).is_none());
+    }
+}

@@ -1,0 +1,398 @@
+//! Issue 11, items 3 and 4: "unchanged" is said only when the digest the
+//! server's own commit compared equals the digest of the sender's source,
+//! and a FileEnd digest that does not match the bytes written is never
+//! committed. Each test performs the attack (or the honest mistake) and
+//! judges by the bytes it reads back from the destination and by facts
+//! it establishes itself (the file the attacker left, the cache file's
+//! mode, the ctime it changed).
+
+mod common;
+
+use std::fs;
+use std::net::TcpStream;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::*;
+use intact_digest::{defaults, hash, Algorithm};
+use intact_proto::{
+    client_handshake_in, Block, Connection, Entry, EntryKind, FileStatus, Message, SessionId,
+    WirePath,
+};
+use intact_transfer::{
+    LocalServer, SendOptions, ServerConfig, SourceCacheSetting, SourceDigest, VerifyMode, STATE_DIR,
+};
+
+/// A scratch directory with a source directory and a server root.
+struct Dirs {
+    _dir: tempfile::TempDir,
+    base: PathBuf,
+    root: PathBuf,
+}
+
+impl Dirs {
+    fn new() -> Dirs {
+        let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        let base = dir.path().to_path_buf();
+        let root = base.join("root");
+        Dirs {
+            _dir: dir,
+            base,
+            root,
+        }
+    }
+
+    /// `name/data.bin` holding `data`.
+    fn source(&self, name: &str, data: &[u8]) -> PathBuf {
+        let d = self.base.join(name);
+        fs::create_dir_all(&d).unwrap();
+        let p = d.join("data.bin");
+        fs::write(&p, data).unwrap();
+        p
+    }
+
+    fn stored(&self) -> Vec<u8> {
+        fs::read(self.root.join("data.bin")).unwrap()
+    }
+}
+
+const SMALL: usize = 3 * BS + 777;
+
+fn with(mode: VerifyMode, reverify: bool) -> SendOptions {
+    SendOptions {
+        reverify,
+        ..opts(mode)
+    }
+}
+
+/// Item 4, the attack: a second client sends a different file of the same
+/// size, with the victim's mtime (`touch -r`), to the victim's path. The
+/// victim's next send must move the data again, and the destination must
+/// end equal to the victim's source (read back), in `none`, `fiver` and
+/// `riva`, with and without `--reverify`.
+#[test]
+fn a_different_file_with_the_same_size_and_mtime_is_not_unchanged() {
+    for mode in [VerifyMode::None, VerifyMode::Fiver, VerifyMode::Riva] {
+        for reverify in [false, true] {
+            let d = Dirs::new();
+            let victim_data = intact_sample::bytes(SMALL, 1);
+            let victim = d.source("victim", &victim_data);
+            let r = send_once(&victim, &d.root, &with(mode, false), None).unwrap();
+            assert_eq!(r.failed, 0, "{:?}", the_file(&r).error);
+            assert_eq!(d.stored(), victim_data);
+
+            // The attacker's file: other bytes, the same size, the
+            // victim's mtime to the nanosecond.
+            let evil_data = intact_sample::bytes(SMALL, 2);
+            assert_ne!(evil_data, victim_data);
+            let evil = d.source("attacker", &evil_data);
+            let mtime = fs::metadata(&victim).unwrap().modified().unwrap();
+            fs::File::options()
+                .write(true)
+                .open(&evil)
+                .unwrap()
+                .set_modified(mtime)
+                .unwrap();
+            assert_eq!(fs::metadata(&evil).unwrap().modified().unwrap(), mtime);
+            let r = send_once(&evil, &d.root, &with(mode, false), None).unwrap();
+            assert_eq!(r.failed, 0, "{:?}", the_file(&r).error);
+            // The attack took place: the destination holds the attacker's
+            // bytes, with the victim's size and mtime.
+            assert_eq!(d.stored(), evil_data, "the attacker's send did not land");
+            let m = fs::metadata(d.root.join("data.bin")).unwrap();
+            assert_eq!(m.modified().unwrap(), mtime);
+            assert_eq!(m.len(), SMALL as u64);
+
+            let r = send_once(&victim, &d.root, &with(mode, reverify), None).unwrap();
+            let f = the_file(&r).clone();
+            assert_eq!(r.failed, 0, "{mode} reverify={reverify}: {:?}", f.error);
+            assert!(
+                !f.unchanged,
+                "{mode} reverify={reverify}: the attacker's file was reported unchanged at {:?}",
+                f.level
+            );
+            assert_eq!(
+                f.bytes_sent, SMALL as u64,
+                "{mode} reverify={reverify}: {f:#?}"
+            );
+            assert!(
+                d.stored() == victim_data,
+                "{mode} reverify={reverify}: the destination is not the victim's source"
+            );
+        }
+    }
+}
+
+/// Item 4, no attacker: the source is edited in place and its mtime put
+/// back. With the source cache on, the first send recorded its digest;
+/// the edit moved the ctime, so that entry is not used: the source is
+/// read, its digest differs, and the data moves.
+#[test]
+fn an_in_place_edit_keeping_size_and_mtime_is_not_unchanged() {
+    for mode in [VerifyMode::None, VerifyMode::Riva] {
+        let d = Dirs::new();
+        let mut data = intact_sample::bytes(SMALL, 3);
+        let src = d.source("src", &data);
+        settle();
+        let o = SendOptions {
+            source_cache: SourceCacheSetting::At(d.base.join("cache/digests.sqlite")),
+            ..opts(mode)
+        };
+        let r = send_once(&src, &d.root, &o, None).unwrap();
+        assert_eq!(r.failed, 0);
+        // The cache now answers for the file as it was.
+        let r = send_once(&src, &d.root, &o, None).unwrap();
+        assert!(the_file(&r).unchanged);
+        assert!(matches!(
+            the_file(&r).source_digest,
+            Some(SourceDigest::Cache { .. })
+        ));
+
+        let new: Vec<u8> = data[BS..BS + 4096].iter().map(|b| !b).collect();
+        rewrite_keeping_mtime(&src, BS as u64, &new);
+        data[BS..BS + 4096].copy_from_slice(&new);
+
+        let r = send_once(&src, &d.root, &o, None).unwrap();
+        let f = the_file(&r).clone();
+        assert_eq!(r.failed, 0, "{:?}", f.error);
+        assert!(
+            !f.unchanged,
+            "{mode}: an edited source was reported unchanged: {f:#?}"
+        );
+        assert!(
+            d.stored() == data,
+            "{mode}: the destination is not the edited source"
+        );
+    }
+}
+
+/// Waits until a file written now has a ctime old enough for the source
+/// cache to record it (see `RACY_SECS`).
+fn settle() {
+    std::thread::sleep(Duration::from_millis(1100 + 200));
+}
+
+/// The source cache: a hit is reported as such (with when it was
+/// recorded), the cache file is private (0600), a chmod (which changes
+/// the ctime and nothing else) makes the entry unusable and the source is
+/// read again, and `--reverify` never uses it.
+#[test]
+fn the_source_cache_is_reported_and_a_changed_ctime_is_not_used() {
+    let d = Dirs::new();
+    let data = intact_sample::bytes(SMALL, 4);
+    let src = d.source("src", &data);
+    settle();
+    let cache = d.base.join("cache/digests.sqlite");
+    let o = SendOptions {
+        source_cache: SourceCacheSetting::At(cache.clone()),
+        ..opts(VerifyMode::Fiver)
+    };
+    let before = intact_transfer_now();
+    let r = send_once(&src, &d.root, &o, None).unwrap();
+    assert_eq!(the_file(&r).source_digest, Some(SourceDigest::Transfer));
+    let mode = fs::metadata(&cache).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the cache file is mode {mode:o}");
+
+    let r = send_once(&src, &d.root, &o, None).unwrap();
+    let f = the_file(&r).clone();
+    assert!(f.unchanged, "{f:#?}");
+    assert_eq!(f.bytes_sent, 0);
+    match f.source_digest {
+        Some(SourceDigest::Cache { recorded_at }) => {
+            assert!(recorded_at >= before && recorded_at <= intact_transfer_now())
+        }
+        other => panic!("expected a cache hit, got {other:?}"),
+    }
+    assert_eq!(f.digest.as_deref(), Some(&*blake3::hash(&data).to_hex()));
+
+    // chmod moves the ctime, not the mtime nor the bytes.
+    let ctime = |p: &Path| {
+        use std::os::unix::fs::MetadataExt;
+        let m = fs::metadata(p).unwrap();
+        (m.ctime(), m.ctime_nsec())
+    };
+    let c0 = ctime(&src);
+    let m0 = fs::metadata(&src).unwrap().modified().unwrap();
+    fs::set_permissions(&src, fs::Permissions::from_mode(0o640)).unwrap();
+    assert_ne!(ctime(&src), c0, "chmod did not change the ctime");
+    assert_eq!(fs::metadata(&src).unwrap().modified().unwrap(), m0);
+
+    let r = send_once(&src, &d.root, &o, None).unwrap();
+    let f = the_file(&r).clone();
+    assert!(f.unchanged, "same bytes: {f:#?}");
+    assert_eq!(f.source_digest, Some(SourceDigest::Read), "{f:#?}");
+
+    settle();
+    // The read above recorded nothing (its ctime was fresh); this one does.
+    let r = send_once(&src, &d.root, &o, None).unwrap();
+    assert_eq!(the_file(&r).source_digest, Some(SourceDigest::Read));
+    let r = send_once(&src, &d.root, &o, None).unwrap();
+    assert!(matches!(
+        the_file(&r).source_digest,
+        Some(SourceDigest::Cache { .. })
+    ));
+    // --reverify reads the source whatever the cache holds.
+    let r = send_once(&src, &d.root, &with_cache(&o, true), None).unwrap();
+    let f = the_file(&r).clone();
+    assert!(f.unchanged, "{f:#?}");
+    assert_eq!(f.source_digest, Some(SourceDigest::Read));
+}
+
+fn with_cache(o: &SendOptions, reverify: bool) -> SendOptions {
+    SendOptions {
+        reverify,
+        ..o.clone()
+    }
+}
+
+fn intact_transfer_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
+
+/// A journal row written before the whole-file digest was recorded is
+/// never answered as unchanged: the file is received again.
+#[test]
+fn a_record_without_a_digest_is_never_unchanged() {
+    let d = Dirs::new();
+    let data = intact_sample::bytes(SMALL, 5);
+    let src = d.source("src", &data);
+    let r = send_once(&src, &d.root, &opts(VerifyMode::Fiver), None).unwrap();
+    assert_eq!(r.failed, 0);
+    let db = rusqlite::Connection::open(d.root.join(STATE_DIR).join("journal.sqlite")).unwrap();
+    let n = db
+        .execute("UPDATE files SET digest = NULL WHERE done = 1", [])
+        .unwrap();
+    assert_eq!(n, 1);
+    drop(db);
+    let r = send_once(&src, &d.root, &opts(VerifyMode::Fiver), None).unwrap();
+    let f = the_file(&r);
+    assert!(!f.unchanged, "{f:#?}");
+    assert_eq!(f.bytes_sent, SMALL as u64);
+    assert_eq!(d.stored(), data);
+}
+
+/// A hand-written client: one file of `data` in blocks of `bs`, every
+/// block with its correct digest, then a FileEnd carrying `digest`.
+/// Returns the server's verdict.
+fn hand_send(addr: &str, mode: VerifyMode, bs: u32, data: &[u8], digest: Vec<u8>) -> FileStatus {
+    let stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let mut conn = Connection::new(stream);
+    client_handshake_in(&mut conn, None, &SessionId::random().unwrap()).unwrap();
+    let algorithm = Algorithm::ALL
+        .iter()
+        .position(|a| *a == defaults::BLOCK_ALGORITHM)
+        .unwrap() as u8;
+    conn.send(&Message::Entry(Entry {
+        file: 0,
+        path: WirePath::parse(b"data.bin").unwrap(),
+        kind: EntryKind::File,
+        mode: 0o644,
+        mtime_sec: 1_700_000_000,
+        mtime_nsec: 0,
+        size: data.len() as u64,
+        block_size: bs,
+        algorithm,
+        verify: mode.wire_id(),
+        flags: 0,
+    }))
+    .unwrap();
+    match conn.expect_message().unwrap() {
+        Message::Status { .. } => {}
+        other => panic!("expected a Status, got {other:?}"),
+    }
+    let chunks: Vec<&[u8]> = data.chunks(bs as usize).collect();
+    for (i, c) in chunks.iter().enumerate() {
+        conn.write_message(&Message::Block(Block {
+            file: 0,
+            index: i as u64,
+            source_level: 3,
+            digest: hash(defaults::BLOCK_ALGORITHM, c).as_bytes().to_vec(),
+            data: c.to_vec(),
+        }))
+        .unwrap();
+    }
+    conn.write_message(&Message::FileEnd {
+        file: 0,
+        blocks: chunks.len() as u64,
+        source_level: 3,
+        digest,
+    })
+    .unwrap();
+    conn.write_message(&Message::Waiting).unwrap();
+    conn.flush().unwrap();
+    let status = loop {
+        match conn.expect_message().unwrap() {
+            Message::BlockResult { ok, index, .. } => {
+                assert!(ok, "block {index} was refused: the client is wrong")
+            }
+            Message::FileResult(r) => break r.status,
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    conn.send(&Message::Bye).unwrap();
+    let _ = conn.expect_message();
+    status
+}
+
+/// Item 3: a client sends valid blocks (each with its right digest) and a
+/// FileEnd whose whole-file digest is not that of those bytes: nothing is
+/// committed. The same client with the right digest is committed, and the
+/// bytes read back are the blocks it sent (so the refusal was the digest's).
+/// Power-of-two blocks (digest from the written blocks' parts) and other
+/// sizes (the partial file hashed at FileEnd); `none` (no block digests
+/// checked) and `fiver`.
+#[test]
+fn a_file_end_digest_that_does_not_match_the_bytes_written_is_not_committed() {
+    for mode in [VerifyMode::None, VerifyMode::Fiver] {
+        for bs in [4096u32, 3000] {
+            let d = Dirs::new();
+            let server = LocalServer::start(ServerConfig::local(&d.root)).unwrap();
+            let addr = server.addr();
+            let data = intact_sample::bytes(40_000, 6);
+            let final_path = d.root.join("data.bin");
+
+            let mut wrong = *blake3::hash(&data).as_bytes();
+            wrong[0] ^= 1;
+            let s = hand_send(&addr, mode, bs, &data, wrong.to_vec());
+            assert_eq!(
+                s,
+                FileStatus::Failed,
+                "{mode} bs {bs}: a wrong digest was committed"
+            );
+            assert!(
+                !final_path.exists(),
+                "{mode} bs {bs}: the file got its final name"
+            );
+            // No digest at all is not a match either.
+            let s = hand_send(&addr, mode, bs, &data, Vec::new());
+            assert_eq!(
+                s,
+                FileStatus::Failed,
+                "{mode} bs {bs}: no digest was committed"
+            );
+            assert!(!final_path.exists());
+
+            let s = hand_send(
+                &addr,
+                mode,
+                bs,
+                &data,
+                blake3::hash(&data).as_bytes().to_vec(),
+            );
+            assert_eq!(
+                s,
+                FileStatus::Verified,
+                "{mode} bs {bs}: the right digest failed"
+            );
+            assert_eq!(fs::read(&final_path).unwrap(), data);
+            server.stop().unwrap();
+        }
+    }
+}
