@@ -144,7 +144,13 @@ fn files_open_are_capped_per_connection_and_across_sessions() {
     for i in 0..5 {
         fs::write(src.join(format!("f{i}")), vec![i as u8; 10_000]).unwrap();
     }
-    let r = send(&[src.clone()], &addr, &SendOptions::default(), &|_| {}).unwrap();
+    let r = send(
+        std::slice::from_ref(&src),
+        &addr,
+        &SendOptions::default(),
+        &|_| {},
+    )
+    .unwrap();
     assert_eq!(r.failed, 0, "{:?}", r.files);
     for i in 0..5 {
         assert!(fs::read(root.join(format!("src/f{i}"))).unwrap() == vec![i as u8; 10_000]);
