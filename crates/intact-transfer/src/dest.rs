@@ -7,6 +7,7 @@ use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 use intact_proto::WirePath;
 use rustix::fs::{self as rfs, AtFlags, Mode, OFlags, Timespec, Timestamps};
@@ -14,12 +15,20 @@ use rustix::io::Errno;
 
 use crate::TransferError;
 
+mod created;
+mod partial_open;
+
+pub use created::CreatedDirs;
+
 /// The receiving root. Paths are resolved component by component with
 /// `openat(O_DIRECTORY | O_NOFOLLOW)`, so a symlink anywhere on the way,
 /// even one planted inside the root, ends the operation instead of leading
 /// out of it.
 pub struct Destination {
     root: OwnedFd,
+    /// Where the directories this destination creates are recorded (a
+    /// receiving session's), if anywhere.
+    created: Mutex<Option<Arc<CreatedDirs>>>,
 }
 
 /// Modification time to set, in seconds and nanoseconds since the epoch.
@@ -51,6 +60,9 @@ fn dest_err(path: &WirePath, e: impl Into<std::io::Error>) -> TransferError {
     }
 }
 
+/// Counts the temporary names of symlinks being made.
+static SYMLINK_TMP: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// Name of the hidden file a file's data is written to before it is
 /// verified. Deterministic, so that an interrupted transfer finds its
 /// partial data again; hashed, so that long names still fit in 255 bytes.
@@ -73,7 +85,10 @@ impl Destination {
             Mode::empty(),
         )
         .map_err(|e| err(e.into()))?;
-        Ok(Destination { root: fd })
+        Ok(Destination {
+            root: fd,
+            created: Mutex::new(None),
+        })
     }
 
     /// Opens the directory that holds `path`'s last component, creating
@@ -101,11 +116,16 @@ impl Destination {
             let flags = OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC;
             let next = match rfs::openat(&dir, *c, flags, Mode::empty()) {
                 Err(Errno::NOENT) if create => {
-                    match rfs::mkdirat(&dir, *c, Mode::from_raw_mode(0o755)) {
-                        Ok(()) | Err(Errno::EXIST) => {}
+                    let made = match rfs::mkdirat(&dir, *c, Mode::from_raw_mode(0o755)) {
+                        Ok(()) => true,
+                        Err(Errno::EXIST) => false,
                         Err(e) => return Err(dest_err(path, e)),
+                    };
+                    let next = rfs::openat(&dir, *c, flags, Mode::empty());
+                    if let (true, Ok(fd)) = (made, &next) {
+                        self.record_created(fd);
                     }
-                    rfs::openat(&dir, *c, flags, Mode::empty())
+                    next
                 }
                 other => other,
             };
@@ -123,20 +143,27 @@ impl Destination {
         Ok((dir, last.to_os_string()))
     }
 
-    /// Opens the partial file for `path` (creating it, keeping data already
-    /// there) and sizes it to `size` bytes.
+    /// Records every directory this destination creates from now on in
+    /// `dirs` (a receiving session's, so that it finishes only those).
+    pub fn record_created_dirs(&self, dirs: Arc<CreatedDirs>) {
+        *self.created.lock().unwrap_or_else(|p| p.into_inner()) = Some(dirs);
+    }
+
+    fn record_created(&self, fd: &OwnedFd) {
+        if let Some(dirs) = &*self.created.lock().unwrap_or_else(|p| p.into_inner()) {
+            dirs.add(fd);
+        }
+    }
+
+    /// Opens the partial file for `path`, locked for this transfer alone
+    /// (see `dest/partial_open.rs`): created exclusively, or an earlier
+    /// run's reused (data kept, cut to `size` bytes if longer; never
+    /// pre-sized). Fails ("being received by another session") while another
+    /// transfer holds it.
     pub fn partial(&self, path: &WirePath, size: u64) -> Result<PartialFile, TransferError> {
         let (dir, name) = self.parent(path, true)?;
         let tmp = partial_name(&name);
-        let fd = rfs::openat(
-            &dir,
-            &tmp,
-            OFlags::CREATE | OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::from_raw_mode(0o600),
-        )
-        .map_err(|e| dest_err(path, e))?;
-        let file = File::from(fd);
-        file.set_len(size).map_err(|e| dest_err(path, e))?;
+        let file = partial_open::open_locked(&dir, &tmp, path, size)?;
         Ok(PartialFile {
             dir,
             tmp,
@@ -167,7 +194,13 @@ impl Destination {
     pub fn make_dir(&self, path: &WirePath) -> Result<(), TransferError> {
         let (dir, name) = self.parent(path, true)?;
         match rfs::mkdirat(&dir, &name, Mode::from_raw_mode(0o755)) {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                let flags = OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC;
+                if let Ok(fd) = rfs::openat(&dir, &name, flags, Mode::empty()) {
+                    self.record_created(&fd);
+                }
+                Ok(())
+            }
             Err(Errno::EXIST) => match rfs::statat(&dir, &name, AtFlags::SYMLINK_NOFOLLOW) {
                 Ok(st) if rfs::FileType::from_raw_mode(st.st_mode) == rfs::FileType::Directory => {
                     Ok(())
@@ -189,17 +222,44 @@ impl Destination {
         mode: u32,
         mtime: Mtime,
     ) -> Result<(), TransferError> {
+        let fd = self.open_dir(path)?;
+        set_dir_meta(&fd, path, mode, mtime)
+    }
+
+    /// Opens the directory at `path`, never through a symlink.
+    fn open_dir(&self, path: &WirePath) -> Result<OwnedFd, TransferError> {
         let (dir, name) = self.parent(path, false)?;
-        let fd = rfs::openat(
+        rfs::openat(
             &dir,
             &name,
             OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
             Mode::empty(),
         )
-        .map_err(|e| dest_err(path, e))?;
-        rfs::fchmod(&fd, Mode::from_raw_mode(mode & 0o7777)).map_err(|e| dest_err(path, e))?;
-        rfs::futimens(&fd, &mtime.timestamps()).map_err(|e| dest_err(path, e))?;
-        rfs::fsync(&fd).map_err(|e| dest_err(path, e))
+        .map_err(|e| dest_err(path, e))
+    }
+
+    /// Whether the directory at `path` is one of `dirs` (created by the
+    /// session that recorded them).
+    pub fn is_created_dir(&self, path: &WirePath, dirs: &CreatedDirs) -> bool {
+        self.open_dir(path).is_ok_and(|fd| dirs.has(&fd))
+    }
+
+    /// [`Destination::finish_dir`] for a directory of `dirs` only (checked
+    /// on the open directory itself): returns false, changing nothing, for
+    /// any other directory at `path`.
+    pub fn finish_created_dir(
+        &self,
+        path: &WirePath,
+        mode: u32,
+        mtime: Mtime,
+        dirs: &CreatedDirs,
+    ) -> Result<bool, TransferError> {
+        let fd = self.open_dir(path)?;
+        if !dirs.has(&fd) {
+            return Ok(false);
+        }
+        set_dir_meta(&fd, path, mode, mtime)?;
+        Ok(true)
     }
 
     /// Creates `path` as a symlink to `target` (never followed), replacing
@@ -211,14 +271,36 @@ impl Destination {
         mtime: Mtime,
     ) -> Result<(), TransferError> {
         let (dir, name) = self.parent(path, true)?;
-        let tmp = partial_name(&name);
-        let _ = rfs::unlinkat(&dir, &tmp, AtFlags::empty());
-        rfs::symlinkat(OsStr::from_bytes(target), &dir, &tmp).map_err(|e| dest_err(path, e))?;
+        // A name of its own, never a file transfer's partial name (which
+        // another session may hold): the partial name, a pid and a count.
+        let mut tmp;
+        loop {
+            tmp = partial_name(&name);
+            let n = SYMLINK_TMP.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tmp.push(format!("-link-{}-{n}", std::process::id()));
+            match rfs::symlinkat(OsStr::from_bytes(target), &dir, &tmp) {
+                Ok(()) => break,
+                Err(Errno::EXIST) => continue,
+                Err(e) => return Err(dest_err(path, e)),
+            }
+        }
         rfs::utimensat(&dir, &tmp, &mtime.timestamps(), AtFlags::SYMLINK_NOFOLLOW)
             .map_err(|e| dest_err(path, e))?;
         rfs::renameat(&dir, &tmp, &dir, &name).map_err(|e| dest_err(path, e))?;
         rfs::fsync(&dir).map_err(|e| dest_err(path, e))
     }
+}
+
+/// Sets the mode and time of the directory open as `fd`, durably.
+fn set_dir_meta(
+    fd: &OwnedFd,
+    path: &WirePath,
+    mode: u32,
+    mtime: Mtime,
+) -> Result<(), TransferError> {
+    rfs::fchmod(fd, Mode::from_raw_mode(mode & 0o7777)).map_err(|e| dest_err(path, e))?;
+    rfs::futimens(fd, &mtime.timestamps()).map_err(|e| dest_err(path, e))?;
+    rfs::fsync(fd).map_err(|e| dest_err(path, e))
 }
 
 impl Destination {
@@ -316,6 +398,15 @@ impl PartialFile {
     /// directory). The caller makes the directory durable.
     fn rename_into_place(&self) -> Result<(), TransferError> {
         let p = &self.path;
+        // Only the file this transfer holds (locked) gets the final name.
+        if !partial_open::names(&self.dir, &self.tmp, &self.file) {
+            return Err(dest_err(
+                p,
+                std::io::Error::other(
+                    "its partial file was replaced by another; nothing was renamed",
+                ),
+            ));
+        }
         if let Ok(st) = rfs::statat(&self.dir, &self.name, AtFlags::SYMLINK_NOFOLLOW) {
             if rfs::FileType::from_raw_mode(st.st_mode) == rfs::FileType::Directory {
                 return Err(dest_err(p, Errno::ISDIR));

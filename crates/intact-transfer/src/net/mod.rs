@@ -1,11 +1,13 @@
 //! The network path: a receiving server and a sending client over
 //! intact-proto.
 
+mod bounds;
 mod delete;
 mod receiver;
 mod root;
 mod sender;
 mod server;
+mod session_dirs;
 mod sessions;
 mod whole_digest;
 

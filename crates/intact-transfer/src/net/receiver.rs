@@ -45,13 +45,17 @@ use intact_proto::{
 };
 
 use crate::copy::WriteHook;
-use crate::dest::{Destination, Mtime, PartialFile};
+use crate::dest::{CreatedDirs, Destination, Mtime, PartialFile};
 use crate::journal::{unix_now, BlockRecord, DoneFile, Journal, VerifiedAt};
+use crate::net::bounds::{self, InUse, ReceiveLimits, Slot};
 use crate::net::delete::Pending;
+use crate::net::session_dirs::SessionDirs;
 use crate::net::whole_digest::{HeldWhole, WholeDigest};
 use crate::recheck::{recheck_batch, recheck_batch_seen, Recheck, BATCH_BYTES};
 use crate::verify::{DeviceStats, Reached, VerifyLevel, VerifyMode};
 use crate::TransferError;
+
+mod admit;
 
 /// Messages the reader thread may hold ahead of the session thread.
 const READ_AHEAD: usize = 4;
@@ -66,6 +70,10 @@ const MAX_ROUNDS: u32 = 16;
 /// Verified files committed together at most (one syncfs, one fsync per
 /// directory, one journal transaction).
 const GROUP_COMMIT_FILES: usize = 1024;
+
+/// Path bytes of directories one stream keeps to finish at its end; past
+/// this, a directory it created is finished at once.
+const MAX_PENDING_DIR_BYTES: usize = 64 << 20;
 
 /// Verified-but-unjournaled data after which the partial file is
 /// fdatasynced and its blocks recorded, in bytes: what a server crash can
@@ -130,6 +138,8 @@ struct Incoming {
     source_level: Option<VerifyLevel>,
     /// The whole-file BLAKE3 of the bytes held, checked at FileEnd.
     whole: WholeDigest,
+    /// What the file holds of the stream's and the server's limits.
+    slot: Option<Slot>,
 }
 
 /// Blocks a file already held when this run began: re-verified in place,
@@ -396,6 +406,27 @@ pub struct ReceiveOptions {
     ///
     /// [`MAX_KEEP_PATHS`]: crate::net::MAX_KEEP_PATHS
     pub max_delete_paths: Option<usize>,
+    /// What the server allows one file, one stream and all its sessions
+    /// (see [`ReceiveLimits`]); clones share its counts of what is open.
+    pub limits: ReceiveLimits,
+    /// Keep the setuid, setgid and sticky bits of received files and
+    /// directories (`intact serve --keep-special-bits`).
+    ///
+    /// By default a server applies only the permission bits a sender
+    /// asks for, `mode & 0o777`, as rsync's daemon applies its `incoming
+    /// chmod` to whatever its clients send: a client (any local user of a
+    /// keyless loopback server) must not be able to create a setuid file
+    /// owned by the server's user. Directories the session did not create
+    /// keep their mode and time in any case.
+    pub keep_special_bits: bool,
+    /// The session (one `intact send` run, all its streams) this stream
+    /// belongs to, set by the server per stream: the directories its
+    /// streams create are its own, and only those get its modes and
+    /// times. Without it a stream finishes only the directories it
+    /// created itself.
+    pub session: Option<intact_proto::SessionId>,
+    /// The directories each running session created (shared by clones).
+    pub session_dirs: SessionDirs,
 }
 
 /// Runs the receiving side of a session that passed its handshake.
@@ -443,6 +474,10 @@ pub fn receive(
         files: &mut files,
         ready: &mut ready,
         dirs: Vec::new(),
+        dir_bytes: 0,
+        created: opts.session_dirs.join(opts.session),
+        in_use: InUse::default(),
+        at_verifier: HashMap::new(),
         summary: SessionSummary::default(),
         buf: AlignedBuf::new(0),
     };
@@ -475,7 +510,17 @@ struct Session<'a> {
     jobs: mpsc::SyncSender<Check>,
     files: &'a mut HashMap<u64, Incoming>,
     ready: &'a mut Vec<(u64, Incoming)>,
+    /// Directories this session created, to finish at the end, and the
+    /// bytes of their paths.
     dirs: Vec<(WirePath, u32, Mtime)>,
+    dir_bytes: usize,
+    /// Every directory the session (all its streams) created.
+    created: Arc<CreatedDirs>,
+    /// What this stream's open files hold of its limits.
+    in_use: InUse,
+    /// Blocks at the verifier now, per file id (also of files that
+    /// failed meanwhile): an id is not reused until they are back.
+    at_verifier: HashMap<u64, u32>,
     summary: SessionSummary,
     buf: AlignedBuf,
 }
@@ -486,6 +531,7 @@ impl Session<'_> {
         events: &mpsc::Receiver<Event>,
         credits: &mpsc::Receiver<()>,
     ) -> Result<SessionSummary, TransferError> {
+        self.dest.record_created_dirs(Arc::clone(&self.created));
         loop {
             let ev = match events.try_recv() {
                 Ok(ev) => ev,
@@ -514,17 +560,38 @@ impl Session<'_> {
 
     fn message(&mut self, msg: Message) -> Result<(), TransferError> {
         match msg {
-            Message::Entry(e) => {
+            Message::Entry(mut e) => {
+                if self.in_use(e.file) {
+                    return Err(ProtoError::Malformed {
+                        message: "Entry",
+                        detail: "its file id is still in use by a file not yet answered",
+                    }
+                    .into());
+                }
+                e.mode = bounds::incoming_mode(e.mode, self.opts.keep_special_bits);
                 let path = e.path.to_string();
-                let reply = begin(
-                    self.dest,
-                    self.journal,
-                    self.opts,
-                    e,
-                    self.files,
-                    &mut self.dirs,
-                    &mut self.buf,
-                );
+                let reply = match self.admit(&e)? {
+                    Err(why) => Begun::Reply(failed(e.file, &format!("{path}: {why}"))),
+                    Ok(slot) => {
+                        let id = e.file;
+                        let reply = begin(
+                            self.dest,
+                            self.journal,
+                            self.opts,
+                            e,
+                            self.files,
+                            &mut self.buf,
+                        );
+                        if let Some(f) = self.files.get_mut(&id) {
+                            f.slot = slot;
+                        }
+                        reply
+                    }
+                };
+                let reply = match reply {
+                    Begun::Reply(m) => m,
+                    Begun::Dir(e) => self.dir(e),
+                };
                 if let Message::FileResult(r) = &reply {
                     match r.status {
                         FileStatus::Failed => self.summary.fail(&path, &r.message),
@@ -624,8 +691,12 @@ impl Session<'_> {
         for (path, mode, mtime) in self.dirs.iter().rev() {
             // A directory whose entry succeeded but whose final metadata
             // cannot be set is only logged by the sender's report of the
-            // entry; the data inside is safe.
-            let _ = self.dest.finish_dir(path, *mode, *mtime);
+            // entry; the data inside is safe. Only a directory this
+            // session created is touched (checked again on the open
+            // directory itself).
+            let _ = self
+                .dest
+                .finish_created_dir(path, *mode, *mtime, &self.created);
         }
         self.out.send(&Message::Bye)?;
         Ok(())
@@ -679,6 +750,7 @@ impl Session<'_> {
         match verdict {
             Verdict::Check(check) => {
                 f.checking += 1;
+                *self.at_verifier.entry(b.file).or_insert(0) += 1;
                 self.jobs.send(check).map_err(|_| ProtoError::Closed)?;
                 Ok(())
             }
@@ -725,10 +797,16 @@ impl Session<'_> {
 
     /// The verifier's verdict on a riva block.
     fn checked(&mut self, c: Checked) -> Result<(), TransferError> {
+        if let Some(n) = self.at_verifier.get_mut(&c.id) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.at_verifier.remove(&c.id);
+            }
+        }
         let Some(f) = self.files.get_mut(&c.id) else {
             return Ok(());
         };
-        f.checking -= 1;
+        f.checking = f.checking.saturating_sub(1);
         let ok = match c.ok {
             Ok(ok) => ok,
             Err(e) => {
@@ -740,8 +818,8 @@ impl Session<'_> {
             r.stats.add(&c.outcome);
             r.check += c.took;
         }
-        if ok {
-            f.verified[c.index as usize] = Some(c.digest);
+        if let (true, Some(slot)) = (ok, f.verified.get_mut(c.index as usize)) {
+            *slot = Some(c.digest);
         }
         let level = reread_level(&c.outcome).min(c.source_level);
         self.block_done(c.id, c.index, ok, Some(c.digest), level)?;
@@ -1012,17 +1090,23 @@ fn failed(file: u64, why: &str) -> Message {
     })
 }
 
-/// Handles an Entry: the FileResult of a directory, a symlink or a file
-/// already held whole, or the Status of a file whose blocks must come.
+/// What an Entry begins: a reply to send, or a directory for the session.
+enum Begun {
+    Reply(Message),
+    Dir(Entry),
+}
+
+/// Handles an Entry: the FileResult of a symlink or a file already held
+/// whole, the Status of a file whose blocks must come, or a directory
+/// (left to [`Session::dir`]).
 fn begin(
     dest: &Destination,
     journal: &Journal,
     opts: &ReceiveOptions,
     e: Entry,
     files: &mut HashMap<u64, Incoming>,
-    dirs: &mut Vec<(WirePath, u32, Mtime)>,
     buf: &mut AlignedBuf,
-) -> Message {
+) -> Begun {
     let id = e.file;
     let result = |r: Result<(), TransferError>| match r {
         Ok(()) => verified_because(id, 0, ""),
@@ -1032,20 +1116,14 @@ fn begin(
         sec: e.mtime_sec,
         nsec: e.mtime_nsec,
     };
-    match &e.kind {
-        EntryKind::Dir => {
-            let r = dest.make_dir(&e.path);
-            if r.is_ok() {
-                dirs.push((e.path.clone(), e.mode, mtime));
-            }
-            result(r)
-        }
+    Begun::Reply(match &e.kind {
+        EntryKind::Dir => return Begun::Dir(e),
         EntryKind::Symlink(target) => result(dest.make_symlink(&e.path, target, mtime)),
         EntryKind::File => match begin_file(dest, journal, opts, e, files, buf) {
             Ok(m) => m,
             Err(err) => failed(id, &err.to_string()),
         },
-    }
+    })
 }
 
 fn begin_file(
@@ -1180,6 +1258,7 @@ impl Incoming {
             unjournaled_bytes: 0,
             held: Held::default(),
             source_level: None,
+            slot: None,
         }
     }
 
@@ -1192,7 +1271,9 @@ impl Incoming {
         d: Digest,
         level: VerifyLevel,
     ) -> (u64, Vec<u8>) {
-        self.verified[index as usize] = Some(d);
+        if let Some(slot) = self.verified.get_mut(index as usize) {
+            *slot = Some(d);
+        }
         self.held.reverified(index, len as u64);
         self.unjournaled.push(BlockRecord {
             index,
@@ -1268,6 +1349,7 @@ fn start_anew(
     )?;
     let mut inc = Incoming::fresh(e, f.mode, Some(partial), row);
     inc.riva = open_verifier(&inc, opts)?;
+    inc.slot = f.slot.take();
     *f = inc;
     Ok(())
 }
@@ -1374,6 +1456,9 @@ fn reverify_held(
             continue;
         }
         let (index, offset, len, d) = item;
+        if inc.verified.get(index as usize).is_none() {
+            continue;
+        }
         if reread_matches(&file, offset, len, &d, buf).unwrap_or(false) {
             inc.whole.add(index, &buf[..len]);
             inc.verified[index as usize] = Some(d);
@@ -1391,7 +1476,9 @@ fn reverify_held(
     // One Status lists at most MAX_STATUS_BLOCKS blocks: hold only those,
     // so that every other block is sent and counted once.
     for (index, _) in held.iter().skip(MAX_STATUS_BLOCKS) {
-        inc.verified[*index as usize] = None;
+        if let Some(slot) = inc.verified.get_mut(*index as usize) {
+            *slot = None;
+        }
         inc.held.forget(*index);
     }
     held.truncate(MAX_STATUS_BLOCKS);

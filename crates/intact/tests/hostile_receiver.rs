@@ -1,0 +1,539 @@
+//! Issue 11, items 1, 2, 3, 5, 9 and 10, against the real `intact serve`:
+//! each test performs the attack with a hand-written client (the protocol
+//! spoken frame by frame), reads what the server process holds from
+//! /proc (RSS, descriptors) and what is on disk (bytes, modes), and ends
+//! with an honest `intact send` that the same server still serves.
+
+mod common;
+
+use std::collections::HashMap;
+use std::fs;
+use std::net::TcpStream;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::{s, send, stderr, Server};
+use intact_digest::{defaults, hash, Algorithm};
+use intact_proto::{
+    client_handshake, Block, Connection, Entry, EntryKind, FileResult, FileStatus, Message,
+    WirePath,
+};
+use intact_transfer::{partial_name, VerifyMode};
+
+type Conn = Connection<TcpStream>;
+
+fn connect(server: &Server) -> Conn {
+    let stream = TcpStream::connect(server.addr()).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let mut conn = Connection::new(stream);
+    client_handshake(&mut conn, None).unwrap();
+    conn
+}
+
+fn algorithm_id() -> u8 {
+    Algorithm::ALL
+        .iter()
+        .position(|a| *a == defaults::BLOCK_ALGORITHM)
+        .unwrap() as u8
+}
+
+fn file_entry(id: u64, path: &str, size: u64, block_size: u32, mode: VerifyMode) -> Entry {
+    Entry {
+        file: id,
+        path: WirePath::parse(path.as_bytes()).unwrap(),
+        kind: EntryKind::File,
+        mode: 0o644,
+        mtime_sec: 1_600_000_000,
+        mtime_nsec: 0,
+        size,
+        block_size,
+        algorithm: algorithm_id(),
+        verify: mode.wire_id(),
+        flags: 0,
+    }
+}
+
+fn dir_entry(id: u64, path: &str, mode: u32) -> Entry {
+    Entry {
+        kind: EntryKind::Dir,
+        mode,
+        mtime_sec: 1_000_000_000,
+        ..file_entry(id, path, 0, 4096, VerifyMode::None)
+    }
+}
+
+fn block(file: u64, index: u64, data: &[u8]) -> Message {
+    Message::Block(Block {
+        file,
+        index,
+        source_level: 0,
+        digest: hash(defaults::BLOCK_ALGORITHM, data).as_bytes().to_vec(),
+        data: data.to_vec(),
+    })
+}
+
+/// FileEnd with the whole file's BLAKE3 (the sender's whole-file digest).
+fn file_end(file: u64, blocks: u64, whole: &[u8]) -> Message {
+    Message::FileEnd {
+        file,
+        blocks,
+        source_level: 0,
+        digest: hash(Algorithm::Blake3, whole).as_bytes().to_vec(),
+    }
+}
+
+/// The next message, or None once the server closed the connection.
+fn next(conn: &mut Conn) -> Option<Message> {
+    conn.read_message().ok().flatten()
+}
+
+/// Reads until the FileResult of `id`. Like a sender with nothing more to
+/// send, it says Waiting before each wait: the server commits its group
+/// of verified files then.
+fn result_of(conn: &mut Conn, id: u64) -> FileResult {
+    loop {
+        let _ = conn.send(&Message::Waiting);
+        match next(conn) {
+            Some(Message::FileResult(r)) if r.file == id => return r,
+            Some(_) => {}
+            None => panic!("connection closed before the result of file {id}"),
+        }
+    }
+}
+
+/// Reads until the Status of `id` (panics on its FileResult).
+fn status_of(conn: &mut Conn, id: u64) {
+    loop {
+        match next(conn) {
+            Some(Message::Status { file, .. }) if file == id => return,
+            Some(Message::FileResult(r)) if r.file == id => {
+                panic!("file {id} answered instead of a Status: {}", r.message)
+            }
+            Some(_) => {}
+            None => panic!("connection closed before the Status of file {id}"),
+        }
+    }
+}
+
+fn bye(mut conn: Conn) {
+    conn.send(&Message::Bye).unwrap();
+    while let Some(m) = next(&mut conn) {
+        if m == Message::Bye {
+            return;
+        }
+    }
+}
+
+/// A line of /proc/PID/status, in kB.
+fn proc_kb(pid: u32, key: &str) -> u64 {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {key} in /proc/{pid}/status"))
+}
+
+fn open_fds(pid: u32) -> usize {
+    fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
+}
+
+fn alive(server: &mut Server) {
+    assert!(
+        server.child.try_wait().unwrap().is_none(),
+        "the server process died"
+    );
+}
+
+/// Every regular file under `root` (outside `.intact`) with its bytes.
+fn contents(root: &Path) -> HashMap<PathBuf, Vec<u8>> {
+    walkdir::WalkDir::new(root)
+        .into_iter()
+        .filter_entry(|e| e.file_name() != ".intact")
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_type().is_file())
+        .map(|e| {
+            let rel = e.path().strip_prefix(root).unwrap().to_path_buf();
+            (rel, fs::read(e.path()).unwrap())
+        })
+        .collect()
+}
+
+/// An honest `intact send` of a small tree into `sub` still works, and
+/// the bytes arrive.
+fn honest_send_works(server: &Server, scratch: &Path, root: &Path, sub: &str) {
+    let src = scratch.join(format!("honest-{sub}"));
+    fs::create_dir_all(src.join("d")).unwrap();
+    let data = intact_sample::bytes(300_000, 7);
+    fs::write(src.join("d/f.bin"), &data).unwrap();
+    let out = send(&[s(&src), &format!("{}:/{sub}", server.addr())]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let got = root.join(sub).join(format!("honest-{sub}/d/f.bin"));
+    assert!(
+        fs::read(got).unwrap() == data,
+        "the honest send's bytes differ"
+    );
+}
+
+#[test]
+fn entries_past_the_bounds_fail_alone_and_allocate_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let mut server = Server::start(&root);
+    let pid = server.child.id();
+    let rss_before = proc_kb(pid, "VmRSS:");
+    let mut conn = connect(&server);
+    // The issue's attack: 2^40 bytes in blocks of 1; three 32 MiB files in
+    // blocks of 1; and 2^40 in 4 KiB blocks (2^28 blocks).
+    let attacks = [
+        (1u64 << 40, 1u32, "minimum"),
+        (32 << 20, 1, "minimum"),
+        (32 << 20, 1, "minimum"),
+        (32 << 20, 1, "minimum"),
+        (1 << 40, 4096, "--block-size"),
+        (1 << 40, 64 << 20, "largest block"),
+    ];
+    for (id, (size, bs, _)) in attacks.iter().enumerate() {
+        let e = file_entry(id as u64, &format!("big{id}"), *size, *bs, VerifyMode::Riva);
+        conn.write_message(&Message::Entry(e)).unwrap();
+    }
+    conn.flush().unwrap();
+    for (id, (_, _, why)) in attacks.iter().enumerate() {
+        let r = result_of(&mut conn, id as u64);
+        assert_eq!(r.status, FileStatus::Failed);
+        assert!(r.message.contains(why), "{why:?} not in {:?}", r.message);
+    }
+    // The largest files allowed: 2^20 blocks of 4 KiB each, two per
+    // connection; the third is over the connection's block limit.
+    for id in 10..13u64 {
+        let e = file_entry(id, &format!("max{id}"), 4 << 30, 4096, VerifyMode::Riva);
+        conn.send(&Message::Entry(e)).unwrap();
+    }
+    status_of(&mut conn, 10);
+    status_of(&mut conn, 11);
+    let third = result_of(&mut conn, 12);
+    assert_eq!(third.status, FileStatus::Failed);
+    assert!(
+        third.message.contains("blocks per connection"),
+        "{}",
+        third.message
+    );
+    alive(&mut server);
+    let rss_held = proc_kb(pid, "VmRSS:");
+    // Partial files are not pre-sized: the two open ones hold no bytes.
+    let mut partials = 0;
+    for e in fs::read_dir(&root).unwrap() {
+        let e = e.unwrap();
+        let m = e.metadata().unwrap();
+        if m.is_dir() {
+            continue;
+        }
+        assert!(
+            m.len() == 0 && m.blocks() == 0,
+            "{:?}: {} bytes, {} blocks on disk",
+            e.file_name(),
+            m.len(),
+            m.blocks()
+        );
+        partials += e
+            .file_name()
+            .to_string_lossy()
+            .starts_with(".intact-partial-") as usize;
+    }
+    assert_eq!(partials, 2, "a partial file for each admitted file only");
+    eprintln!("VmRSS: {rss_before} kB at start, {rss_held} kB holding two files of 2^20 blocks");
+    // Two files of 2^20 blocks of state (about 70 bytes each) and no
+    // more: far below the 2.3 GB the three 32 MiB entries once took.
+    assert!(
+        rss_held < rss_before + 400 * 1024,
+        "RSS grew from {rss_before} kB to {rss_held} kB"
+    );
+    drop(conn);
+    alive(&mut server);
+    honest_send_works(&server, dir.path(), &root, "after");
+    let hwm = proc_kb(pid, "VmHWM:");
+    eprintln!("VmHWM: {hwm} kB");
+    assert!(hwm < 600 * 1024, "peak RSS {hwm} kB");
+}
+
+#[test]
+fn a_reused_file_id_ends_that_connection_only_and_leaks_no_slot() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let mut server = Server::start(&root);
+    // More connections than the server has places for (16 sessions, 64
+    // handshakes): a leaked place would refuse the honest send below.
+    let bs = 64 << 10;
+    let data = intact_sample::bytes(bs * 8, 3);
+    for round in 0..80u64 {
+        let mut conn = connect(&server);
+        let e = file_entry(
+            0,
+            &format!("r{round}/a.bin"),
+            data.len() as u64,
+            bs as u32,
+            VerifyMode::Riva,
+        );
+        conn.send(&Message::Entry(e)).unwrap();
+        status_of(&mut conn, 0);
+        for (i, chunk) in data.chunks(bs).enumerate() {
+            conn.write_message(&block(0, i as u64, chunk)).unwrap();
+        }
+        // Same id, another (smaller) file, while blocks of the first are
+        // at the verifier (or just back).
+        let e = file_entry(
+            0,
+            &format!("r{round}/b.bin"),
+            10,
+            bs as u32,
+            VerifyMode::Riva,
+        );
+        conn.write_message(&Message::Entry(e)).unwrap();
+        conn.write_message(&block(0, 7, &data[7 * bs..])).unwrap();
+        let _ = conn.flush();
+        // The server ends this connection: no Status for the second file.
+        let mut statuses = 0;
+        while let Some(m) = next(&mut conn) {
+            if let Message::Status { .. } = m {
+                statuses += 1;
+            }
+        }
+        assert_eq!(statuses, 0, "the reused id was accepted");
+        assert!(!root.join(format!("r{round}/b.bin")).exists());
+    }
+    alive(&mut server);
+    let log: Vec<String> = server.log.try_iter().collect();
+    assert!(
+        !log.iter().any(|l| l.contains("panicked")),
+        "a session panicked: {log:?}"
+    );
+    assert!(
+        log.iter().any(|l| l.contains("still in use")),
+        "the server did not say why: {log:?}"
+    );
+    honest_send_works(&server, dir.path(), &root, "after");
+}
+
+#[test]
+fn a_second_session_on_one_path_fails_and_the_first_commits_its_own_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let server = Server::start(&root);
+    let bs = 4096usize;
+    let ours = intact_sample::bytes(4 * bs, 11);
+    let theirs = b"ATTACKER".repeat(bs / 8);
+    for mode in [VerifyMode::None, VerifyMode::Riva] {
+        let path = format!("shared-{mode}.bin");
+        let mut a = connect(&server);
+        a.send(&Message::Entry(file_entry(
+            0,
+            &path,
+            ours.len() as u64,
+            bs as u32,
+            mode,
+        )))
+        .unwrap();
+        status_of(&mut a, 0);
+        a.send(&block(0, 0, &ours[..bs])).unwrap();
+        // The attacker: same path, two blocks of its own.
+        let mut b = connect(&server);
+        b.send(&Message::Entry(file_entry(
+            0,
+            &path,
+            ours.len() as u64,
+            bs as u32,
+            mode,
+        )))
+        .unwrap();
+        let r = result_of(&mut b, 0);
+        assert_eq!(r.status, FileStatus::Failed);
+        assert!(
+            r.message.contains("being received by another session"),
+            "{}",
+            r.message
+        );
+        b.write_message(&block(0, 1, &theirs)).unwrap();
+        b.write_message(&block(0, 2, &theirs)).unwrap();
+        b.write_message(&file_end(0, 4, &theirs)).unwrap();
+        bye(b);
+        for i in 1..4 {
+            a.write_message(&block(0, i as u64, &ours[i * bs..(i + 1) * bs]))
+                .unwrap();
+        }
+        a.write_message(&file_end(0, 4, &ours)).unwrap();
+        let r = result_of(&mut a, 0);
+        assert_eq!(r.status, FileStatus::Verified, "{}", r.message);
+        bye(a);
+        assert!(
+            fs::read(root.join(&path)).unwrap() == ours,
+            "{path}: not exactly the first session's bytes"
+        );
+    }
+    honest_send_works(&server, dir.path(), &root, "after");
+}
+
+#[test]
+fn a_hard_link_planted_at_the_partial_name_is_not_written_through() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    fs::create_dir_all(&root).unwrap();
+    let outside = dir.path().join("precious");
+    let precious = b"the outside file, never to change\n".to_vec();
+    fs::write(&outside, &precious).unwrap();
+    fs::set_permissions(&outside, fs::Permissions::from_mode(0o640)).unwrap();
+    let before = fs::metadata(&outside).unwrap();
+    let planted = root.join(partial_name("victim.bin".as_ref()));
+    fs::hard_link(&outside, &planted).unwrap();
+    assert_eq!(
+        fs::metadata(&outside).unwrap().nlink(),
+        2,
+        "the link is planted"
+    );
+    let server = Server::start(&root);
+    let data = intact_sample::bytes(8192, 5);
+    let mut conn = connect(&server);
+    let mut e = file_entry(0, "victim.bin", data.len() as u64, 4096, VerifyMode::Riva);
+    e.mode = 0o4755;
+    conn.send(&Message::Entry(e)).unwrap();
+    status_of(&mut conn, 0);
+    conn.write_message(&block(0, 0, &data[..4096])).unwrap();
+    conn.write_message(&block(0, 1, &data[4096..])).unwrap();
+    conn.write_message(&file_end(0, 2, &data)).unwrap();
+    let r = result_of(&mut conn, 0);
+    assert_eq!(r.status, FileStatus::Verified, "{}", r.message);
+    bye(conn);
+    let after = fs::metadata(&outside).unwrap();
+    assert!(fs::read(&outside).unwrap() == precious, "written through");
+    assert_eq!(after.mode(), before.mode(), "mode changed");
+    assert_eq!(after.ino(), before.ino());
+    assert_eq!(after.nlink(), 1, "the planted link is gone");
+    assert!(
+        fs::read(root.join("victim.bin")).unwrap() == data,
+        "victim.bin is not what was sent"
+    );
+    let mode = fs::metadata(root.join("victim.bin")).unwrap().mode() & 0o7777;
+    assert_eq!(mode, 0o755, "setuid kept: {mode:o}");
+    honest_send_works(&server, dir.path(), &root, "after");
+}
+
+#[test]
+fn special_bits_are_stripped_and_another_sessions_directory_keeps_its_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let server = Server::start(&root);
+    // Another client's directory, made by an honest send.
+    let theirs_src = dir.path().join("theirs");
+    fs::create_dir_all(&theirs_src).unwrap();
+    fs::write(theirs_src.join("f"), b"theirs").unwrap();
+    fs::set_permissions(&theirs_src, fs::Permissions::from_mode(0o750)).unwrap();
+    // One stream: until the server tells each stream its session (see
+    // ReceiveOptions::session), a directory made by another stream of the
+    // same send is not that stream's to finish.
+    let out = send(&["--streams", "1", s(&theirs_src), &server.addr()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let theirs = root.join("theirs");
+    let before = fs::metadata(&theirs).unwrap();
+    assert_eq!(before.mode() & 0o7777, 0o750);
+    let files_before = contents(&root);
+
+    let mut conn = connect(&server);
+    conn.send(&Message::Entry(dir_entry(0, "theirs", 0o000)))
+        .unwrap();
+    assert_eq!(result_of(&mut conn, 0).status, FileStatus::Verified);
+    conn.send(&Message::Entry(dir_entry(1, "mine", 0o1777)))
+        .unwrap();
+    assert_eq!(result_of(&mut conn, 1).status, FileStatus::Verified);
+    let data = b"#!/bin/sh\necho owned\n".to_vec();
+    let mut e = file_entry(
+        2,
+        "mine/suid.bin",
+        data.len() as u64,
+        4096,
+        VerifyMode::Riva,
+    );
+    e.mode = 0o6777;
+    conn.send(&Message::Entry(e)).unwrap();
+    status_of(&mut conn, 2);
+    conn.write_message(&block(2, 0, &data)).unwrap();
+    conn.write_message(&file_end(2, 1, &data)).unwrap();
+    assert_eq!(result_of(&mut conn, 2).status, FileStatus::Verified);
+    bye(conn);
+
+    let after = fs::metadata(&theirs).unwrap();
+    assert_eq!(
+        after.mode() & 0o7777,
+        0o750,
+        "another session's directory was chmod-ed"
+    );
+    assert_eq!(
+        (after.mtime(), after.mtime_nsec()),
+        (before.mtime(), before.mtime_nsec())
+    );
+    let suid = fs::metadata(root.join("mine/suid.bin")).unwrap().mode() & 0o7777;
+    assert_eq!(suid, 0o777, "special bits kept: {suid:o}");
+    let mine = fs::metadata(root.join("mine")).unwrap();
+    assert_eq!(mine.mode() & 0o7777, 0o777, "sticky bit kept");
+    assert_eq!(mine.mtime(), 1_000_000_000, "its own directory is finished");
+    let mut files_after = contents(&root);
+    files_after.remove(Path::new("mine/suid.bin"));
+    assert_eq!(
+        files_after, files_before,
+        "files outside the session's own changed"
+    );
+    honest_send_works(&server, dir.path(), &root, "after");
+}
+
+#[test]
+fn thousands_of_open_entries_hold_a_bounded_number_of_descriptors() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let mut server = Server::start(&root);
+    let pid = server.child.id();
+    let fds_before = open_fds(pid);
+    let mut conn = connect(&server);
+    let n = 3000u64;
+    for id in 0..n {
+        let e = file_entry(id, &format!("many/{id}"), 8192, 4096, VerifyMode::Riva);
+        conn.write_message(&Message::Entry(e)).unwrap();
+    }
+    conn.flush().unwrap();
+    let (mut open, mut refused) = (0, 0);
+    for _ in 0..n {
+        match next(&mut conn).expect("a reply per entry") {
+            Message::Status { .. } => open += 1,
+            Message::FileResult(r) => {
+                assert_eq!(r.status, FileStatus::Failed);
+                assert!(r.message.contains("files open"), "{}", r.message);
+                refused += 1;
+            }
+            other => panic!("unexpected {}", other.name()),
+        }
+    }
+    let fds_held = open_fds(pid);
+    eprintln!(
+        "{open} files open, {refused} refused; {fds_before} descriptors before, {fds_held} holding them"
+    );
+    assert_eq!(open, intact_transfer::MAX_FILES_IN_FLIGHT);
+    assert_eq!(refused, n as usize - open);
+    // The issue's count was 9,021 for 3,000 files.
+    assert!(
+        fds_held <= fds_before + 4 * open + 16,
+        "{fds_held} descriptors for {open} files"
+    );
+    drop(conn);
+    alive(&mut server);
+    // The descriptors go with the connection.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while open_fds(pid) > fds_before + 16 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        open_fds(pid) <= fds_before + 16,
+        "{} descriptors left",
+        open_fds(pid)
+    );
+    honest_send_works(&server, dir.path(), &root, "after");
+}
