@@ -1,0 +1,212 @@
+//! Fuzzes the session state machine of `intact serve` on stable Rust: a
+//! seeded generator makes sequences of protocol messages (see
+//! `session_fuzz/gen.rs`), a hand-written client sends each on its own
+//! connection to an in-process server, and `session_fuzz/harness.rs`
+//! judges the result by what it reads itself (panics of any thread,
+//! hangs, descriptors, peak RSS, the tree outside and inside the root, a
+//! normal send afterwards). The cargo-fuzz target `fuzz/fuzz_targets/
+//! session.rs` runs the same generator and harness on libFuzzer's bytes.
+//!
+//! Knobs: `INTACT_FUZZ_SECS` (time budget, default 60), `INTACT_FUZZ_SEED`
+//! (first seed, default fixed; `random` for a fresh one), `INTACT_FUZZ_HUGE=1`
+//! (announce block counts that abort a receiver allocating per block),
+//! `INTACT_FUZZ_STRICT=1` (the checks issue 11's fixes make pass),
+//! `INTACT_FUZZ_DIR` (where roots go; default the temp directory).
+
+#[path = "session_fuzz/gen.rs"]
+mod gen;
+#[path = "session_fuzz/harness.rs"]
+mod harness;
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use gen::{block, bytes_from, file_end, file_entry, generate, Limits, Source};
+use harness::Harness;
+use intact_proto::{Block, Message};
+
+/// The tests of this binary share the panic recorder: one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Sequences between two normal sends.
+const SANITY_EVERY: u64 = 25;
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    match std::env::var(name) {
+        Ok(v) if v == "random" => {
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap();
+            t.as_nanos() as u64 ^ u64::from(std::process::id())
+        }
+        Ok(v) => v
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v}: not a number")),
+        Err(_) => default,
+    }
+}
+
+/// A short, pasteable account of a sequence (block data by length and
+/// first bytes).
+fn describe(msgs: &[Message]) -> String {
+    let mut s = String::new();
+    for m in msgs {
+        let line = match m {
+            Message::Block(Block {
+                file,
+                index,
+                source_level,
+                digest,
+                data,
+            }) => format!(
+                "Block {{ file: {file}, index: {index}, source_level: {source_level}, digest: {}, data: {} bytes {:02x?}.. }}",
+                if *digest == gen::block_digest(data) {
+                    "correct".to_string()
+                } else {
+                    format!("{digest:02x?}")
+                },
+                data.len(),
+                &data[..data.len().min(8)]
+            ),
+            Message::Entry(e) => format!("{e:?}"),
+            other => {
+                let t = format!("{other:?}");
+                t[..t.len().min(300)].to_string()
+            }
+        };
+        s.push_str(&line);
+        s.push('\n');
+    }
+    s
+}
+
+#[test]
+fn session_state_machine_survives_fuzzed_message_sequences() {
+    let _serial = serial();
+    let secs = env_u64("INTACT_FUZZ_SECS", 60);
+    let first = env_u64("INTACT_FUZZ_SEED", 0x1117_0000);
+    let max_cases = env_u64("INTACT_FUZZ_CASES", u64::MAX);
+    let mut h = Harness::new();
+    let lim = Limits::new(&h.outside);
+    eprintln!(
+        "session fuzz: seeds from {first}, {secs} s, huge={}, strict={}, root {}",
+        lim.huge,
+        h.strict,
+        h.root.display()
+    );
+    let start = Instant::now();
+    let mut seed = first;
+    let mut slowest = (first, Duration::ZERO);
+    while start.elapsed() < Duration::from_secs(secs) && seed - first < max_cases {
+        let msgs = generate(&mut Source::from_seed(seed), &lim);
+        if std::env::var_os("INTACT_FUZZ_VERBOSE").is_some() {
+            eprintln!("seed {seed}:\n{}", describe(&msgs));
+        }
+        let t = Instant::now();
+        let r = h.run(&msgs);
+        let took = t.elapsed();
+        if took > slowest.1 {
+            slowest = (seed, took);
+        }
+        if took > Duration::from_secs(2) {
+            eprintln!("session fuzz: seed {seed} took {took:?}");
+        }
+        if let Err(why) = r {
+            panic!(
+                "seed {seed} (rerun: INTACT_FUZZ_SEED={seed} INTACT_FUZZ_CASES=1): {why}\nsequence:\n{}",
+                describe(&msgs)
+            );
+        }
+        seed += 1;
+        if (seed - first) % SANITY_EVERY == 0 {
+            if let Err(why) = h.sanity() {
+                panic!("after seed {seed}: {why}");
+            }
+        }
+    }
+    h.sanity().expect("a normal send at the end");
+    let hwm = harness::status_kib("VmHWM");
+    let stats = h.stop().expect("the server stops cleanly");
+    eprintln!(
+        "session fuzz: {} sequences in {:.1} s, slowest seed {} ({:?}), peak RSS {hwm} KiB: {stats:?}",
+        stats.sequences,
+        start.elapsed().as_secs_f64(),
+        slowest.0,
+        slowest.1,
+    );
+    // The run reached the receiver's inner states, not only its error
+    // paths: files committed, blocks verified and rejected, final files
+    // judged, normal sends in between.
+    assert!(stats.sequences >= 20, "{stats:?}");
+    assert!(stats.verified_files > 0, "{stats:?}");
+    assert!(stats.blocks_ok > 0, "{stats:?}");
+    assert!(stats.blocks_rejected > 0, "{stats:?}");
+    assert!(stats.statuses > 0, "{stats:?}");
+    assert!(stats.final_files_checked > 0, "{stats:?}");
+    assert!(stats.sanity_sends >= 2, "{stats:?}");
+}
+
+/// A valid session through the harness commits the file, and the bytes
+/// read back are the ones sent.
+#[test]
+fn an_honest_sequence_commits_and_the_harness_accepts_it() {
+    let _serial = serial();
+    let mut h = Harness::new();
+    let data = bytes_from(5, 200);
+    let msgs = vec![
+        Message::Entry(file_entry(1, "a", 200, 64, 4)),
+        block(1, 0, &data[..64]),
+        block(1, 1, &data[64..128]),
+        block(1, 2, &data[128..192]),
+        block(1, 3, &data[192..]),
+        file_end(1, 4, &data),
+        Message::Bye,
+    ];
+    h.run(&msgs).unwrap();
+    assert_eq!(std::fs::read(h.root.join("a")).unwrap(), data);
+    assert_eq!(h.stats.verified_files, 1, "{:?}", h.stats);
+    assert_eq!(h.stats.blocks_ok, 4, "{:?}", h.stats);
+    h.stop().unwrap();
+}
+
+/// The harness's checks can fail: a file planted outside the root, bytes
+/// planted under a final name, and a panic in some thread are each seen.
+#[test]
+fn the_harness_sees_what_it_must_catch() {
+    let _serial = serial();
+    let mut h = Harness::new();
+    std::fs::write(h.outside.join("planted"), b"x").unwrap();
+    let e = h.run(&[Message::Bye]).unwrap_err();
+    assert!(e.contains("outside the root"), "{e}");
+    std::fs::remove_file(h.outside.join("planted")).unwrap();
+
+    // Announced and sent with a matching digest, but other bytes on disk.
+    let data = bytes_from(9, 100);
+    h.run(&[
+        Message::Entry(file_entry(1, "b", 100, 64, 4)),
+        block(1, 0, &data[..64]),
+        block(1, 1, &data[64..]),
+        file_end(1, 2, &data),
+        Message::Bye,
+    ])
+    .unwrap();
+    let mut other = data.clone();
+    other[70] ^= 1;
+    std::fs::write(h.root.join("b"), &other).unwrap();
+    let e = h.run(&[Message::Bye]).unwrap_err();
+    assert!(
+        e.contains("unverified bytes") && e.contains("block 1"),
+        "{e}"
+    );
+    std::fs::write(h.root.join("b"), &data).unwrap();
+    h.run(&[Message::Bye]).unwrap();
+
+    let _ = std::thread::spawn(|| panic!("planted panic")).join();
+    let e = h.run(&[Message::Bye]).unwrap_err();
+    assert!(e.contains("planted panic"), "{e}");
+    h.stop().unwrap();
+}
