@@ -125,14 +125,23 @@ pub struct Limits {
     pub max_blocks_sent: u64,
     /// An absolute path outside the server's root (a symlink target).
     pub outside: Vec<u8>,
-    /// Sequences that trip bugs known today, off unless
-    /// `INTACT_FUZZ_STRICT=1` (turn on by default once issue 11's fixes
-    /// are merged): two entries of one sequence naming the same path
+    /// Sequences that trip bugs known today, off unless `INTACT_FUZZ_STRICT`
+    /// names them (`samepath`, `reuse`; turn on by default once issue 11's
+    /// fixes are merged): two entries of one sequence naming the same path
     /// (both get one partial file and a mix of their blocks is committed
     /// as verified, item 3), and an Entry reusing the id of a file still
     /// open (a block of the old file at the verifier then underflows the
     /// new file's counter, item 2).
-    pub known_bugs: bool,
+    pub same_path: bool,
+    /// See `same_path`.
+    pub reuse_ids: bool,
+}
+
+/// Whether the strict part `what` is on: `INTACT_FUZZ_STRICT=1` turns on
+/// every part, or a list names some (`reuse,samepath,modes,digest`).
+pub fn strict(what: &str) -> bool {
+    std::env::var("INTACT_FUZZ_STRICT")
+        .is_ok_and(|v| v == "1" || v.split(',').any(|p| p.trim() == what))
 }
 
 impl Limits {
@@ -145,7 +154,8 @@ impl Limits {
             max_data: 256 << 10,
             max_blocks_sent: 300,
             outside: outside.as_os_str().as_bytes().to_vec(),
-            known_bugs: std::env::var_os("INTACT_FUZZ_STRICT").is_some_and(|v| v == "1"),
+            same_path: strict("samepath"),
+            reuse_ids: strict("reuse"),
         }
     }
 }
@@ -213,16 +223,27 @@ pub fn file_end(file: u64, blocks: u64, data: &[u8]) -> Message {
 const PATHS: &[&str] = &[
     "a",
     "b",
+    "c",
+    "d/a",
+    "d/b",
+    "d/e/f",
+    "a",
+    "b",
+    "c",
     "d/a",
     "d/e/f",
     "d",
-    "l",
     "l/x",
     "m/x",
     ".intact/x",
     ".intact",
     "a/b",
+    "l",
 ];
+
+/// Where links and directories go (a link at "a" would fail every later
+/// file Entry for "a", so they get paths of their own, mostly).
+const LINK_PATHS: &[&str] = &["l", "m", "d/e", "l", "m", "a"];
 
 /// Verify-mode ids: the six modes, and two this build does not know.
 const VERIFY: &[u8] = &[
@@ -290,7 +311,7 @@ fn gen_entry(
     used: &mut Vec<WirePath>,
 ) -> Plan {
     let mut p = gen_path(src);
-    if !lim.known_bugs {
+    if !lim.same_path {
         let mut k = 0;
         while used.contains(&p) {
             p = path(&format!("u{k}"));
@@ -299,6 +320,9 @@ fn gen_entry(
     }
     used.push(p.clone());
     let kind = if src.chance(12) {
+        if src.chance(90) {
+            p = path(src.pick(LINK_PATHS));
+        }
         if src.chance(50) {
             EntryKind::Dir
         } else {
@@ -316,13 +340,20 @@ fn gen_entry(
     } else {
         EntryKind::File
     };
-    let bs = if src.chance(40) {
+    let backed = !src.chance(15);
+    // Half the time the file is "the same file again": a size, mtime and
+    // content fixed by its path, so later sequences resume its partial
+    // file, find it held whole, or re-verify it.
+    let again = backed && src.chance(50);
+    let bs = if !again && src.chance(40) {
         src.pick(BLOCK_SIZES)
     } else {
         64
     };
-    let backed = !src.chance(15);
-    let mut size = if backed {
+    let mut size = if again {
+        let fixed = 64 * 3 + 5 + (u64::from(p.as_bytes()[0]) % 3) * 64;
+        fixed.min(*budget as u64)
+    } else if backed {
         let cap = (u64::from(bs).saturating_mul(3) + 2)
             .min(*budget as u64)
             .min(u64::from(bs).saturating_mul(lim.max_blocks_sent));
@@ -342,7 +373,10 @@ fn gen_entry(
     if !lim.huge && bs > 0 && size.div_ceil(u64::from(bs)) > lim.max_blocks {
         size = u64::from(bs) * lim.max_blocks;
     }
-    let data = if backed {
+    let data = if again {
+        *budget -= size as usize;
+        bytes_from(u64::from(p.as_bytes()[0]), size as usize)
+    } else if backed {
         *budget -= size as usize;
         bytes_from(src.seed(), size as usize)
     } else {
@@ -357,7 +391,11 @@ fn gen_entry(
         } else {
             0o644
         },
-        mtime_sec: src.pick(&[1_700_000_000, 0, -1, i64::MIN, i64::MAX, 1]),
+        mtime_sec: if again {
+            1_700_000_000
+        } else {
+            src.pick(&[1_700_000_000, 0, -1, i64::MIN, i64::MAX, 1])
+        },
         mtime_nsec: if src.chance(10) {
             src.pick(&[1, 999_999_999, 1_000_000_000, u32::MAX])
         } else {
@@ -589,7 +627,7 @@ pub fn generate(src: &mut Source, lim: &Limits) -> Vec<Message> {
     let mut used = Vec::new();
     let mut next_id = src.pick(&[0u64, 1, u64::MAX - 3, 1 << 63]);
     for _ in 0..files {
-        let id = if lim.known_bugs && !plans.is_empty() && src.chance(10) {
+        let id = if lim.reuse_ids && !plans.is_empty() && src.chance(10) {
             // An id still in use (or just ended).
             plans[src.below(plans.len() as u64) as usize].id
         } else {

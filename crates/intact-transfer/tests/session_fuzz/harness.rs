@@ -251,7 +251,9 @@ pub struct Harness {
     addr: String,
     model: Model,
     base_fds: usize,
-    pub strict: bool,
+    /// Strict checks on: setuid/setgid/sticky bits, whole-file digests.
+    pub strict_modes: bool,
+    pub strict_digest: bool,
     pub stats: Stats,
 }
 
@@ -274,6 +276,9 @@ impl Harness {
     /// A fresh root and server. Panics if they cannot be made.
     pub fn new() -> Harness {
         install_panic_recorder();
+        // Earlier panics (a test that failed before this one) are not
+        // this server's.
+        take_panics();
         let tmp = tempfile::Builder::new()
             .prefix("intact-session-fuzz")
             .tempdir_in(scratch())
@@ -302,7 +307,8 @@ impl Harness {
             addr,
             model: Model::default(),
             base_fds: 0,
-            strict: std::env::var_os("INTACT_FUZZ_STRICT").is_some_and(|v| v == "1"),
+            strict_modes: super::gen::strict("modes"),
+            strict_digest: super::gen::strict("digest"),
             stats: Stats::default(),
         };
         // One honest send first, so the baseline counts what the server
@@ -512,7 +518,7 @@ impl Harness {
         }
         let mut seen = HashMap::new();
         for (rel, m) in found {
-            if self.strict && m.mode() & 0o7000 != 0 {
+            if self.strict_modes && m.mode() & 0o7000 != 0 {
                 return Err(format!(
                     "strict: {} has mode {:o} (setuid, setgid or sticky)",
                     rel.display(),
@@ -545,7 +551,7 @@ impl Harness {
                     data.len()
                 ));
             }
-            if self.strict && !said.none_paths.contains(rb) {
+            if self.strict_digest && !said.none_paths.contains(rb) {
                 let d = blake3::hash(&data).as_bytes().to_vec();
                 let claimed = self
                     .model
