@@ -366,7 +366,7 @@ fn gen_entry(
             u64::MAX,
             1 << 32,
             b.saturating_mul(lim.max_blocks),
-            b.saturating_mul(lim.max_blocks) + 1,
+            b.saturating_mul(lim.max_blocks).saturating_add(1),
             i64::MAX as u64,
         ])
     };
@@ -506,7 +506,7 @@ fn file_messages(src: &mut Source, plan: &Plan, ids: &[u64]) -> Vec<Message> {
     let blocks = if src.chance(12) {
         src.pick(&[
             FileEnd::ABANDON,
-            n + 1,
+            n.wrapping_add(1),
             n.saturating_sub(1),
             0,
             u64::MAX - 1,
