@@ -26,10 +26,25 @@ use libfuzzer_sys::fuzz_target;
 
 static STATE: Mutex<Option<(harness::Harness, gen::Limits, u64)>> = Mutex::new(None);
 
+/// The harness's directories, removed at exit (libFuzzer exits without
+/// dropping statics; a crash leaves them under /dev/shm for inspection).
+static DIRS: Mutex<Vec<std::path::PathBuf>> = Mutex::new(Vec::new());
+
+extern "C" fn remove_dirs() {
+    if let Ok(dirs) = DIRS.lock() {
+        for d in dirs.iter() {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
 fuzz_target!(|data: &[u8]| {
     let mut state = STATE.lock().unwrap_or_else(|e| e.into_inner());
     let (h, lim, runs) = state.get_or_insert_with(|| {
         let h = harness::Harness::new();
+        DIRS.lock().unwrap().extend(h.dirs());
+        // SAFETY: registers a plain function that takes no arguments.
+        unsafe { libc::atexit(remove_dirs) };
         let lim = gen::Limits::new(&h.outside);
         (h, lim, 0)
     });

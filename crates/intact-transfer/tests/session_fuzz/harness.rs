@@ -622,6 +622,12 @@ impl Harness {
         Ok(())
     }
 
+    /// The directories this harness made (removed when it is dropped; a
+    /// process that exits without dropping it removes them itself).
+    pub fn dirs(&self) -> [PathBuf; 2] {
+        [self.top.clone(), self.src.path().to_path_buf()]
+    }
+
     /// Stops the server (it must stop cleanly).
     pub fn stop(self) -> Result<Stats, String> {
         self.server
