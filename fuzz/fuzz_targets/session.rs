@@ -12,7 +12,7 @@
 //! Build and run (stable toolchain, nightly flags allowed by
 //! RUSTC_BOOTSTRAP): `cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run session`.
 //! The environment knobs of the test (`INTACT_FUZZ_HUGE`,
-//! `INTACT_FUZZ_STRICT`, `INTACT_FUZZ_DIR`) apply here too.
+//! `INTACT_FUZZ_LENIENT`, `INTACT_FUZZ_DIR`) apply here too.
 #![no_main]
 
 #[path = "../../crates/intact-transfer/tests/session_fuzz/gen.rs"]

@@ -351,7 +351,7 @@ fn hand_send(addr: &str, mode: VerifyMode, bs: u32, data: &[u8], digest: Vec<u8>
 #[test]
 fn a_file_end_digest_that_does_not_match_the_bytes_written_is_not_committed() {
     for mode in [VerifyMode::None, VerifyMode::Fiver] {
-        for bs in [4096u32, 3000] {
+        for bs in [4096u32, 6000] {
             let d = Dirs::new();
             let server = LocalServer::start(ServerConfig::local(&d.root)).unwrap();
             let addr = server.addr();

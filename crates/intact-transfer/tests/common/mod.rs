@@ -52,7 +52,12 @@ pub fn send_once(
     o: &SendOptions,
     cut: Option<u64>,
 ) -> Result<CopyReport, TransferError> {
-    let server = LocalServer::start(ServerConfig::local(root)).unwrap();
+    // Tests send blocks below the server's minimum block size on purpose
+    // (many blocks from little data): lower it to what they use.
+    let mut cfg = ServerConfig::local(root);
+    let min = &mut cfg.receive.limits.min_block_size;
+    *min = (*min).min(o.block_size as u32);
+    let server = LocalServer::start(cfg).unwrap();
     let r = match cut {
         Some(n) => {
             let proxy = FlipProxy::start(server.addr(), ProxyFault::CutAfter(n)).unwrap();

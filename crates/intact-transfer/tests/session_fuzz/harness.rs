@@ -291,7 +291,7 @@ impl Harness {
         let canary = outside.join("canary");
         fs::write(&canary, b"outside the root: must never change").unwrap();
         let m = fs::symlink_metadata(&canary).unwrap();
-        let server = LocalServer::start(ServerConfig::local(&root)).expect("server");
+        let server = LocalServer::start(fuzz_config(&root)).expect("server");
         let addr = server.addr();
         let mut h = Harness {
             _tmp: tmp,
@@ -681,4 +681,13 @@ pub fn decode_all(mut wire: &[u8]) -> Vec<Message> {
         wire = &wire[n..];
     }
     out
+}
+
+/// The fuzzed server: the defaults, but blocks of any size (the minimum
+/// block size is a policy tested by the hostile tests; here small blocks
+/// let short sequences reach every state of a file).
+pub fn fuzz_config(root: &Path) -> ServerConfig {
+    let mut cfg = ServerConfig::local(root);
+    cfg.receive.limits.min_block_size = 1;
+    cfg
 }
