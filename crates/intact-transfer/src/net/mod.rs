@@ -1,6 +1,7 @@
 //! The network path: a receiving server and a sending client over
 //! intact-proto.
 
+mod confine;
 mod delete;
 mod receiver;
 mod root;
