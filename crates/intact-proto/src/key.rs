@@ -200,7 +200,10 @@ pub fn write_new_key_file(path: &Path, force: bool) -> Result<Key, ProtoError> {
     if !force {
         let mut f = create(path).map_err(|e| {
             if e.kind() == std::io::ErrorKind::AlreadyExists {
-                key_err(&name, "already exists; refusing to overwrite it (--force replaces it)")
+                key_err(
+                    &name,
+                    "already exists; refusing to overwrite it (--force replaces it)",
+                )
             } else {
                 key_err(&name, e.to_string())
             }

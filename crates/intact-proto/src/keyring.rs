@@ -153,7 +153,10 @@ impl Keyring {
                     return Err(err(
                         path,
                         n,
-                        format!("{name} holds the same key as {} (each client needs its own)", c.name),
+                        format!(
+                            "{name} holds the same key as {} (each client needs its own)",
+                            c.name
+                        ),
                     ));
                 }
                 if nested(c.subtree.as_ref(), subtree.as_ref()) {

@@ -29,13 +29,13 @@ pub use auth::{
     server_handshake_admit, server_handshake_keyring, SessionId, AUTH_FAILED, VERSION,
 };
 pub use connection::{Connection, HANDSHAKE_FRAME};
+pub use error::ProtoError;
 pub use key::{write_new_key_file, Key};
 pub use keyring::{ClientKey, Keyring, CLIENT_TAG};
-pub use seal::{Cipher, Security, TAG_LEN};
-pub use error::ProtoError;
 pub use message::{
     frame_len, Block, Entry, EntryKind, FileEnd, FileResult, FileStatus, Holding, Message,
     DELETE_CHUNK_BYTES, HEADER_LEN, MAX_BLOCK, MAX_DELETE_RULES, MAX_DELETE_SCOPES, MAX_DIGEST,
     MAX_FRAME, MAX_STATUS_BLOCKS, MAX_TEXT,
 };
 pub use path::{WirePath, MAX_PATH_LEN};
+pub use seal::{Cipher, Security, TAG_LEN};

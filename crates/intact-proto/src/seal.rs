@@ -304,3 +304,102 @@ impl Direction {
         Ok(&rest[HEADER_LEN..])
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Message;
+
+    fn pair(security: Security) -> (Direction, Direction) {
+        let key = crate::Key::from_passphrase(b"unit test passphrase, long enough").unwrap();
+        let t = Transcript {
+            version: 6,
+            client_nonce: &[1; 32],
+            server_nonce: &[2; 32],
+            session: &[3; 16],
+            offer: 0,
+            choice: security.wire(),
+        };
+        derive(&key, &t, security)
+    }
+
+    #[test]
+    fn both_ciphers_seal_and_open_with_and_without_encryption() {
+        for cipher in [Cipher::Aes256Gcm, Cipher::ChaCha20Poly1305] {
+            for encrypted in [true, false] {
+                let s = Security::Sealed { cipher, encrypted };
+                assert_eq!(Security::from_wire(s.wire()), Some(s));
+                let (mut send, _) = pair(s);
+                let (mut recv, _) = pair(s);
+                let msg = Message::Refused {
+                    reason: "MARKER".repeat(10),
+                };
+                let mut out = Vec::new();
+                msg.encode(&mut out);
+                send.seal(&mut out, 0).unwrap();
+                let visible = out.windows(6).any(|w| w == b"MARKER");
+                assert_eq!(visible, !encrypted, "{s}");
+                let body = recv.open(&mut out.clone()).unwrap().to_vec();
+                assert_eq!(Message::decode(&body).unwrap(), msg, "{s}");
+                // The other direction's key, or the other cipher, fails.
+                let (_, mut wrong_dir) = pair(s);
+                assert!(matches!(
+                    wrong_dir.open(&mut out.clone()),
+                    Err(ProtoError::Tampered)
+                ));
+                let other = Security::Sealed {
+                    cipher: match cipher {
+                        Cipher::Aes256Gcm => Cipher::ChaCha20Poly1305,
+                        Cipher::ChaCha20Poly1305 => Cipher::Aes256Gcm,
+                    },
+                    encrypted,
+                };
+                let (mut wrong_cipher, _) = pair(other);
+                assert!(matches!(
+                    wrong_cipher.open(&mut out),
+                    Err(ProtoError::Tampered)
+                ));
+            }
+        }
+    }
+
+    #[test]
+    fn the_server_picks_aes_only_when_both_ends_have_it_and_encrypts_unless_asked_not_to() {
+        let c = |offer, enc| Security::choose(offer, enc);
+        let cipher = |s: Security| match s {
+            Security::Sealed { cipher, .. } => cipher,
+            Security::Plain => panic!("plain"),
+        };
+        assert_eq!(cipher(c(0, true)), Cipher::ChaCha20Poly1305);
+        let aes = if aes_is_fast() {
+            Cipher::Aes256Gcm
+        } else {
+            Cipher::ChaCha20Poly1305
+        };
+        assert_eq!(cipher(c(OFFER_AES, true)), aes);
+        assert!(matches!(
+            c(OFFER_AES, true),
+            Security::Sealed {
+                encrypted: true,
+                ..
+            }
+        ));
+        assert!(matches!(
+            c(OFFER_AES, false),
+            Security::Sealed {
+                encrypted: false,
+                ..
+            }
+        ));
+        assert!(matches!(
+            c(OFFER_NO_ENCRYPT, true),
+            Security::Sealed {
+                encrypted: false,
+                ..
+            }
+        ));
+        for bad in [3u8, 0x7f, 0x80, 0x83, 0xff] {
+            assert_eq!(Security::from_wire(bad), None, "{bad:#x}");
+        }
+    }
+}

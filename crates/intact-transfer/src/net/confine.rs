@@ -100,8 +100,12 @@ pub(crate) fn open_subtree(root: &Path, subtree: &WirePath) -> Result<OwnedFd, T
         source: e.into(),
     };
     let flags = OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC;
-    let mut dir = rfs::open(root, OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
-        .map_err(io)?;
+    let mut dir = rfs::open(
+        root,
+        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(io)?;
     for (i, c) in subtree.components().enumerate() {
         if i == 0 && c == STATE_DIR {
             return Err(refused(subtree, "inside the server's state (.intact)"));
@@ -137,9 +141,7 @@ pub(crate) fn open_subtree(root: &Path, subtree: &WirePath) -> Result<OwnedFd, T
 /// `.intact`, as [`Journal::open`] places it).
 pub(crate) fn journal_dir(root: &Path, subtree: &WirePath) -> PathBuf {
     let h = blake3::hash(subtree.as_bytes());
-    root.join(STATE_DIR)
-        .join("clients")
-        .join(&h.to_hex()[..32])
+    root.join(STATE_DIR).join("clients").join(&h.to_hex()[..32])
 }
 
 /// The open journal of `subtree`, shared while any session holds it.

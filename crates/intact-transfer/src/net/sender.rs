@@ -309,18 +309,16 @@ impl<'a> Stream<'a> {
         // Each half carries its own direction's sealing state.
         let (mut r, conn) = conn.split(write_half);
         let (tx, rx) = mpsc::channel();
-        let reader = std::thread::spawn(move || {
-            loop {
-                let m = r.read_message();
-                let stop = !matches!(m, Ok(Some(ref msg)) if *msg != Message::Bye);
-                let ev = match m {
-                    Ok(Some(msg)) => Ok(msg),
-                    Ok(None) => Err(ProtoError::Closed),
-                    Err(e) => Err(e),
-                };
-                if tx.send(ev).is_err() || stop {
-                    return;
-                }
+        let reader = std::thread::spawn(move || loop {
+            let m = r.read_message();
+            let stop = !matches!(m, Ok(Some(ref msg)) if *msg != Message::Bye);
+            let ev = match m {
+                Ok(Some(msg)) => Ok(msg),
+                Ok(None) => Err(ProtoError::Closed),
+                Err(e) => Err(e),
+            };
+            if tx.send(ev).is_err() || stop {
+                return;
             }
         });
         Ok(Stream {
