@@ -34,6 +34,9 @@ enum Attack {
     /// Flip one bit of sealed frame k at `MARKER` if it shows, else in
     /// its middle.
     Flip(usize),
+    /// Close the connection (both ways, cleanly, between frames) instead
+    /// of passing sealed frame k.
+    Cut(usize),
 }
 
 /// A relay on 127.0.0.1 in front of `server`; it records every byte
@@ -97,6 +100,11 @@ impl Relay {
                                 out.extend(held.take());
                             }
                             (Attack::Drop(k), Some(i)) if i == k => {}
+                            (Attack::Cut(k), Some(i)) if i == k => {
+                                let _ = s_out.shutdown(Shutdown::Write);
+                                let _ = c_in.shutdown(Shutdown::Both);
+                                return;
+                            }
                             (Attack::Flip(k), Some(i)) if i == k => {
                                 let at = f
                                     .windows(MARKER.len())
@@ -220,6 +228,7 @@ fn forged_replayed_reordered_dropped_and_altered_frames_fail_the_transfer() {
         Attack::Reorder(2),
         Attack::Drop(2),
         Attack::Flip(2),
+        Attack::Cut(2),
     ] {
         let relay = Relay::start(server.addr(), attack);
         let out = send(&key, &src, &relay.addr);
@@ -235,12 +244,11 @@ fn forged_replayed_reordered_dropped_and_altered_frames_fail_the_transfer() {
         still_serves(&mut server, &key, &src, &root);
         fs::remove_file(root.join("big.dat")).unwrap();
     }
-    // The server says why in its log.
+    // The server says why in its log: the tag, and the cut.
     let log: Vec<String> = server.log.try_iter().collect();
-    assert!(
-        log.iter().any(|l| l.contains("failed authentication")),
-        "{log:?}"
-    );
+    for why in ["failed authentication", "without an authenticated Bye"] {
+        assert!(log.iter().any(|l| l.contains(why)), "{why}: {log:?}");
+    }
 }
 
 #[test]
