@@ -22,12 +22,12 @@ pub enum Command {
     /// Receive transfers: the daemon that `intact send` talks to.
     #[command(long_about = SERVE_ABOUT)]
     Serve(ServeArgs),
-    /// Write a fresh random key file for `serve` and `send --key-file`.
-    #[command(long_about = KEYGEN_ABOUT)]
-    Keygen(KeygenArgs),
     /// Send files and trees to an `intact serve` over TCP.
     #[command(long_about = SEND_ABOUT)]
     Send(SendArgs),
+    /// Write a fresh random key file for `serve` and `send --key-file`.
+    #[command(long_about = KEYGEN_ABOUT)]
+    Keygen(KeygenArgs),
     /// Print or check file digests, in the formats of sha256sum, b3sum and xxhsum.
     #[command(long_about = SUM_ABOUT)]
     Sum(SumArgs),
