@@ -307,18 +307,21 @@ impl<'a> Stream<'a> {
     fn start(conn: Connection<TcpStream>, ctx: &'a Ctx<'a>) -> Result<Stream<'a>, TransferError> {
         let write_half = conn.get_ref().try_clone().map_err(conn_err)?;
         // Each half carries its own direction's sealing state.
-        let (mut r, conn) = conn.split(write_half);
+        let (read_half, conn) = conn.split(write_half);
         let (tx, rx) = mpsc::channel();
-        let reader = std::thread::spawn(move || loop {
-            let m = r.read_message();
-            let stop = !matches!(m, Ok(Some(ref msg)) if *msg != Message::Bye);
-            let ev = match m {
-                Ok(Some(msg)) => Ok(msg),
-                Ok(None) => Err(ProtoError::Closed),
-                Err(e) => Err(e),
-            };
-            if tx.send(ev).is_err() || stop {
-                return;
+        let reader = std::thread::spawn(move || {
+            let mut r = read_half;
+            loop {
+                let m = r.read_message();
+                let stop = !matches!(m, Ok(Some(ref msg)) if *msg != Message::Bye);
+                let ev = match m {
+                    Ok(Some(msg)) => Ok(msg),
+                    Ok(None) => Err(ProtoError::Closed),
+                    Err(e) => Err(e),
+                };
+                if tx.send(ev).is_err() || stop {
+                    return;
+                }
             }
         });
         Ok(Stream {
