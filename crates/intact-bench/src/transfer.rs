@@ -131,6 +131,7 @@ pub fn run(a: &TransferArgs) -> anyhow::Result<()> {
         Some(Sshd::start(&a.dir.join("sshd"))?)
     };
     let key = if a.keyed {
+        std::fs::create_dir_all(&a.dir)?;
         let k = a.dir.join("bench.key");
         run_cmd(Command::new(&intact).arg("keygen").arg("--force").arg(&k))?;
         Some(k)
