@@ -40,6 +40,11 @@ pub struct TransferArgs {
     /// /dev/shm, made and removed by this run) instead of --dir.
     #[arg(long)]
     ram_ext4: bool,
+    /// Also run `intact send --verify none` with a key: frames encrypted,
+    /// and frames authenticated only (`serve --no-encrypt`), to measure
+    /// what sealing costs against the keyless (plain) run.
+    #[arg(long)]
+    keyed: bool,
 }
 
 pub(crate) struct Dataset {
@@ -52,7 +57,17 @@ const MIB: u64 = 1 << 20;
 
 /// What every table says about encryption.
 pub(crate) const ENCRYPTION_NOTE: &str =
-    "rsync over ssh encrypts; intact (and the raw pipe) do not yet";
+    "rsync over ssh encrypts; intact send encrypts only with a key \
+     (rows marked \"key\"; the others are keyless: plain frames); the raw pipe does not";
+
+/// How an `intact send` run is keyed.
+#[derive(Clone, Copy)]
+enum Keying<'a> {
+    /// No key: plain frames.
+    None,
+    /// A key: sealed frames, encrypted or (false) authenticated only.
+    Key(&'a Path, bool),
+}
 
 /// A named tool: one timed run from the dataset into a fresh destination.
 type Tool<'a> = (String, Box<dyn Fn() -> anyhow::Result<Sample> + 'a>);
@@ -115,6 +130,14 @@ pub fn run(a: &TransferArgs) -> anyhow::Result<()> {
     } else {
         Some(Sshd::start(&a.dir.join("sshd"))?)
     };
+    let key = if a.keyed {
+        std::fs::create_dir_all(&a.dir)?;
+        let k = a.dir.join("bench.key");
+        run_cmd(Command::new(&intact).arg("keygen").arg("--force").arg(&k))?;
+        Some(k)
+    } else {
+        None
+    };
     let can_drop = drop_caches();
     println!(
         "intact-bench transfer: on {storage}, scale {}, {} interleaved runs per tool, page cache {}, each run ends with sync",
@@ -133,8 +156,24 @@ pub fn run(a: &TransferArgs) -> anyhow::Result<()> {
             let (bin, src, dst) = (&intact, &src, &dst);
             tools.push((
                 format!("intact send --verify {mode}"),
-                Box::new(move || intact_send(bin, src, dst, mode)),
+                Box::new(move || intact_send(bin, src, dst, mode, Keying::None)),
             ));
+        }
+        if let Some(key) = &key {
+            for encrypt in [true, false] {
+                let (bin, src, dst) = (&intact, &src, &dst);
+                tools.push((
+                    format!(
+                        "intact send --verify none, key{}",
+                        if encrypt {
+                            ", encrypted"
+                        } else {
+                            ", serve --no-encrypt"
+                        }
+                    ),
+                    Box::new(move || intact_send(bin, src, dst, "none", Keying::Key(key, encrypt))),
+                ));
+            }
         }
         tools.push((
             "intact copy --verify none".into(),
@@ -292,20 +331,29 @@ pub(crate) fn timed(f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<Sa
 /// A fresh server per run (so its journal does not skip anything), timed
 /// from the send's start to the end of the final sync; the server's CPU
 /// is counted.
-fn intact_send(intact: &Path, src: &Path, dst: &Path, verify: &str) -> anyhow::Result<Sample> {
+fn intact_send(
+    intact: &Path,
+    src: &Path,
+    dst: &Path,
+    verify: &str,
+    keying: Keying<'_>,
+) -> anyhow::Result<Sample> {
     let mut m = Meter::start();
     let mut cmd = Command::new(intact);
     cmd.args(["serve", "--listen", "127.0.0.1:0", "--root"])
         .arg(dst);
+    let mut send = Command::new(intact);
+    send.args(["send", "--verify", verify]);
+    if let Keying::Key(key, encrypt) = keying {
+        cmd.arg("--key-file").arg(key);
+        if !encrypt {
+            cmd.arg("--no-encrypt");
+        }
+        send.arg("--key-file").arg(key);
+    }
     let (mut server, addr) = start_server(&mut cmd)?;
     m.go();
-    let sent = run_cmd(
-        Command::new(intact)
-            .args(["send", "--verify", verify])
-            .arg(src)
-            .arg(&addr),
-    )
-    .and_then(|()| run_cmd(&mut Command::new("sync")));
+    let sent = run_cmd(send.arg(src).arg(&addr)).and_then(|()| run_cmd(&mut Command::new("sync")));
     m.stop();
     let _ = server.kill();
     let _ = server.wait();

@@ -58,6 +58,19 @@ pub enum ProtoError {
     /// The connection closed in the middle of a frame or a handshake.
     #[error("connection closed by peer")]
     Closed,
+    /// A sealed frame failed its authentication tag: forged, altered,
+    /// replayed, reordered, or a frame before it was dropped. The
+    /// connection must end.
+    #[error("a frame failed authentication (forged, altered, replayed, reordered, or one before it was dropped)")]
+    Tampered,
+    /// A sealed connection ended without the peer's authenticated Bye:
+    /// whatever it meant to send last may have been cut off.
+    #[error("connection closed without an authenticated Bye (cut off?)")]
+    ClosedWithoutBye,
+    /// A direction of a sealed connection used up its 2^64 sequence
+    /// numbers (a nonce is never reused).
+    #[error("frame sequence numbers exhausted; reconnect")]
+    SequenceExhausted,
     /// A key file could not be used.
     #[error("key file {path}: {reason}")]
     Key {

@@ -9,23 +9,33 @@
 //! buffers. [`WirePath`] is the only form in which a path from a peer
 //! exists: relative, normalised, no `..`, no NUL. [`auth`] is the
 //! handshake: versions, then mutual challenge-response over a pre-shared
-//! [`Key`], with no key material on the wire.
+//! [`Key`], with no key material on the wire. After a keyed handshake
+//! every frame is sealed with an AEAD under per-direction keys ([`seal`]):
+//! encrypted by default, authenticated always. [`key`] has the key-file
+//! formats (generated keys, passphrases stretched with Argon2id) and
+//! [`Keyring`] a server's several clients, each confined to a subtree.
 
 pub mod auth;
 mod connection;
 mod error;
+pub mod key;
+mod keyring;
 mod message;
 mod path;
+pub mod seal;
 
 pub use auth::{
-    client_handshake, client_handshake_in, server_handshake, server_handshake_admit, Key,
-    SessionId, AUTH_FAILED, VERSION,
+    client_handshake, client_handshake_in, client_handshake_with, server_handshake,
+    server_handshake_admit, server_handshake_keyring, SessionId, AUTH_FAILED, VERSION,
 };
-pub use connection::Connection;
+pub use connection::{Connection, HANDSHAKE_FRAME};
 pub use error::ProtoError;
+pub use key::{write_new_key_file, Key};
+pub use keyring::{ClientKey, Keyring, CLIENT_TAG};
 pub use message::{
     frame_len, Block, Entry, EntryKind, FileEnd, FileResult, FileStatus, Holding, Message,
     DELETE_CHUNK_BYTES, HEADER_LEN, MAX_BLOCK, MAX_DELETE_RULES, MAX_DELETE_SCOPES, MAX_DIGEST,
     MAX_FRAME, MAX_STATUS_BLOCKS, MAX_TEXT,
 };
 pub use path::{WirePath, MAX_PATH_LEN};
+pub use seal::{Cipher, Security, TAG_LEN};

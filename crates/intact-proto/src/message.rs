@@ -1,5 +1,10 @@
 //! The messages of protocol version 6 and their byte encoding.
 //!
+//! Version 6 added the frame-protection suite to Hello (after the
+//! handshake every frame of a keyed session is sealed, see
+//! [`crate::seal`]), and made FileEnd's whole-file digest one the
+//! receiver checks.
+//!
 //! Version 4 added the client's session id to Hello (so a server can tell
 //! the streams of one client apart from other clients'). Version 5 added
 //! the `--delete` exchange: [`Message::DeleteStart`], [`Message::DeleteKeep`]
@@ -179,6 +184,11 @@ pub enum Message {
         /// The client's session id, the same on every stream of one run
         /// (zeros from a server; absent before version 4, read as zeros).
         session: [u8; 16],
+        /// Frame protection (version 6): from a client, its offer (bit 0:
+        /// AES is fast here; bit 1: do not encrypt); from a server, its
+        /// choice (0 plain, 1 AES-256-GCM, 2 ChaCha20-Poly1305, +0x80 not
+        /// encrypted). See [`crate::seal`]. Absent before 6: read as 0.
+        suite: u8,
     },
     /// Proof of holding the key (see [`crate::auth`]).
     Proof {
@@ -331,12 +341,14 @@ impl Message {
                 keyed,
                 nonce,
                 session,
+                suite,
             } => {
                 w.u8(HELLO);
                 w.u16(*version);
                 w.u8(u8::from(*keyed));
                 w.raw(nonce);
                 w.raw(session);
+                w.u8(*suite);
             }
             Message::Proof { mac } => {
                 w.u8(PROOF);
@@ -516,6 +528,8 @@ impl Message {
                 } else {
                     r.array()?
                 },
+                // Before version 6 there was no suite: read as 0.
+                suite: if r.buf.is_empty() { 0 } else { r.u8()? },
             },
             PROOF => Message::Proof { mac: r.array()? },
             REFUSED => Message::Refused { reason: r.text()? },

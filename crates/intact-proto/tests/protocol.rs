@@ -25,13 +25,15 @@ fn arb_message() -> impl Strategy<Value = Message> {
             any::<u16>(),
             any::<bool>(),
             any::<[u8; 32]>(),
-            any::<[u8; 16]>()
+            any::<[u8; 16]>(),
+            any::<u8>()
         )
-            .prop_map(|(version, keyed, nonce, session)| Message::Hello {
+            .prop_map(|(version, keyed, nonce, session, suite)| Message::Hello {
                 version,
                 keyed,
                 nonce,
                 session,
+                suite,
             }),
         any::<[u8; 32]>().prop_map(|mac| Message::Proof { mac }),
         ".{0,40}".prop_map(|reason| Message::Refused { reason }),
@@ -412,6 +414,7 @@ fn other_versions_are_refused_with_a_reason() {
         keyed: false,
         nonce: [0; 32],
         session: [0; 16],
+        suite: 0,
     })
     .unwrap();
     match conn.expect_message().unwrap() {

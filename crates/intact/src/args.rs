@@ -25,6 +25,9 @@ pub enum Command {
     /// Send files and trees to an `intact serve` over TCP.
     #[command(long_about = SEND_ABOUT)]
     Send(SendArgs),
+    /// Write a fresh random key file for `serve` and `send --key-file`.
+    #[command(long_about = KEYGEN_ABOUT)]
+    Keygen(KeygenArgs),
     /// Print or check file digests, in the formats of sha256sum, b3sum and xxhsum.
     #[command(long_about = SUM_ABOUT)]
     Sum(SumArgs),
@@ -149,9 +152,25 @@ travels with it and asked for again if it fails; a file gets its final name
 only once verified and fsynced (see `intact copy --help` for the modes).
 
 With --key-file, clients must prove they hold the same key (mutual
-challenge-response over keyed BLAKE3; the key never crosses the wire).
-Without a key, only loopback clients are served. --listen 127.0.0.1:0
-picks a free port; the first line printed says which. SIGINT or SIGTERM
+challenge-response over keyed BLAKE3; the key never crosses the wire), and
+every frame after that is sealed with per-connection keys (HKDF-SHA256 over
+the key and both sides' fresh nonces) by AES-256-GCM where both CPUs have
+AES instructions, else ChaCha20-Poly1305: encrypted, and numbered, so a
+forged, altered, replayed, reordered or dropped frame ends the session.
+--no-encrypt keeps every frame authenticated but leaves its bytes readable
+(for a capture-based cache on the path). Make a key with `intact keygen
+FILE`; a key file holding anything else is a passphrase (16 bytes or more),
+stretched with Argon2id. A key file may instead be a keyring that confines
+each client to its own subtree of the root, one line per client:
+`intact-client-v1 NAME SUBTREE SECRET` (SECRET: `intact-key-v1 HEX` or a
+passphrase; subtrees may not contain one another; each has its own journal
+under ROOT/.intact/clients/).
+
+Without a key there is no secret to derive frame keys from: frames are
+plain (neither encrypted nor authenticated), only loopback clients are
+served, and a keyless server refuses to listen on any address that is
+not loopback. --listen 127.0.0.1:0 picks a free port; the first line
+printed says which. SIGINT or SIGTERM
 stop the server: new connections are refused, transfers in progress keep
 their partial data hidden, nothing unverified is ever given its final name.
 
@@ -164,7 +183,30 @@ stream and per refused connection.
 
 Exit status: 0 once stopped by a signal; 1 if it cannot start (the root is
 in use, the address is taken, the journal cannot be opened); 2 for usage
-errors (a --root that is not a usable directory, a bad --key-file).";
+errors (a --root that is not a usable directory, a bad --key-file, a
+keyless server asked to listen beyond loopback).";
+
+const KEYGEN_ABOUT: &str = "\
+Write a fresh key: 32 random bytes from the operating system, as one line
+`intact-key-v1 <64 hex digits>`. The file is created with mode 600 and
+never replaces an existing file (O_EXCL) unless --force is given (then the
+new key is written beside it, mode 600, and renamed over it). Give the
+same file to `intact serve --key-file` and `intact send --key-file`, or
+put its line into a keyring line of the server (see `intact serve --help`).
+
+Exit status: 0 if the key was written; 1 if it could not be; 2 for usage
+errors (the file exists and --force was not given).";
+
+#[derive(Debug, Args)]
+pub struct KeygenArgs {
+    /// The key file to create.
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+
+    /// Replace FILE if it exists.
+    #[arg(long)]
+    pub force: bool,
+}
 
 const SEND_ABOUT: &str = "\
 Send files and trees to `intact serve` at HOST:PORT, optionally into a
@@ -222,9 +264,15 @@ pub struct ServeArgs {
     #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:4750")]
     pub listen: String,
 
-    /// Pre-shared key file (mode 600); clients must hold the same key.
+    /// Pre-shared key file (mode 600) or keyring; clients must hold the
+    /// same key (a keyring confines each client to its subtree).
     #[arg(long, value_name = "F")]
     pub key_file: Option<PathBuf>,
+
+    /// Authenticate every frame but do not encrypt it (a capture-based
+    /// cache on the path can then read the data); needs --key-file.
+    #[arg(long, requires = "key_file")]
+    pub no_encrypt: bool,
 
     /// Clients served at once (one `intact send` run is one client,
     /// whatever its --streams); more are refused with a reason.
@@ -261,7 +309,8 @@ pub struct SendArgs {
     #[arg(value_name = "HOST:PORT", required = true)]
     pub target: PathBuf,
 
-    /// Pre-shared key file (mode 600), the same as the server's.
+    /// Pre-shared key file (mode 600): a key from `intact keygen` or a
+    /// passphrase, the same as the server's (or as this client's keyring line).
     #[arg(long, value_name = "F")]
     pub key_file: Option<PathBuf>,
 

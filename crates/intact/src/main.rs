@@ -12,6 +12,7 @@ mod exit;
 mod generate;
 mod hashing;
 mod interrupt;
+mod keygen;
 mod ordered;
 mod reliability;
 mod resolve;
@@ -35,6 +36,7 @@ fn main() -> ExitCode {
         Command::Copy(a) => copy::run(a),
         Command::Serve(a) => serve::run(a),
         Command::Send(a) => copy::run_send(a),
+        Command::Keygen(a) => keygen::run(a),
         Command::Sum(a) if a.check => check::run(a),
         Command::Sum(a) => sum::run(a),
         Command::Demo(a) => demo::run(a),

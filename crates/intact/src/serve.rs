@@ -13,8 +13,8 @@ use signal_hook::consts::{SIGINT, SIGTERM};
 use crate::args::ServeArgs;
 
 pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
-    let key = match &args.key_file {
-        Some(f) => match intact_proto::Key::from_file(f) {
+    let keyring = match &args.key_file {
+        Some(f) => match intact_proto::Keyring::from_file(f) {
             Ok(k) => Some(k),
             Err(e) => {
                 eprintln!("intact serve: {e}");
@@ -23,13 +23,39 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
         },
         None => None,
     };
+    if keyring.is_none() {
+        if let Some(why) = beyond_loopback(&args.listen) {
+            eprintln!(
+                "intact serve: refusing to listen on {} without a key: {why}; \
+                 a keyless server serves loopback clients only, so give it a --key-file \
+                 (make one with `intact keygen FILE`) or listen on 127.0.0.1 / [::1]",
+                args.listen
+            );
+            return Ok(ExitCode::from(2));
+        }
+    }
     intact_transfer::raise_open_file_limit();
+    let described = match &keyring {
+        None => "no key: loopback clients only, plain frames".to_string(),
+        Some(k) => format!(
+            "key required ({} client{}), frames {}",
+            k.clients().len(),
+            if k.clients().len() == 1 { "" } else { "s" },
+            if args.no_encrypt {
+                "authenticated, not encrypted"
+            } else {
+                "encrypted"
+            }
+        ),
+    };
     let cfg = ServerConfig {
         root: args.root.clone(),
-        key,
+        key: None,
+        encrypt: !args.no_encrypt,
         max_sessions: args.max_sessions as usize,
         max_streams_per_session: args.max_streams_per_session as usize,
         idle_timeout: Duration::from_secs(args.idle_timeout.max(1)),
+        keyring,
         verbose: args.verbose,
         receive: intact_transfer::ReceiveOptions {
             max_delete_paths: Some(args.max_delete_paths),
@@ -62,13 +88,8 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
         }
     });
     println!(
-        "intact serve: listening on {addr}, root {}, {}",
+        "intact serve: listening on {addr}, root {}, {described}",
         args.root.display(),
-        if args.key_file.is_some() {
-            "key required"
-        } else {
-            "no key: loopback clients only"
-        }
     );
     std::io::stdout().flush()?;
     server.run(
@@ -77,4 +98,39 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
         Arc::new(|line| eprintln!("intact serve: {line}")),
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// Why `listen` reaches beyond loopback (`None`: every address it names
+/// is a loopback address). A name that does not resolve is left to bind
+/// to report.
+fn beyond_loopback(listen: &str) -> Option<String> {
+    use std::net::ToSocketAddrs;
+    let addrs: Vec<_> = listen.to_socket_addrs().ok()?.collect();
+    let open: Vec<String> = addrs
+        .iter()
+        .filter(|a| !a.ip().is_loopback())
+        .map(|a| a.ip().to_string())
+        .collect();
+    if open.is_empty() {
+        None
+    } else if open.iter().any(|ip| ip == "0.0.0.0" || ip == "::") {
+        Some("that address listens on every interface".into())
+    } else {
+        Some(format!("{} is not a loopback address", open.join(", ")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::beyond_loopback;
+
+    #[test]
+    fn only_loopback_addresses_pass() {
+        for ok in ["127.0.0.1:0", "[::1]:4750", "127.3.4.5:9", "localhost:0"] {
+            assert_eq!(beyond_loopback(ok), None, "{ok}");
+        }
+        for bad in ["0.0.0.0:4750", "[::]:0", "192.0.2.7:1", "[2001:db8::1]:1"] {
+            assert!(beyond_loopback(bad).is_some(), "{bad}");
+        }
+    }
 }

@@ -2,6 +2,7 @@
 //! intact-proto.
 
 mod bounds;
+mod confine;
 mod delete;
 mod receiver;
 mod root;

@@ -441,7 +441,8 @@ pub fn receive(
 ) -> Result<SessionSummary, TransferError> {
     let clone = |s: &TcpStream| s.try_clone().map_err(|e| TransferError::Path(e.into()));
     let stream = clone(conn.get_ref())?;
-    let mut out = Connection::new(clone(&stream)?);
+    // Each half carries its own direction's sealing state.
+    let (conn, mut out) = conn.split(clone(&stream)?);
     let (tx, events) = mpsc::channel::<Event>();
     // The reader takes a credit before it hands over a message and the
     // session thread gives one back as it takes the message: at most

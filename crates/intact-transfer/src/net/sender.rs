@@ -320,10 +320,12 @@ struct Stream<'a> {
 
 impl<'a> Stream<'a> {
     fn start(conn: Connection<TcpStream>, ctx: &'a Ctx<'a>) -> Result<Stream<'a>, TransferError> {
-        let read_half = conn.get_ref().try_clone().map_err(conn_err)?;
+        let write_half = conn.get_ref().try_clone().map_err(conn_err)?;
+        // Each half carries its own direction's sealing state.
+        let (read_half, conn) = conn.split(write_half);
         let (tx, rx) = mpsc::channel();
         let reader = std::thread::spawn(move || {
-            let mut r = Connection::new(read_half);
+            let mut r = read_half;
             loop {
                 let m = r.read_message();
                 let stop = !matches!(m, Ok(Some(ref msg)) if *msg != Message::Bye);

@@ -13,10 +13,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use intact_proto::{server_handshake_admit, Connection, Key, Message};
+use intact_proto::{server_handshake_keyring, Connection, Key, Keyring, Message};
 
 use crate::dest::Destination;
 use crate::journal::Journal;
+use crate::net::confine::confine;
 use crate::net::receiver::{receive, ReceiveOptions};
 use crate::net::root::{RootError, RootLock};
 use crate::net::sessions::{Limits, Log, Sessions};
@@ -27,8 +28,15 @@ use crate::TransferError;
 pub struct ServerConfig {
     /// The only directory it writes under.
     pub root: PathBuf,
-    /// Pre-shared key; without one, only loopback clients are served.
+    /// Pre-shared key, for the whole root; without a key (nor a keyring),
+    /// only loopback clients are served, with plain frames.
     pub key: Option<Key>,
+    /// Several clients' keys, each confined to its subtree of the root
+    /// (used instead of `key` when set).
+    pub keyring: Option<Keyring>,
+    /// Encrypt the frames of keyed sessions (they are authenticated
+    /// either way); off for a capture-based cache on the path.
+    pub encrypt: bool,
     /// Clients (sessions: one `intact send` run, whatever its streams)
     /// served at once; more are refused with a reason.
     pub max_sessions: usize,
@@ -196,12 +204,23 @@ fn connection(
         return;
     }
     let mut conn = Connection::new(stream);
-    let admitted =
-        server_handshake_admit(&mut conn, cfg.key.as_ref(), peer.ip().is_loopback(), |id| {
-            sessions.admit(id, peer)
-        });
+    let single = cfg.key.clone().map(Keyring::single);
+    let clients = cfg.keyring.as_ref().or(single.as_ref());
+    let clients = clients.map_or(&[][..], |r| r.clients());
+    let admitted = server_handshake_keyring(
+        &mut conn,
+        clients,
+        cfg.encrypt,
+        peer.ip().is_loopback(),
+        |id, client| {
+            // A client's streams group by its id within its key's name.
+            let id = client.map_or(id, |c| id.within(&c.name));
+            let subtree = client.and_then(|c| c.subtree.clone());
+            sessions.admit(id, peer).map(|s| (s, subtree))
+        },
+    );
     handshake.take();
-    let session = match admitted {
+    let (session, subtree) = match admitted {
         Ok(s) => s,
         Err(e) => {
             // A wrong key or a refusal is worth a line; a port scan, a
@@ -224,8 +243,8 @@ fn connection(
         conn.get_ref()
             .set_read_timeout(Some(cfg.idle_timeout))
             .map_err(|e| TransferError::Path(e.into()))?;
-        let dest = Destination::open(&cfg.root)?;
-        receive(conn, &dest, &cfg.root, journal, &cfg.receive)
+        let to = confine(&cfg.root, subtree.as_ref(), journal)?;
+        receive(conn, &to.dest, &to.root, &to.journal, &cfg.receive)
     })();
     session.end(outcome.map_err(|e| e.to_string()));
 }
@@ -295,6 +314,8 @@ impl ServerConfig {
         ServerConfig {
             root: root.into(),
             key: None,
+            keyring: None,
+            encrypt: true,
             max_sessions: 16,
             max_streams_per_session: 64,
             idle_timeout: Duration::from_secs(60),
