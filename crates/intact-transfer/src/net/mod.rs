@@ -2,11 +2,14 @@
 //! intact-proto.
 
 mod delete;
+mod ratelimit;
 mod receiver;
 mod root;
+mod seam;
 mod sender;
 mod server;
 mod sessions;
+mod watchdog;
 
 pub use delete::{DeleteRequest, MAX_KEEP_BYTES, MAX_KEEP_PATHS};
 pub use receiver::{receive, ReceiveOptions, SessionSummary};

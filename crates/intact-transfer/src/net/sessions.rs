@@ -199,6 +199,12 @@ impl Sessions {
 }
 
 impl Stream {
+    /// Its session's id.
+    #[cfg(feature = "fault-seam")]
+    pub fn id(&self) -> SessionId {
+        self.id
+    }
+
     /// The stream ended: with its receiver's summary, or an error.
     pub fn end(mut self, outcome: Result<SessionSummary, String>) {
         self.ended = true;
