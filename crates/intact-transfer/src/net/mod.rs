@@ -2,6 +2,7 @@
 //! intact-proto.
 
 mod delete;
+pub(crate) mod private;
 mod ratelimit;
 mod receiver;
 mod root;
