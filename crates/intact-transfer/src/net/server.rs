@@ -253,10 +253,8 @@ fn connection(
         Err(_) => return,
     };
     let _ = stream.set_nodelay(true);
-    let timeout = HANDSHAKE_TIMEOUT.min(cfg.idle_timeout);
-    if stream.set_read_timeout(Some(timeout)).is_err()
-        || stream.set_write_timeout(Some(timeout)).is_err()
-    {
+    let backstop = Some(HANDSHAKE_TIMEOUT.min(cfg.idle_timeout).saturating_mul(2));
+    if stream.set_read_timeout(backstop).is_err() || stream.set_write_timeout(backstop).is_err() {
         return;
     }
     let mut conn = Connection::new(stream);
@@ -289,11 +287,14 @@ fn connection(
     crate::net::seam::maybe_panic(&session);
     let outcome = (|| {
         let socket = conn.get_ref();
-        // Each blocked read or write ends after the idle timeout at most
-        // (the socket's options, shared by the receiver's clones of it).
+        // A second line behind the watchdog (which ends a session after
+        // the idle timeout without progress, and says why): no single read
+        // or write blocks for twice that (the socket's options, shared by
+        // the receiver's clones of it).
+        let backstop = Some(cfg.idle_timeout.saturating_mul(2));
         socket
-            .set_read_timeout(Some(cfg.idle_timeout))
-            .and_then(|()| socket.set_write_timeout(Some(cfg.idle_timeout)))
+            .set_read_timeout(backstop)
+            .and_then(|()| socket.set_write_timeout(backstop))
             .map_err(|e| TransferError::Path(e.into()))?;
         let dest = Destination::open(&cfg.root)?;
         receive(conn, &dest, &cfg.root, journal, &cfg.receive)
