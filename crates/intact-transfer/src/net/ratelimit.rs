@@ -76,6 +76,79 @@ impl Repeats {
     }
 }
 
+/// Lines of one kind (the same reason, from different peers) logged at
+/// most [`Kinds::PER_WINDOW`] times per window each; the rest are counted
+/// and told as one line when the window ends. Hostile clients can make a
+/// line per connection (a wrong key, a refused stream); they cannot make
+/// more than a few per kind per window.
+pub(crate) struct Kinds {
+    window: Duration,
+    kinds: std::collections::HashMap<String, Kind>,
+}
+
+struct Kind {
+    since: Instant,
+    logged: u32,
+    dropped: u64,
+}
+
+impl Kinds {
+    /// Lines of one kind logged per window.
+    pub const PER_WINDOW: u32 = 5;
+    /// Kinds tracked at once; lines of further kinds share one.
+    const MAX_KINDS: usize = 256;
+
+    /// Counts over `window`.
+    pub fn new(window: Duration) -> Kinds {
+        Kinds {
+            window,
+            kinds: std::collections::HashMap::new(),
+        }
+    }
+
+    /// `line`, of kind `kind`, happened at `now`: the lines to log (the
+    /// counts of kinds whose window ended first).
+    pub fn line(&mut self, kind: &str, line: String, now: Instant) -> Vec<String> {
+        let mut out = self.expired(now);
+        let key = if self.kinds.len() >= Self::MAX_KINDS && !self.kinds.contains_key(kind) {
+            "(other reasons)"
+        } else {
+            kind
+        };
+        let k = self.kinds.entry(key.to_string()).or_insert(Kind {
+            since: now,
+            logged: 0,
+            dropped: 0,
+        });
+        if k.logged < Self::PER_WINDOW {
+            k.logged += 1;
+            out.push(line);
+        } else {
+            k.dropped += 1;
+        }
+        out
+    }
+
+    /// Counts of the kinds whose window ended by `now`.
+    pub fn expired(&mut self, now: Instant) -> Vec<String> {
+        let window = self.window;
+        let mut out = Vec::new();
+        self.kinds.retain(|kind, k| {
+            let over = now.saturating_duration_since(k.since) >= window;
+            if over && k.dropped > 0 {
+                out.push(format!(
+                    "{} more line{} like this one in the last {:.0} s: {kind}",
+                    k.dropped,
+                    if k.dropped == 1 { "" } else { "s" },
+                    now.saturating_duration_since(k.since).as_secs_f64()
+                ));
+            }
+            !over
+        });
+        out
+    }
+}
+
 /// A wait that grows while a fault repeats (out of descriptors, out of
 /// threads) and starts small again once it cleared.
 pub(crate) struct Backoff {
@@ -136,6 +209,40 @@ mod tests {
         assert!(got[0].contains("repeated 1 time in"), "{got:?}");
         assert_eq!(got[1], "cannot start a session thread");
         assert_eq!(r.flush(at(10_004)), None, "no repeats of the new line");
+    }
+
+    #[test]
+    fn each_kind_gets_a_few_lines_per_window_and_a_count() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let mut k = Kinds::new(Duration::from_secs(10));
+        let mut logged = Vec::new();
+        for i in 0..2000u64 {
+            logged.extend(k.line(
+                "authentication failed",
+                format!("127.0.0.1:{i}: refused: authentication failed"),
+                at(i),
+            ));
+        }
+        logged.extend(k.line("other", "127.0.0.1:9: refused: other".into(), at(2001)));
+        assert_eq!(logged.len(), 6, "{logged:?}");
+        assert!(logged[4].contains("127.0.0.1:4:"), "{logged:?}");
+        let told = k.expired(at(10_000));
+        assert_eq!(
+            told,
+            vec!["1995 more lines like this one in the last 10 s: authentication failed"]
+        );
+        // A new window: lines again.
+        assert_eq!(
+            k.line("authentication failed", "x".into(), at(10_001))
+                .len(),
+            1
+        );
+        assert_eq!(
+            k.expired(at(12_001)).len(),
+            0,
+            "the other kind dropped none"
+        );
     }
 
     #[test]

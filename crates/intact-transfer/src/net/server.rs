@@ -278,7 +278,7 @@ fn connection(
                     (None, intact_proto::ProtoError::Refused(why)) => why,
                     (None, other) => other.to_string(),
                 };
-                sessions.log(format!("{peer}: refused: {why}"));
+                sessions.log_kind(&why, format!("{peer}: refused: {why}"));
             }
             return;
         }
