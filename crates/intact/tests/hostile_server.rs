@@ -296,6 +296,7 @@ fn a_handshake_sent_a_byte_at_a_time_is_cut_at_its_deadline() {
         "{refused} of 70 were refused as over the handshake cap (64)"
     );
     let last = socks.iter().map(|s| s.2.expect("cut")).max().unwrap();
+    eprintln!("measured: {refused} of 70 refused at the cap; last trickled handshake cut after {last:?}, {sent} bytes sent on each");
     assert!(
         last < Duration::from_secs(15),
         "the last trickled handshake was cut after {last:?} (deadline 3 s); {sent} bytes were sent on each"
@@ -344,6 +345,7 @@ fn a_session_trickled_a_byte_at_a_time_is_ended_and_its_place_freed() {
         std::thread::sleep(Duration::from_millis(300));
     };
     assert!(sent >= 1, "the trickle started");
+    eprintln!("measured: trickled session ({sent} bytes sent) cut {cut:?} after its admission");
     assert!(
         cut < Duration::from_secs(15),
         "the trickled session was ended after {cut:?} (idle timeout 2 s)"
@@ -439,6 +441,7 @@ fn a_client_that_never_reads_its_replies_is_ended_and_its_place_freed() {
     // zero-window probe (up to two minutes): end it here.
     let _ = s.shutdown(std::net::Shutdown::Both);
     let (entries, _) = writer.join().unwrap();
+    eprintln!("measured: {entries} entries sent, {unread} reply bytes unread, session ended {past_stall:?} after the server stopped taking entries");
     assert!(
         unread > 0,
         "the server's replies were left unread ({entries} entries sent)"
@@ -527,6 +530,7 @@ fn panicking_and_aborted_sessions_give_their_places_back() {
         .filter(|l| l.contains("panicked (a bug") && !l.contains("more lines like this one"))
         .count();
     let counted: usize = seen
+        // (see below)
         .iter()
         .filter(|l| l.contains("more lines like this one") && l.contains("panicked"))
         .map(|l| {
@@ -535,6 +539,9 @@ fn panicking_and_aborted_sessions_give_their_places_back() {
         })
         .sum();
     assert!((1..=5).contains(&told), "panics told one by one: {seen:?}");
+    eprintln!(
+        "measured: 72 panicking sessions admitted; {told} told one by one, {counted} counted"
+    );
     assert_eq!(told + counted, 72, "panics told and counted: {seen:?}");
     normal_send_works(&server, dir.path(), &root, "after_panics_2.bin");
 }
@@ -585,6 +592,11 @@ fn out_of_descriptors_the_accept_loop_backs_off_and_logs_little() {
     let cpu0 = server.cpu();
     let lines = server.lines_for(Duration::from_secs(3));
     let cpu = server.cpu() - cpu0;
+    eprintln!(
+        "measured: {} streams held, {fds} server fds at the limit, {} log lines and {cpu:?} CPU in 3 s",
+        held.len(),
+        lines.len()
+    );
     assert!(
         lines.len() <= 3,
         "{} log lines in 3 s at the descriptor limit: {:?}",
