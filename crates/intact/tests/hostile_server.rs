@@ -477,7 +477,7 @@ fn panicking_and_aborted_sessions_give_their_places_back() {
     let big = dir.path().join("honest.bin");
     let data = noise(48 << 20, 11);
     fs::write(&big, &data).unwrap();
-    let honest = Command::new(env!("CARGO_BIN_EXE_intact"))
+    let mut honest = Command::new(env!("CARGO_BIN_EXE_intact"))
         .args(["send", big.to_str().unwrap(), &server.addr()])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -494,6 +494,12 @@ fn panicking_and_aborted_sessions_give_their_places_back() {
             c.read_message().map_or(true, |m| m.is_none()),
             "session {i} lived on"
         );
+        if i == 0 {
+            assert!(
+                honest.try_wait().unwrap().is_none(),
+                "the honest send ended before the first panic: nothing to affect"
+            );
+        }
         match i % 3 {
             0 => drop(connect(&server)),
             1 => {
@@ -520,17 +526,23 @@ fn panicking_and_aborted_sessions_give_their_places_back() {
     server.wait_log("panicked", Duration::from_secs(30), &mut seen);
     std::thread::sleep(Duration::from_secs(11).saturating_sub(panics_ended.elapsed()));
     normal_send_works(&server, dir.path(), &root, "after_panics_1.bin");
-    server.wait_log(
-        "more lines like this one",
-        Duration::from_secs(30),
-        &mut seen,
-    );
+    let until = Instant::now() + Duration::from_secs(30);
+    while !seen
+        .iter()
+        .any(|l| l.contains("more lines like this one") && l.contains("panicked"))
+        && Instant::now() < until
+    {
+        server.wait_log(
+            "more lines like this one",
+            Duration::from_secs(2),
+            &mut seen,
+        );
+    }
     let told = seen
         .iter()
         .filter(|l| l.contains("panicked (a bug") && !l.contains("more lines like this one"))
         .count();
     let counted: usize = seen
-        // (see below)
         .iter()
         .filter(|l| l.contains("more lines like this one") && l.contains("panicked"))
         .map(|l| {
