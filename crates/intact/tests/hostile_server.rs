@@ -458,10 +458,11 @@ fn a_client_that_never_reads_its_replies_is_ended_and_its_place_freed() {
 /// Attack: 72 sessions panic inside the server (the fault seam of the test
 /// build: `INTACT_FAULT_PANIC_SESSIONS=1` and a session id that asks for
 /// it), mixed with 72 connections that abort (closed at once, garbage, a
-/// half Hello), while an honest send runs. Every panicking session must
-/// still have been admitted (a leaked place would refuse it with
-/// --max-sessions 2), the honest send must finish intact, and a normal
-/// send after it all must work.
+/// half Hello), while another session stays open across them and an
+/// honest send runs. Every panicking session must still have been admitted
+/// (with --max-sessions 3, two leaked places would refuse the next), the
+/// open session must still be answered, the honest send must finish
+/// intact, and a normal send after it all must work.
 #[test]
 fn panicking_and_aborted_sessions_give_their_places_back() {
     let dir = tempfile::tempdir().unwrap();
@@ -469,7 +470,7 @@ fn panicking_and_aborted_sessions_give_their_places_back() {
     let server = Serve::start(
         &root,
         Start {
-            args: &["--idle-timeout", "20", "--max-sessions", "2"],
+            args: &["--idle-timeout", "60", "--max-sessions", "3"],
             env: &[("INTACT_FAULT_PANIC_SESSIONS", "1")],
             ..PLAIN
         },
@@ -477,7 +478,17 @@ fn panicking_and_aborted_sessions_give_their_places_back() {
     let big = dir.path().join("honest.bin");
     let data = noise(48 << 20, 11);
     fs::write(&big, &data).unwrap();
-    let mut honest = Command::new(env!("CARGO_BIN_EXE_intact"))
+    // A session admitted before the panics and still open after them.
+    let mut bystander = client(&server, [7; 16]).expect("admitted");
+    let answered = |c: &mut Connection<TcpStream>, id: u64, path: &str| {
+        c.send(&entry(id, path, EntryKind::Dir, 0)).unwrap();
+        match c.read_message() {
+            Ok(Some(Message::FileResult(r))) => assert_eq!(r.file, id),
+            other => panic!("the bystander's entry {path} got {other:?}"),
+        }
+    };
+    answered(&mut bystander, 1, "bystander_before");
+    let honest = Command::new(env!("CARGO_BIN_EXE_intact"))
         .args(["send", big.to_str().unwrap(), &server.addr()])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -494,12 +505,6 @@ fn panicking_and_aborted_sessions_give_their_places_back() {
             c.read_message().map_or(true, |m| m.is_none()),
             "session {i} lived on"
         );
-        if i == 0 {
-            assert!(
-                honest.try_wait().unwrap().is_none(),
-                "the honest send ended before the first panic: nothing to affect"
-            );
-        }
         match i % 3 {
             0 => drop(connect(&server)),
             1 => {
@@ -512,6 +517,10 @@ fn panicking_and_aborted_sessions_give_their_places_back() {
             }
         }
     }
+    answered(&mut bystander, 2, "bystander_after");
+    bystander.send(&Message::Bye).unwrap();
+    let _ = bystander.read_message();
+    assert!(root.join("bystander_after").is_dir());
     let out = honest.wait_with_output().unwrap();
     assert!(
         out.status.success(),
