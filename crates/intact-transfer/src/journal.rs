@@ -143,10 +143,25 @@ fn db_err(e: rusqlite::Error) -> TransferError {
 impl Journal {
     /// Opens (creating it if needed) the journal of `root`.
     pub fn open(root: &Path) -> Result<Journal, TransferError> {
-        let dir = root.join(STATE_DIR);
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| TransferError::Journal(format!("{}: {e}", dir.display())))?;
-        let db = Connection::open(dir.join("journal.sqlite")).map_err(db_err)?;
+        // Private (0700, files 0600): SQLite creates its files from the
+        // database file's mode, so that one is made first.
+        let dir = crate::net::private::state_dir(root)
+            .map_err(|e| TransferError::Journal(e.to_string()))?;
+        let path = dir.join("journal.sqlite");
+        let file_err = |p: &Path| {
+            let p = p.to_path_buf();
+            move |e: std::io::Error| TransferError::Journal(format!("{}: {e}", p.display()))
+        };
+        crate::net::private::private_file(&path).map_err(file_err(&path))?;
+        for side in [
+            "journal.sqlite-wal",
+            "journal.sqlite-shm",
+            "journal.sqlite-journal",
+        ] {
+            let p = dir.join(side);
+            crate::net::private::private_if_present(&p).map_err(file_err(&p))?;
+        }
+        let db = Connection::open(&path).map_err(db_err)?;
         // One server owns a root's journal (its sessions share this one
         // connection): no lock per transaction, and a second server on the
         // same root waits, then fails, instead of interleaving. Set before

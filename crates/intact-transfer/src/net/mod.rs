@@ -4,13 +4,17 @@
 mod bounds;
 mod confine;
 mod delete;
+pub(crate) mod private;
+mod ratelimit;
 mod receiver;
 mod root;
+mod seam;
 mod sender;
 mod server;
 mod session_dirs;
 mod sessions;
 mod whole_digest;
+mod watchdog;
 
 pub use delete::{DeleteRequest, MAX_KEEP_BYTES, MAX_KEEP_PATHS};
 pub use receiver::{receive, ReceiveOptions, SessionSummary};

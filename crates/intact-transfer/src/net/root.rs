@@ -3,7 +3,8 @@
 //!
 //! [`RootLock::acquire`] makes sure the root is a directory (creating it
 //! if missing), then takes an exclusive `flock` on `ROOT/.intact/lock` and
-//! writes the server's PID into it. A second server on the same root is
+//! writes the server's PID into it. `ROOT/.intact` is made 0700 and the
+//! lock file 0600, whatever the umask. A second server on the same root is
 //! refused at once and told which PID holds it, instead of starting and
 //! then failing on its journal. The kernel drops the lock when the process
 //! ends, however it ends, so a file left behind never blocks a restart.
@@ -13,7 +14,7 @@ use std::io::{Read, Seek, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use crate::journal::STATE_DIR;
+use crate::net::private::{private, state_dir, StateDirError};
 use crate::TransferError;
 
 /// Name of the lock file under `ROOT/.intact`.
@@ -94,26 +95,22 @@ impl RootLock {
             }
             Err(e) => return Err(unusable(root)(e)),
         }
-        let state = root.join(STATE_DIR);
-        match std::fs::create_dir(&state) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                if !std::fs::symlink_metadata(&state).is_ok_and(|m| m.is_dir()) {
-                    return Err(RootError::NotADirectory(state));
-                }
-            }
-            Err(e) => return Err(unusable(&state)(e)),
-        }
+        let state = state_dir(root).map_err(|e| match e {
+            StateDirError::NotADirectory(p) => RootError::NotADirectory(p),
+            StateDirError::Io(path, source) => RootError::Unusable { path, source },
+        })?;
         let path = state.join(LOCK_FILE);
         let mut file = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
-            .mode(0o644)
+            .mode(0o600)
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&path)
             .map_err(unusable(&path))?;
+        // Whatever the umask, and whatever an older build left.
+        private(&file).map_err(unusable(&path))?;
         match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
             Ok(()) => {}
             Err(rustix::io::Errno::WOULDBLOCK) => {

@@ -11,16 +11,18 @@ use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use intact_proto::{server_handshake_keyring, Connection, Key, Keyring, Message};
 
 use crate::dest::Destination;
 use crate::journal::Journal;
 use crate::net::confine::confine;
+use crate::net::ratelimit::{Backoff, Repeats, REPEAT_WINDOW};
 use crate::net::receiver::{receive, ReceiveOptions};
 use crate::net::root::{RootError, RootLock};
 use crate::net::sessions::{Limits, Log, Sessions};
+use crate::net::watchdog::{Watch, Watchdog};
 use crate::TransferError;
 
 /// How a server runs.
@@ -42,7 +44,11 @@ pub struct ServerConfig {
     pub max_sessions: usize,
     /// TCP streams one client may open; more are refused with a reason.
     pub max_streams_per_session: usize,
-    /// A client that sends nothing for this long is dropped.
+    /// A session that makes no progress for this long is dropped: it sent
+    /// no whole message we answered and read no reply of ours, and did not
+    /// send 16 KiB either (see the watchdog); a write the client does not
+    /// read ends then too. A connection not yet authenticated gets this or
+    /// [`HANDSHAKE_TIMEOUT`], whichever is shorter, for its whole handshake.
     pub idle_timeout: Duration,
     /// Log a line per stream and per refused connection too, not only one
     /// per session.
@@ -55,9 +61,16 @@ pub struct ServerConfig {
 /// hold a thread each until they authenticate or time out.
 pub const MAX_HANDSHAKES: usize = 64;
 
-/// How long a connection may take to authenticate (an honest client needs
-/// two round trips).
+/// How long a connection may take to authenticate, from its accept to its
+/// admission, whatever it sends meanwhile (an honest client needs two round
+/// trips); shorter when the idle timeout is.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The accept loop's wait after a failed accept (out of descriptors, say):
+/// doubling from the first to the second while the failures go on, so
+/// sessions get time to end and free theirs, and nothing spins.
+const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(5);
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
 /// How long a stopping server waits for its sessions to end.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -102,6 +115,21 @@ impl Server {
         ));
         let handshaking = Arc::new(AtomicUsize::new(0));
         let threads = Arc::new(AtomicUsize::new(0));
+        let watchdog = match Watchdog::start() {
+            Ok(w) => w,
+            Err(e) => {
+                sessions.log(format!(
+                    "cannot start the watchdog thread: {e}; not serving"
+                ));
+                return;
+            }
+        };
+        // Faults that repeat (out of descriptors, out of threads): a
+        // growing wait instead of a spin, and one line per run of them.
+        let mut faults = Faults {
+            backoff: Backoff::new(ACCEPT_BACKOFF_MIN, ACCEPT_BACKOFF_MAX),
+            repeats: Repeats::new(REPEAT_WINDOW),
+        };
         for stream in listener.incoming() {
             if shutdown.load(Ordering::SeqCst) {
                 break;
@@ -109,10 +137,7 @@ impl Server {
             let stream = match stream {
                 Ok(s) => s,
                 Err(e) => {
-                    sessions.log(format!("accept failed: {e}"));
-                    // Out of descriptors, say: give sessions time to end
-                    // rather than spin.
-                    std::thread::sleep(Duration::from_millis(100));
+                    faults.failed(&sessions, format!("accept failed: {e}"));
                     continue;
                 }
             };
@@ -125,6 +150,16 @@ impl Server {
                 });
                 continue;
             }
+            // Its deadline starts now, before a thread is spent on it; the
+            // watchdog needs its own descriptor of the socket.
+            let timeout = HANDSHAKE_TIMEOUT.min(cfg.idle_timeout);
+            let watch = match stream.try_clone() {
+                Ok(s) => watchdog.handshake(s, timeout),
+                Err(e) => {
+                    faults.failed(&sessions, format!("accept failed: {e}"));
+                    continue;
+                }
+            };
             // Both counted until the thread lets go (or never starts).
             let running = Release::take(&threads);
             let mut handshake = Some(Release::take(&handshaking));
@@ -137,20 +172,46 @@ impl Server {
                 .name("intact-session".into())
                 .spawn(move || {
                     let _running = running;
-                    // A panic ends this stream only (its Stream reports it).
+                    // A panic ends this stream only (its Stream reports it,
+                    // the guards give its places back).
                     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        connection(stream, &cfg, &journal, &s, &mut handshake)
+                        connection(stream, &cfg, &journal, &s, &mut handshake, &watch)
                     }));
                 });
-            if let Err(e) = spawned {
-                sessions.log(format!("cannot start a session thread: {e}"));
+            match spawned {
+                Ok(_) => faults.cleared(&sessions),
+                Err(e) => faults.failed(&sessions, format!("cannot start a session thread: {e}")),
             }
         }
+        faults.cleared(&sessions);
         // Give running sessions a moment to finish their commits and close
         // their files (a caller may unmount the root next), within a bound.
         let deadline = std::time::Instant::now() + SHUTDOWN_GRACE;
         while threads.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// The accept loop's faults: waited out with a growing pause, logged once
+/// per run of identical lines.
+struct Faults {
+    backoff: Backoff,
+    repeats: Repeats,
+}
+
+impl Faults {
+    fn failed(&mut self, sessions: &Sessions, line: String) {
+        for l in self.repeats.line(line, Instant::now()) {
+            sessions.log(l);
+        }
+        std::thread::sleep(self.backoff.step());
+    }
+
+    fn cleared(&mut self, sessions: &Sessions) {
+        self.backoff.reset();
+        if let Some(l) = self.repeats.flush(Instant::now()) {
+            sessions.log(l);
         }
     }
 }
@@ -185,22 +246,23 @@ pub fn serve(
 }
 
 /// One connection: handshake (admitted into its session), then receive.
+/// `watch` holds its deadlines: the whole handshake's, then the session's
+/// (see the watchdog); the per-call timeouts set here are a second line.
 fn connection(
     stream: TcpStream,
     cfg: &ServerConfig,
     journal: &Journal,
     sessions: &Arc<Sessions>,
     handshake: &mut Option<Release>,
+    watch: &Watch,
 ) {
     let peer = match stream.peer_addr() {
         Ok(p) => p,
         Err(_) => return,
     };
     let _ = stream.set_nodelay(true);
-    if stream
-        .set_read_timeout(Some(HANDSHAKE_TIMEOUT.min(cfg.idle_timeout)))
-        .is_err()
-    {
+    let backstop = Some(HANDSHAKE_TIMEOUT.min(cfg.idle_timeout).saturating_mul(2));
+    if stream.set_read_timeout(backstop).is_err() || stream.set_write_timeout(backstop).is_err() {
         return;
     }
     let mut conn = Connection::new(stream);
@@ -224,29 +286,45 @@ fn connection(
         Ok(s) => s,
         Err(e) => {
             // A wrong key or a refusal is worth a line; a port scan, a
-            // wake-up or a silent peer only with -v.
+            // wake-up, a silent or too slow peer only with -v.
             let quiet = matches!(
                 e,
                 intact_proto::ProtoError::Closed | intact_proto::ProtoError::Io(_)
             );
             if !quiet || sessions.verbose() {
-                let why = match e {
-                    intact_proto::ProtoError::Refused(why) => why,
-                    other => other.to_string(),
+                let why = match (watch.expired(), e) {
+                    (Some(why), _) => why,
+                    (None, intact_proto::ProtoError::Refused(why)) => why,
+                    (None, other) => other.to_string(),
                 };
-                sessions.log(format!("{peer}: refused: {why}"));
+                sessions.log_kind(&why, format!("{peer}: refused: {why}"));
             }
             return;
         }
     };
+    watch.session(cfg.idle_timeout);
+    crate::net::seam::maybe_panic(&session);
     let outcome = (|| {
-        conn.get_ref()
-            .set_read_timeout(Some(cfg.idle_timeout))
+        let socket = conn.get_ref();
+        // A second line behind the watchdog (which ends a session after
+        // the idle timeout without progress, and says why): no single read
+        // or write blocks for twice that (the socket's options, shared by
+        // the receiver's clones of it).
+        let backstop = Some(cfg.idle_timeout.saturating_mul(2));
+        socket
+            .set_read_timeout(backstop)
+            .and_then(|()| socket.set_write_timeout(backstop))
             .map_err(|e| TransferError::Path(e.into()))?;
         let to = confine(&cfg.root, subtree.as_ref(), journal)?;
         receive(conn, &to.dest, &to.root, &to.journal, &cfg.receive)
     })();
-    session.end(outcome.map_err(|e| e.to_string()));
+    // A session the watchdog ended may look like a clean close to the
+    // receiver: it is not one.
+    let outcome = match watch.expired() {
+        Some(why) => Err(why),
+        None => outcome.map_err(|e| e.to_string()),
+    };
+    session.end(outcome);
 }
 
 /// Wakes a server blocked in accept so that it sees its shutdown flag.

@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use intact_proto::SessionId;
 
+use crate::net::ratelimit::{Kinds, REPEAT_WINDOW};
 use crate::net::SessionSummary;
 
 /// Where a server's log lines go.
@@ -30,6 +31,7 @@ pub(crate) struct Sessions {
     open: Mutex<HashMap<SessionId, Open>>,
     log: Log,
     verbose: bool,
+    kinds: Mutex<Kinds>,
 }
 
 /// One session while any of its streams runs.
@@ -60,12 +62,31 @@ impl Sessions {
             open: Mutex::new(HashMap::new()),
             log,
             verbose,
+            kinds: Mutex::new(Kinds::new(REPEAT_WINDOW)),
         }
     }
 
-    /// Logs a line.
+    /// Logs a line (and the counts of lines of a kind held back whose
+    /// window ended).
     pub fn log(&self, line: String) {
+        for l in self.kinds().expired(Instant::now()) {
+            (self.log)(l);
+        }
         (self.log)(line)
+    }
+
+    /// Logs a line that a client can cause once per connection (a refusal,
+    /// a stream that failed), of kind `kind` (its reason, without the
+    /// peer): a few per kind per window, then a count.
+    pub fn log_kind(&self, kind: &str, line: String) {
+        let lines = self.kinds().line(kind, line, Instant::now());
+        for l in lines {
+            (self.log)(l);
+        }
+    }
+
+    fn kinds(&self) -> std::sync::MutexGuard<'_, Kinds> {
+        self.kinds.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Whether a line per stream and per refused connection is wanted.
@@ -170,7 +191,7 @@ impl Sessions {
             }
             Err(why) => {
                 s.streams_failed += 1;
-                self.log(format!("{peer}: stream of session {id} ended: {why}"));
+                self.log_kind(&why, format!("{peer}: stream of session {id} ended: {why}"));
             }
         }
         s.streams -= 1;
@@ -199,6 +220,12 @@ impl Sessions {
 }
 
 impl Stream {
+    /// Its session's id.
+    #[cfg(feature = "fault-seam")]
+    pub fn id(&self) -> SessionId {
+        self.id
+    }
+
     /// The stream ended: with its receiver's summary, or an error.
     pub fn end(mut self, outcome: Result<SessionSummary, String>) {
         self.ended = true;
