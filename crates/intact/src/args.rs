@@ -283,9 +283,18 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_streams_per_session: u32,
 
-    /// Seconds a client may stay silent before it is dropped.
+    /// Seconds a client may go without progress (no reply of ours read, no
+    /// whole message answered, less than 16 KiB sent) before it is
+    /// dropped; also bounds the handshake (at most 10 s).
     #[arg(long, value_name = "SECS", default_value_t = 300)]
     pub idle_timeout: u64,
+
+    /// Keep the setuid, setgid and sticky bits of received files and
+    /// directories (by default they are cleared: a client must not be able
+    /// to plant a setuid file owned by the server's user). Directories a
+    /// session did not create keep their own mode and time in any case.
+    #[arg(long)]
+    pub keep_special_bits: bool,
 
     /// Paths the source of one `send --delete` may have at most (the list
     /// the server holds to know what to keep); more are refused with a reason.

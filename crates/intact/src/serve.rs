@@ -59,6 +59,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
         verbose: args.verbose,
         receive: intact_transfer::ReceiveOptions {
             max_delete_paths: Some(args.max_delete_paths),
+            keep_special_bits: args.keep_special_bits,
             ..Default::default()
         },
     };

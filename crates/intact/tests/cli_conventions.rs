@@ -418,11 +418,12 @@ fn completions_and_man_pages_come_from_the_same_definitions() {
         "intact-copy.1",
         "intact-send.1",
         "intact-serve.1",
+        "intact-keygen.1",
     ] {
         assert!(man.join(page).is_file(), "{page}");
     }
     let pages = fs::read_dir(&man).unwrap().count();
-    assert_eq!(pages, 9, "intact and its eight commands");
+    assert_eq!(pages, 10, "intact and its nine commands");
 }
 
 #[test]

@@ -429,10 +429,9 @@ fn special_bits_are_stripped_and_another_sessions_directory_keeps_its_mode() {
     fs::create_dir_all(&theirs_src).unwrap();
     fs::write(theirs_src.join("f"), b"theirs").unwrap();
     fs::set_permissions(&theirs_src, fs::Permissions::from_mode(0o750)).unwrap();
-    // One stream: until the server tells each stream its session (see
-    // ReceiveOptions::session), a directory made by another stream of the
-    // same send is not that stream's to finish.
-    let out = send(&["--streams", "1", s(&theirs_src), &server.addr()]);
+    // Several streams: a directory made by one stream of this send and
+    // entered by another is still this session's to finish.
+    let out = send(&["--streams", "4", s(&theirs_src), &server.addr()]);
     assert!(out.status.success(), "{}", stderr(&out));
     let theirs = root.join("theirs");
     let before = fs::metadata(&theirs).unwrap();

@@ -13,8 +13,8 @@ mod sender;
 mod server;
 mod session_dirs;
 mod sessions;
-mod whole_digest;
 mod watchdog;
+mod whole_digest;
 
 pub use delete::{DeleteRequest, MAX_KEEP_BYTES, MAX_KEEP_PATHS};
 pub use receiver::{receive, ReceiveOptions, SessionSummary};

@@ -337,8 +337,9 @@ enum Event {
 
 /// The verifier thread of a session: it takes the blocks queued so far as
 /// one batch (see [`crate::recheck`]) and sends a verdict for each.
-fn verifier(jobs: mpsc::Receiver<Check>, events: mpsc::Sender<Event>, block_size: usize) {
-    let mut buf = AlignedBuf::new(block_size);
+fn verifier(jobs: mpsc::Receiver<Check>, events: mpsc::Sender<Event>) {
+    // Grown by the first re-read to its length: an idle session holds none.
+    let mut buf = AlignedBuf::new(0);
     while let Ok(first) = jobs.recv() {
         let mut bytes = first.len;
         let mut batch = vec![first];
@@ -461,7 +462,7 @@ pub fn receive(
     });
     let (jobs, jobs_rx) = mpsc::sync_channel::<Check>(VERIFY_QUEUE);
     let verifier_tx = tx;
-    let checker = std::thread::spawn(move || verifier(jobs_rx, verifier_tx, defaults::BLOCK_BYTES));
+    let checker = std::thread::spawn(move || verifier(jobs_rx, verifier_tx));
     let mut files: HashMap<u64, Incoming> = HashMap::new();
     let mut ready: Vec<(u64, Incoming)> = Vec::new();
     let mut sess = Session {

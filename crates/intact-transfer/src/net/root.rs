@@ -72,6 +72,9 @@ impl From<RootError> for TransferError {
     }
 }
 
+/// How long a lock still held under this process's own PID is waited for.
+const OWN_LOCK_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The exclusive hold of one server on one root; released when dropped
 /// (or when the process ends).
 #[derive(Debug)]
@@ -111,17 +114,31 @@ impl RootLock {
             .map_err(unusable(&path))?;
         // Whatever the umask, and whatever an older build left.
         private(&file).map_err(unusable(&path))?;
-        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => {}
-            Err(rustix::io::Errno::WOULDBLOCK) => {
-                let mut text = String::new();
-                let _ = file.read_to_string(&mut text);
-                return Err(RootError::InUse {
-                    root: root.to_path_buf(),
-                    pid: text.trim().parse().ok(),
-                });
+        // A lock whose recorded holder is this very process was held by a
+        // server of ours that has stopped: a child that another thread was
+        // spawning at that moment can still hold a copy of its descriptor
+        // until its exec closes it. Wait for that, briefly; any other
+        // holder is refused at once.
+        let deadline = std::time::Instant::now() + OWN_LOCK_GRACE;
+        loop {
+            match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+                Ok(()) => break,
+                Err(rustix::io::Errno::WOULDBLOCK) => {
+                    let mut text = String::new();
+                    let _ = file.rewind();
+                    let _ = file.read_to_string(&mut text);
+                    let pid: Option<u32> = text.trim().parse().ok();
+                    if pid == Some(std::process::id()) && std::time::Instant::now() < deadline {
+                        std::thread::sleep(std::time::Duration::from_millis(20));
+                        continue;
+                    }
+                    return Err(RootError::InUse {
+                        root: root.to_path_buf(),
+                        pid,
+                    });
+                }
+                Err(e) => return Err(unusable(&path)(e.into())),
             }
-            Err(e) => return Err(unusable(&path)(e.into())),
         }
         // Only the holder writes: a reader sees the PID or, for a moment
         // after the lock was taken, nothing.

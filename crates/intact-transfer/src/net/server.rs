@@ -316,7 +316,13 @@ fn connection(
             .and_then(|()| socket.set_write_timeout(backstop))
             .map_err(|e| TransferError::Path(e.into()))?;
         let to = confine(&cfg.root, subtree.as_ref(), journal)?;
-        receive(conn, &to.dest, &to.root, &to.journal, &cfg.receive)
+        // The session's streams share what its directories are (a sender
+        // makes a directory on one stream and sends its entry on another).
+        let opts = ReceiveOptions {
+            session: Some(session.id()),
+            ..cfg.receive.clone()
+        };
+        receive(conn, &to.dest, &to.root, &to.journal, &opts)
     })();
     // A session the watchdog ended may look like a clean close to the
     // receiver: it is not one.

@@ -221,7 +221,6 @@ impl Sessions {
 
 impl Stream {
     /// Its session's id.
-    #[cfg(feature = "fault-seam")]
     pub fn id(&self) -> SessionId {
         self.id
     }
