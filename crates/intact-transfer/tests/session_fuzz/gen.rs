@@ -550,10 +550,11 @@ fn out_of_place(src: &mut Source, id: u64) -> Message {
     };
     match src.below(9) {
         0 => Message::Hello {
-            version: 5,
+            version: intact_proto::VERSION,
             keyed: false,
             nonce: [0; 32],
             session: [0; 16],
+            suite: src.below(4) as u8,
         },
         1 => Message::Proof { mac: [0; 32] },
         2 => Message::Status {
