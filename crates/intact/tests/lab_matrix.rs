@@ -170,17 +170,25 @@ fn the_small_fault_matrix() {
             f.name()
         );
     }
-    // The network check catches the wire; only `none` lets it through.
+    // The network check catches the wire and resends the block. `none`
+    // checks no block, but the receiver's whole-file BLAKE3 of the bytes it
+    // wrote differs from the sender's: the file fails, nothing committed.
     assert_eq!(
         outcome(Fault::NetworkFlip, VerifyMode::None),
-        Outcome::Missed
+        Outcome::FailedClean
     );
     assert_eq!(
         outcome(Fault::NetworkFlip, VerifyMode::Fiver),
         Outcome::Repaired
     );
-    // A flip after the network check: fiver misses it; re-reads catch it.
-    assert_eq!(outcome(Fault::Memory, VerifyMode::Fiver), Outcome::Missed);
+    // A flip after the network check: fiver's block check passed, but the
+    // whole-file digest of what was written fails the file; re-reads find
+    // the block and resend it.
+    assert_eq!(
+        outcome(Fault::Memory, VerifyMode::Fiver),
+        Outcome::FailedClean
+    );
+    assert_eq!(outcome(Fault::Memory, VerifyMode::None), Outcome::FailedClean);
     assert_eq!(outcome(Fault::Memory, VerifyMode::Block), Outcome::Repaired);
     for mode in VerifyMode::ALL {
         for f in [
