@@ -171,6 +171,11 @@ pub struct CopyReport {
     /// measured per-block stage times, beside the measured time (Eq. 2).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<crate::model::RivaModel>,
+    /// `send`: how the frames were protected on the wire (`encrypted,
+    /// AES-256-GCM`, `authenticated, not encrypted, …`, or `plain (no
+    /// key)`), as the handshake settled it; None for a local copy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub frames: Option<String>,
 }
 
 /// Progress callback: bytes sent so far.
@@ -290,6 +295,7 @@ impl CopyReport {
                 .collect(),
             seconds: start.elapsed().as_secs_f64(),
             model: None,
+            frames: None,
         }
         .with_model(streams)
     }

@@ -181,6 +181,9 @@ fn print_summary(report: &CopyReport, p: &PipelineArgs) -> std::io::Result<()> {
     if let Some(line) = resumed(report) {
         outln!("{line}")?;
     }
+    if let Some(frames) = &report.frames {
+        outln!("frames: {frames}")?;
+    }
     Ok(())
 }
 

@@ -265,6 +265,8 @@ fn the_wire_is_unreadable_unless_the_server_says_no_encrypt_and_then_still_authe
         assert!(relay.bytes() > 8 << 20, "the data did not pass the relay");
         assert!(!relay.saw(MARKER), "the relay read the file's bytes");
         assert!(!relay.saw(b"big.dat"), "the relay read the file's name");
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(said.contains("frames: encrypted, "), "{said}");
         assert_eq!(
             fs::read(root.join("big.dat")).unwrap(),
             fs::read(&src).unwrap()
@@ -278,6 +280,12 @@ fn the_wire_is_unreadable_unless_the_server_says_no_encrypt_and_then_still_authe
     assert!(
         relay.saw(MARKER),
         "--no-encrypt: the data should be readable"
+    );
+    // The client is told what the server chose.
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("frames: authenticated, not encrypted"),
+        "{said}"
     );
     fs::remove_file(root.join("big.dat")).unwrap();
     // Readable, but one flipped bit of a block (inside the marker) still

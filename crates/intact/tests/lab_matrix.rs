@@ -188,7 +188,10 @@ fn the_small_fault_matrix() {
         outcome(Fault::Memory, VerifyMode::Fiver),
         Outcome::FailedClean
     );
-    assert_eq!(outcome(Fault::Memory, VerifyMode::None), Outcome::FailedClean);
+    assert_eq!(
+        outcome(Fault::Memory, VerifyMode::None),
+        Outcome::FailedClean
+    );
     assert_eq!(outcome(Fault::Memory, VerifyMode::Block), Outcome::Repaired);
     for mode in VerifyMode::ALL {
         for f in [

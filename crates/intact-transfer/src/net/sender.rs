@@ -20,8 +20,8 @@ use std::time::{Instant, SystemTime};
 use intact_cache::{DeviceReader, ReadPath};
 use intact_digest::{defaults, hash, AlignedBuf, Blake3Blocks};
 use intact_proto::{
-    client_handshake_in, Block, Connection, Entry, EntryKind, FileEnd, FileResult, FileStatus,
-    Holding, Key, Message, ProtoError, SessionId, WirePath,
+    client_handshake_with, Block, Connection, Entry, EntryKind, FileEnd, FileResult, FileStatus,
+    Holding, Key, Message, ProtoError, Security, SessionId, WirePath,
 };
 
 use crate::copy::{
@@ -95,15 +95,15 @@ pub(crate) fn connect(
     addr: &str,
     key: Option<&Key>,
     session: &SessionId,
-) -> Result<Connection<TcpStream>, TransferError> {
+) -> Result<(Connection<TcpStream>, Security), TransferError> {
     let stream = TcpStream::connect(addr).map_err(|e| TransferError::Connect {
         addr: addr.to_string(),
         source: e,
     })?;
     stream.set_nodelay(true).map_err(conn_err)?;
     let mut conn = Connection::new(stream);
-    client_handshake_in(&mut conn, key, session)?;
-    Ok(conn)
+    let security = client_handshake_with(&mut conn, key, session, true)?;
+    Ok((conn, security))
 }
 
 /// `send --delete`: asks the server at `addr` to prune what `req` does
@@ -114,7 +114,7 @@ pub fn delete_remote(
     opts: &SendOptions,
     req: &crate::net::delete::DeleteRequest,
 ) -> Result<crate::PruneReport, TransferError> {
-    let mut conn = connect(addr, opts.key.as_ref(), &SessionId::random()?)?;
+    let (mut conn, _) = connect(addr, opts.key.as_ref(), &SessionId::random()?)?;
     crate::net::delete::request(&mut conn, opts.subdir.as_ref(), req)
 }
 
@@ -152,8 +152,11 @@ pub fn send_scanned(
     // so a wrong key or an unreachable server fails the whole run at once.
     let session = SessionId::random()?;
     let mut conns = Vec::new();
+    let mut security = None;
     for _ in 0..opts.streams.max(1) {
-        conns.push(connect(addr, opts.key.as_ref(), &session)?);
+        let (conn, s) = connect(addr, opts.key.as_ref(), &session)?;
+        security = Some(s);
+        conns.push(conn);
     }
     let entries = &scanned.entries;
     let (first, dirs): (Vec<usize>, Vec<usize>) =
@@ -217,13 +220,15 @@ pub fn send_scanned(
             r
         }));
     }
-    Ok(CopyReport::new(
+    let mut report = CopyReport::new(
         files,
         &scanned,
         sent.load(Ordering::Relaxed),
         start,
         opts.streams.max(1),
-    ))
+    );
+    report.frames = security.map(|s| s.to_string());
+    Ok(report)
 }
 
 /// The flags of an Entry under these options.
