@@ -10,8 +10,10 @@
 //! open file is then locked (`flock(LOCK_EX | LOCK_NB)`, which belongs to
 //! this open file description, so two sessions in one process exclude
 //! each other as two processes do) for as long as the transfer holds it,
-//! its commit's rename included; a second transfer of the same path fails
-//! that file at once rather than mixing its bytes into the first's.
+//! its commit's rename included; a second transfer of the same path waits
+//! for it a few seconds (a transfer whose client was just killed is ended
+//! by then) and then fails that file, rather than mixing its bytes into
+//! the first's.
 
 use std::ffi::OsStr;
 use std::fs::File;
@@ -27,6 +29,37 @@ use crate::TransferError;
 
 /// Attempts before giving up on a partial name that keeps changing.
 const ATTEMPTS: usize = 4;
+
+/// How long a transfer waits for another to let go of a partial file
+/// before it fails the file: long enough for a session whose client was
+/// just killed to be ended by its server (so the same command run again
+/// at once resumes), far below any session's idle timeout.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Locks `fd` exclusively, waiting up to `wait` for another holder (polled:
+/// a blocking flock could not be bounded).
+fn lock_within(
+    fd: &OwnedFd,
+    path: &WirePath,
+    wait: std::time::Duration,
+) -> Result<(), TransferError> {
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        match rfs::flock(fd, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => return Ok(()),
+            Err(Errno::WOULDBLOCK) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(25));
+            }
+            Err(Errno::WOULDBLOCK) => {
+                return Err(dest_err(
+                    path,
+                    io::Error::new(io::ErrorKind::WouldBlock, BUSY),
+                ))
+            }
+            Err(e) => return Err(dest_err(path, e)),
+        }
+    }
+}
 
 /// Why a file is refused while another transfer holds its partial file.
 pub(super) const BUSY: &str =
@@ -56,16 +89,7 @@ pub(super) fn open_locked(
             },
             Err(e) => return Err(dest_err(path, e)),
         };
-        match rfs::flock(&fd, FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => {}
-            Err(Errno::WOULDBLOCK) => {
-                return Err(dest_err(
-                    path,
-                    io::Error::new(io::ErrorKind::WouldBlock, BUSY),
-                ))
-            }
-            Err(e) => return Err(dest_err(path, e)),
-        }
+        lock_within(&fd, path, LOCK_WAIT)?;
         // The holder before us may have renamed it to its final name (or
         // someone replaced it) between our open and our lock: the lock
         // counts only if the name is still this file.
