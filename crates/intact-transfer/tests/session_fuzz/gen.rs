@@ -150,7 +150,7 @@ impl Limits {
     pub fn new(outside: &std::path::Path) -> Limits {
         use std::os::unix::ffi::OsStrExt;
         Limits {
-            huge: !std::env::var_os("INTACT_FUZZ_HUGE").is_some_and(|v| v == "0"),
+            huge: std::env::var_os("INTACT_FUZZ_HUGE").is_none_or(|v| v != "0"),
             max_blocks: 1 << 16,
             max_data: 256 << 10,
             max_blocks_sent: 300,
