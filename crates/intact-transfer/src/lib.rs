@@ -43,7 +43,7 @@ pub use model::RivaModel;
 pub use net::{
     delete_remote, receive, send, send_scanned, serve, wake, DeleteRequest, LocalServer,
     ReceiveOptions, RootError, RootLock, SendOptions, Server, ServerConfig, SessionSummary,
-    MAX_BYTES_IN_FLIGHT, MAX_FILES_IN_FLIGHT, MAX_KEEP_BYTES, MAX_KEEP_PATHS,
+    Working, WorkingNow, MAX_BYTES_IN_FLIGHT, MAX_FILES_IN_FLIGHT, MAX_KEEP_BYTES, MAX_KEEP_PATHS,
 };
 pub use prune::{prune, prune_under, PruneReport};
 pub use select::{Filter, Rule, RuleKind};

@@ -10,23 +10,27 @@
 //! upper bounds (15-40 s), never lower bounds, so load cannot break them.
 
 use std::fs;
-use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use intact_proto::{client_handshake_in, Connection, Entry, EntryKind, Message, SessionId};
 
+mod common;
+
 /// A running `intact serve` on 127.0.0.1:0; killed when dropped.
-struct Serve {
-    child: Child,
-    port: u16,
-    log: mpsc::Receiver<String>,
+struct Serve(common::Server);
+
+impl std::ops::Deref for Serve {
+    type Target = common::Server;
+    fn deref(&self) -> &common::Server {
+        &self.0
+    }
 }
 
 struct Start<'a> {
@@ -72,33 +76,7 @@ impl Serve {
                 Ok(())
             });
         }
-        let mut child = cmd
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let port = line
-            .split("127.0.0.1:")
-            .nth(1)
-            .and_then(|s| s.split(',').next())
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("no port in {line:?}"));
-        let (tx, log) = mpsc::channel();
-        let stderr = BufReader::new(child.stderr.take().unwrap());
-        std::thread::spawn(move || {
-            for l in stderr.lines().map_while(Result::ok) {
-                let _ = tx.send(l);
-            }
-        });
-        Serve { child, port, log }
-    }
-
-    fn addr(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        Serve(common::Server::spawn(cmd))
     }
 
     /// Log lines until one contains `what` (returned), or None after
@@ -148,13 +126,6 @@ impl Serve {
         fs::read_dir(format!("/proc/{}/fd", self.child.id()))
             .unwrap()
             .count()
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -23,3 +23,4 @@ pub use sender::{
     delete_remote, send, send_scanned, SendOptions, MAX_BYTES_IN_FLIGHT, MAX_FILES_IN_FLIGHT,
 };
 pub use server::{serve, wake, LocalServer, Server, ServerConfig};
+pub use watchdog::{Working, WorkingNow};

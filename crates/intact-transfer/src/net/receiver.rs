@@ -50,6 +50,7 @@ use crate::journal::{unix_now, BlockRecord, DoneFile, Journal, VerifiedAt};
 use crate::net::bounds::{self, InUse, ReceiveLimits, Slot};
 use crate::net::delete::Pending;
 use crate::net::session_dirs::SessionDirs;
+use crate::net::watchdog::Working;
 use crate::net::whole_digest::{HeldWhole, WholeDigest};
 use crate::recheck::{recheck_batch, recheck_batch_seen, Recheck, BATCH_BYTES};
 use crate::verify::{DeviceStats, Reached, VerifyLevel, VerifyMode};
@@ -428,6 +429,9 @@ pub struct ReceiveOptions {
     pub session: Option<intact_proto::SessionId>,
     /// The directories each running session created (shared by clones).
     pub session_dirs: SessionDirs,
+    /// Marks the server's own work for the session (commits, whole-file
+    /// reads), during which its watchdog's idle clock stops.
+    pub working: Working,
 }
 
 /// Runs the receiving side of a session that passed its handshake.
@@ -576,6 +580,8 @@ impl Session<'_> {
                     Err(why) => Begun::Reply(failed(e.file, &format!("{path}: {why}"))),
                     Ok(slot) => {
                         let id = e.file;
+                        // A held file may be read back whole here.
+                        let _working = self.opts.working.now();
                         let reply = begin(
                             self.dest,
                             self.journal,
@@ -711,6 +717,7 @@ impl Session<'_> {
             self.journal,
             self.ready,
             &mut self.summary,
+            &self.opts.working,
         )
     }
 
@@ -853,7 +860,11 @@ impl Session<'_> {
             self.out.write_message(&failed(file, why))?;
             return Ok(());
         }
-        match end_file(&mut f, &mut self.buf) {
+        let ended = {
+            let _working = self.opts.working.now();
+            end_file(&mut f, &mut self.buf)
+        };
+        match ended {
             Ok(bad) if !bad.is_empty() && f.rounds < MAX_ROUNDS => {
                 f.rounds += 1;
                 for index in bad {
@@ -974,6 +985,7 @@ fn commit_ready<S: std::io::Read + std::io::Write>(
     journal: &Journal,
     ready: &mut Vec<(u64, Incoming)>,
     summary: &mut SessionSummary,
+    working: &Working,
 ) -> Result<(), TransferError> {
     if ready.is_empty() {
         return Ok(());
@@ -1021,7 +1033,10 @@ fn commit_ready<S: std::io::Read + std::io::Write>(
             None => in_place.push((id, record, result)),
         }
     }
-    let results = dest.commit_batch(batch);
+    let results = {
+        let _working = working.now();
+        dest.commit_batch(batch)
+    };
     let mut done: Vec<DoneFile> = meta
         .iter()
         .zip(&results)

@@ -320,6 +320,7 @@ fn connection(
         // makes a directory on one stream and sends its entry on another).
         let opts = ReceiveOptions {
             session: Some(session.id()),
+            working: watch.working(),
             ..cfg.receive.clone()
         };
         receive(conn, &to.dest, &to.root, &to.journal, &opts)

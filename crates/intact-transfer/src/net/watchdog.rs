@@ -21,6 +21,9 @@
 //!     while we owe it nothing: the server is the slow side, not the
 //!     client.
 //!
+//!   - the server itself is working for the session (a commit's syncfs, a
+//!     whole-file re-read: see [`Working`]); the client is waiting on us.
+//!
 //!   A client trickling a byte at a time never completes a message, so it
 //!   gets no reply and sends fewer than [`MIN_PROGRESS_BYTES`]: it is
 //!   dropped at its deadline. A client that never reads its replies stops
@@ -30,6 +33,7 @@
 
 use std::collections::HashMap;
 use std::net::TcpStream;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -65,6 +69,36 @@ struct Watched {
     socket: TcpStream,
     phase: Phase,
     expired: Arc<Mutex<Option<String>>>,
+    working: Working,
+}
+
+/// Marks the stretches in which a server works for a session without
+/// reading from or writing to its client (a commit's syncfs, a file read
+/// back whole): while one is open, the session's idle clock does not run.
+/// Only work that cannot block on the client may be marked, or a client
+/// that never reads would be kept alive by it.
+#[derive(Clone, Debug, Default)]
+pub struct Working(Arc<AtomicUsize>);
+
+/// One open stretch of [`Working`]; it ends when dropped.
+pub struct WorkingNow(Arc<AtomicUsize>);
+
+impl Working {
+    /// Opens a stretch of work.
+    pub fn now(&self) -> WorkingNow {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        WorkingNow(Arc::clone(&self.0))
+    }
+
+    fn busy(&self) -> bool {
+        self.0.load(Ordering::SeqCst) > 0
+    }
+}
+
+impl Drop for WorkingNow {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 enum Phase {
@@ -86,6 +120,7 @@ pub(crate) struct Watch {
     inner: Arc<Inner>,
     id: u64,
     expired: Arc<Mutex<Option<String>>>,
+    working: Working,
 }
 
 /// What the kernel counts for a TCP socket.
@@ -129,6 +164,7 @@ impl Watchdog {
     /// down): it must authenticate within `timeout` from now.
     pub fn handshake(&self, socket: TcpStream, timeout: Duration) -> Watch {
         let expired = Arc::new(Mutex::new(None));
+        let working = Working::default();
         let mut st = lock(&self.inner);
         let id = st.next;
         st.next += 1;
@@ -141,6 +177,7 @@ impl Watchdog {
                     timeout,
                 },
                 expired: Arc::clone(&expired),
+                working: working.clone(),
             },
         );
         drop(st);
@@ -149,6 +186,7 @@ impl Watchdog {
             inner: Arc::clone(&self.inner),
             id,
             expired,
+            working,
         }
     }
 
@@ -186,6 +224,11 @@ impl Watch {
         self.inner.changed.notify_all();
     }
 
+    /// The marker of the server's own work for this session.
+    pub fn working(&self) -> Working {
+        self.working.clone()
+    }
+
     /// Why the watchdog ended this connection, if it did.
     pub fn expired(&self) -> Option<String> {
         self.expired
@@ -214,8 +257,10 @@ fn run(inner: &Inner) {
             match check(w, now) {
                 Verdict::Until(t) => wake = wake.min(t),
                 Verdict::End(why) => {
-                    let _ = w.socket.shutdown(std::net::Shutdown::Both);
+                    // The reason first: the session, woken by the
+                    // shutdown, asks for it at once.
                     *w.expired.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+                    let _ = w.socket.shutdown(std::net::Shutdown::Both);
                     ended.push(id);
                 }
             }
@@ -266,7 +311,7 @@ fn check(w: &mut Watched, now: Instant) -> Verdict {
             // Bytes wait for us at two checks in a row: we are the slow
             // side (a byte that just arrived is read within microseconds).
             let behind_now = c.unread > 0 && c.unacked == 0;
-            if progressed(mark, &c) || (behind_now && *behind) {
+            if progressed(mark, &c) || (behind_now && *behind) || w.working.busy() {
                 *mark = c;
                 *last = now;
             }
@@ -414,6 +459,37 @@ mod tests {
         trickle.join().unwrap();
         drop(w);
         assert_eq!(dog.watched(), 0);
+    }
+
+    /// A silent client whose server works for it (a long commit) is not
+    /// idle; once the work ends, the clock runs again and it is ended.
+    #[test]
+    fn the_servers_own_work_stops_the_idle_clock() {
+        let dog = Watchdog::start().unwrap();
+        let idle = Duration::from_millis(300);
+        let (s, _c) = pair();
+        let w = dog.handshake(s.try_clone().unwrap(), Duration::from_secs(60));
+        w.session(idle);
+        let work = w.working().now();
+        std::thread::sleep(idle * 5);
+        assert_eq!(w.expired(), None, "ended while the server worked");
+        let ended_work = Instant::now();
+        drop(work);
+        let t = Instant::now();
+        while w.expired().is_none() && t.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let why = w
+            .expired()
+            .expect("a silent client is ended after the work");
+        assert!(why.contains("no progress"), "{why}");
+        // The clock restarts at the last check during the work, at most one
+        // check interval (idle / 8 here) before the work ended.
+        assert!(
+            ended_work.elapsed() >= idle / 2,
+            "ended {:?} after the work (idle {idle:?})",
+            ended_work.elapsed()
+        );
     }
 
     #[test]

@@ -112,6 +112,12 @@ impl Server {
         for (k, v) in env {
             cmd.env(k, v);
         }
+        Server::spawn(cmd)
+    }
+
+    /// Runs `cmd` (an `intact serve --listen 127.0.0.1:0 …` its caller
+    /// prepared) and reads the port it printed.
+    pub fn spawn(mut cmd: Command) -> Server {
         let mut child = cmd
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
