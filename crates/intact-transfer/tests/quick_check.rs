@@ -396,3 +396,113 @@ fn a_file_end_digest_that_does_not_match_the_bytes_written_is_not_committed() {
         }
     }
 }
+
+/// The review's attack on the quick check: session V announces a file the
+/// server holds whole and is answered with its recorded digest; before V's
+/// FileEnd, another session commits different bytes (same size and mtime)
+/// under that name. V's FileEnd carries the digest it was shown: it must
+/// not be answered unchanged (nor, with `--reverify`, recorded over the
+/// other session's bytes), and a later stock send must move the data
+/// again and leave the victim's bytes.
+#[test]
+fn a_commit_between_the_quick_check_and_its_answer_is_not_reported_unchanged() {
+    for (mode, reverify) in [
+        (VerifyMode::None, false),
+        (VerifyMode::Fiver, false),
+        (VerifyMode::Block, true),
+    ] {
+        let d = Dirs::new();
+        let server = LocalServer::start(ServerConfig::local(&d.root)).unwrap();
+        let addr = server.addr();
+        let mine = intact_sample::bytes(3 * 4096 + 5, 21);
+        let src = d.source("victim", &mine);
+        let theirs: Vec<u8> = mine.iter().map(|b| !b).collect();
+        let evil = d.source("evil", &theirs);
+        let mtime = fs::metadata(&src).unwrap().modified().unwrap();
+        fs::File::options()
+            .write(true)
+            .open(&evil)
+            .unwrap()
+            .set_modified(mtime)
+            .unwrap();
+        let mut o = opts(mode);
+        o.block_size = 4096;
+        let r = intact_transfer::send(&[src.clone()], &addr, &o, &|_| {}).unwrap();
+        assert_eq!(r.failed, 0);
+        assert_eq!(d.stored(), mine);
+        let stat = fs::metadata(&src).unwrap();
+        let mtime_sec = {
+            use std::os::unix::fs::MetadataExt;
+            (stat.mtime(), stat.mtime_nsec() as u32)
+        };
+
+        // V: the Entry of the file the server holds; it answers Whole.
+        let stream = TcpStream::connect(&addr).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(60)))
+            .unwrap();
+        let mut conn = Connection::new(stream);
+        client_handshake_in(&mut conn, None, &SessionId::random().unwrap()).unwrap();
+        let algorithm = Algorithm::ALL
+            .iter()
+            .position(|a| *a == defaults::BLOCK_ALGORITHM)
+            .unwrap() as u8;
+        conn.send(&Message::Entry(Entry {
+            file: 0,
+            path: WirePath::parse(b"data.bin").unwrap(),
+            kind: EntryKind::File,
+            mode: 0o644,
+            mtime_sec: mtime_sec.0,
+            mtime_nsec: mtime_sec.1,
+            size: mine.len() as u64,
+            block_size: 4096,
+            algorithm,
+            verify: mode.wire_id(),
+            flags: if reverify { Entry::REVERIFY } else { 0 },
+        }))
+        .unwrap();
+        let shown = match conn.expect_message().unwrap() {
+            Message::Status {
+                holding: intact_proto::Holding::Whole { digest },
+                ..
+            } => digest,
+            other => panic!("expected Status Whole, got {other:?}"),
+        };
+        assert_eq!(shown, blake3::hash(&mine).as_bytes().to_vec());
+
+        // Meanwhile another session commits other bytes under the name.
+        let r = intact_transfer::send(&[evil.clone()], &addr, &o, &|_| {}).unwrap();
+        assert_eq!(r.failed, 0, "{:?}", r.files);
+        assert_eq!(d.stored(), theirs, "the other session's commit landed");
+
+        // V ends the file with the digest it was shown, sending nothing.
+        conn.write_message(&Message::FileEnd {
+            file: 0,
+            blocks: mine.len().div_ceil(4096) as u64,
+            source_level: 3,
+            digest: shown,
+        })
+        .unwrap();
+        conn.write_message(&Message::Waiting).unwrap();
+        conn.flush().unwrap();
+        let result = loop {
+            match conn.expect_message().unwrap() {
+                Message::FileResult(r) => break r,
+                Message::BlockResult { .. } => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        };
+        assert_eq!(result.status, FileStatus::Failed, "{result:?} ({mode})");
+        assert!(!result.unchanged, "{result:?}");
+        conn.send(&Message::Bye).unwrap();
+        let _ = conn.expect_message();
+
+        // A stock send of the victim's file moves it again.
+        let r = intact_transfer::send(&[src.clone()], &addr, &o, &|_| {}).unwrap();
+        let f = the_file(&r);
+        assert!(f.error.is_none(), "{:?}", f.error);
+        assert!(!f.unchanged, "{mode}: the other session's bytes were trusted");
+        assert_eq!(d.stored(), mine, "{mode}");
+        server.stop().unwrap();
+    }
+}

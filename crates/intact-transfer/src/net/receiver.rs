@@ -51,7 +51,7 @@ use crate::net::bounds::{self, InUse, ReceiveLimits, Slot};
 use crate::net::delete::Pending;
 use crate::net::session_dirs::SessionDirs;
 use crate::net::watchdog::Working;
-use crate::net::whole_digest::{HeldWhole, WholeDigest};
+use crate::net::whole_digest::{HeldWhole, Stamp, WholeDigest};
 use crate::recheck::{recheck_batch, recheck_batch_seen, Recheck, BATCH_BYTES};
 use crate::verify::{DeviceStats, Reached, VerifyLevel, VerifyMode};
 use crate::TransferError;
@@ -935,6 +935,7 @@ impl Session<'_> {
                     .to_string()
             })
         };
+        let checked = checked.and_then(|()| still_held(self.dest, &f.entry.path, &held));
         if let Err(why) = checked {
             self.summary.fail(&path, &why);
             self.out.write_message(&failed(file, &why))?;
@@ -958,6 +959,20 @@ impl Session<'_> {
             ..verified(file, v.level, "")
         }))?;
         Ok(())
+    }
+}
+
+/// Why a file held whole is not answered or recorded: the version that was
+/// checked is no longer the one under its name.
+const CHANGED_MEANWHILE: &str = "the file at the destination changed while it was being \
+     checked (another transfer committed it, or it was written in place): \
+     nothing is reported unchanged; send it again";
+
+/// Whether the final file is still the version `held` was checked on.
+fn still_held(dest: &Destination, path: &WirePath, held: &HeldWhole) -> Result<(), String> {
+    match dest.open_final(path).map(|f| Stamp::of(&f)) {
+        Some(Ok(now)) if now == held.stamp => Ok(()),
+        _ => Err(CHANGED_MEANWHILE.to_string()),
     }
 }
 
@@ -1030,9 +1045,25 @@ fn commit_ready<S: std::io::Read + std::io::Write>(
                 meta.push((id, f.entry.path.to_string(), record, result));
                 batch.push((partial, f.entry.mode, mtime));
             }
-            None => in_place.push((id, record, result)),
+            None => in_place.push((id, f.entry.path.clone(), f.whole.held, record, result)),
         }
     }
+    // A file answered from what it held is recorded only if it is still
+    // the version that was checked (another transfer may have committed
+    // over it meanwhile).
+    let (in_place, moved): (Vec<_>, Vec<_>) =
+        in_place.into_iter().partition(|(_, path, held, _, _)| {
+            held.as_ref()
+                .is_some_and(|h| still_held(dest, path, h).is_ok())
+        });
+    for (id, path, _, _, _) in moved {
+        summary.fail(&path.to_string(), CHANGED_MEANWHILE);
+        conn.write_message(&failed(id, CHANGED_MEANWHILE))?;
+    }
+    let in_place: Vec<_> = in_place
+        .into_iter()
+        .map(|(id, _, _, record, result)| (id, record, result))
+        .collect();
     let results = {
         let _working = working.now();
         dest.commit_batch(batch)
@@ -1182,6 +1213,11 @@ fn begin_file(
         .and_then(|r| Some((r, r.digest?)))
     {
         if let Some(file) = dest.open_final(&e.path).filter(|f| unchanged_since(f, &e)) {
+            // Taken before any read: the answer holds only for this version.
+            let stamp = Stamp::of(&file).map_err(|err| TransferError::Destination {
+                path: e.path.to_string(),
+                source: err,
+            })?;
             let reverify = e.flags & Entry::REVERIFY != 0;
             if !reverify && r.verified.level >= mode.level() {
                 // Trusted at the level its record says, no higher.
@@ -1196,6 +1232,7 @@ fn begin_file(
                 inc.whole.held = Some(HeldWhole {
                     digest,
                     trusted: Some(r.verified),
+                    stamp,
                 });
                 files.insert(id, inc);
                 return Ok(Message::Status {
@@ -1207,7 +1244,7 @@ fn begin_file(
             }
             if mode != VerifyMode::None {
                 let inc = Incoming::fresh(e.clone(), mode, None, r.id);
-                if let Some(inc) = reverify_whole(inc, journal, &file, opts, buf, &digest)? {
+                if let Some(inc) = reverify_whole(inc, journal, &file, opts, buf, &digest, stamp)? {
                     files.insert(id, inc);
                     return Ok(Message::Status {
                         file: id,
@@ -1516,6 +1553,7 @@ fn reverify_whole(
     opts: &ReceiveOptions,
     buf: &mut AlignedBuf,
     recorded: &[u8; crate::net::whole_digest::LEN],
+    stamp: Stamp,
 ) -> Result<Option<Incoming>, TransferError> {
     let items: Vec<HeldBlock> = journal
         .blocks(inc.row)?
@@ -1545,6 +1583,7 @@ fn reverify_whole(
     inc.whole.held = Some(HeldWhole {
         digest: now,
         trusted: None,
+        stamp,
     });
     Ok(Some(inc))
 }

@@ -47,6 +47,37 @@ pub(crate) struct HeldWhole {
     /// one); None: the digest was computed in this run from a re-read in
     /// place.
     pub trusted: Option<VerifiedAt>,
+    /// The final file as it was when the session looked at it (before any
+    /// re-read): the answer and the record hold only if it is still that.
+    pub stamp: Stamp,
+}
+
+/// What identifies one version of a file under its name: device, inode,
+/// size, mtime and ctime (nanoseconds). Another transfer's commit (a
+/// rename: another inode) or any write, chmod or link change in place (a
+/// new ctime) gives another stamp.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Stamp {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl Stamp {
+    /// The stamp of the open `file`.
+    pub fn of(file: &File) -> std::io::Result<Stamp> {
+        use std::os::unix::fs::MetadataExt;
+        let m = file.metadata()?;
+        Ok(Stamp {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.len(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        })
+    }
 }
 
 /// One file's whole-file digest at the receiver.
