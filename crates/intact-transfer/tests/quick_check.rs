@@ -427,7 +427,7 @@ fn a_commit_between_the_quick_check_and_its_answer_is_not_reported_unchanged() {
             .unwrap();
         let mut o = opts(mode);
         o.block_size = 4096;
-        let r = intact_transfer::send(&[src.clone()], &addr, &o, &|_| {}).unwrap();
+        let r = intact_transfer::send(std::slice::from_ref(&src), &addr, &o, &|_| {}).unwrap();
         assert_eq!(r.failed, 0);
         assert_eq!(d.stored(), mine);
         let stat = fs::metadata(&src).unwrap();
@@ -471,7 +471,7 @@ fn a_commit_between_the_quick_check_and_its_answer_is_not_reported_unchanged() {
         assert_eq!(shown, blake3::hash(&mine).as_bytes().to_vec());
 
         // Meanwhile another session commits other bytes under the name.
-        let r = intact_transfer::send(&[evil.clone()], &addr, &o, &|_| {}).unwrap();
+        let r = intact_transfer::send(std::slice::from_ref(&evil), &addr, &o, &|_| {}).unwrap();
         assert_eq!(r.failed, 0, "{:?}", r.files);
         assert_eq!(d.stored(), theirs, "the other session's commit landed");
 
@@ -498,7 +498,7 @@ fn a_commit_between_the_quick_check_and_its_answer_is_not_reported_unchanged() {
         let _ = conn.expect_message();
 
         // A stock send of the victim's file moves it again.
-        let r = intact_transfer::send(&[src.clone()], &addr, &o, &|_| {}).unwrap();
+        let r = intact_transfer::send(std::slice::from_ref(&src), &addr, &o, &|_| {}).unwrap();
         let f = the_file(&r);
         assert!(f.error.is_none(), "{:?}", f.error);
         assert!(!f.unchanged, "{mode}: the other session's bytes were trusted");
