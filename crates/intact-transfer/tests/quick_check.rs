@@ -501,7 +501,10 @@ fn a_commit_between_the_quick_check_and_its_answer_is_not_reported_unchanged() {
         let r = intact_transfer::send(std::slice::from_ref(&src), &addr, &o, &|_| {}).unwrap();
         let f = the_file(&r);
         assert!(f.error.is_none(), "{:?}", f.error);
-        assert!(!f.unchanged, "{mode}: the other session's bytes were trusted");
+        assert!(
+            !f.unchanged,
+            "{mode}: the other session's bytes were trusted"
+        );
         assert_eq!(d.stored(), mine, "{mode}");
         server.stop().unwrap();
     }
