@@ -4,6 +4,7 @@
 mod bounds;
 mod confine;
 mod delete;
+mod handshakes;
 pub(crate) mod private;
 mod ratelimit;
 mod receiver;

@@ -18,6 +18,7 @@ use intact_proto::{server_handshake_keyring, Connection, Key, Keyring, Message};
 use crate::dest::Destination;
 use crate::journal::Journal;
 use crate::net::confine::confine;
+use crate::net::handshakes::{Handshakes, Handshaking};
 use crate::net::ratelimit::{Backoff, Repeats, REPEAT_WINDOW};
 use crate::net::receiver::{receive, ReceiveOptions};
 use crate::net::root::{RootError, RootLock};
@@ -56,10 +57,6 @@ pub struct ServerConfig {
     /// How sessions receive (fault hooks for tests and the fault lab).
     pub receive: ReceiveOptions,
 }
-
-/// Connections still in their handshake at once; more are refused. They
-/// hold a thread each until they authenticate or time out.
-pub const MAX_HANDSHAKES: usize = 64;
 
 /// How long a connection may take to authenticate, from its accept to its
 /// admission, whatever it sends meanwhile (an honest client needs two round
@@ -113,7 +110,7 @@ impl Server {
             log,
             cfg.verbose,
         ));
-        let handshaking = Arc::new(AtomicUsize::new(0));
+        let handshaking = Handshakes::default();
         let threads = Arc::new(AtomicUsize::new(0));
         let watchdog = match Watchdog::start() {
             Ok(w) => w,
@@ -141,15 +138,18 @@ impl Server {
                     continue;
                 }
             };
-            if handshaking.load(Ordering::SeqCst) >= MAX_HANDSHAKES {
-                let mut conn = Connection::new(stream);
-                let _ = conn.send(&Message::Refused {
-                    reason: format!(
-                        "busy: {MAX_HANDSHAKES} connections are still authenticating; try again later"
-                    ),
-                });
-                continue;
-            }
+            let place = match stream.peer_addr() {
+                Ok(peer) => handshaking.take(peer.ip()),
+                Err(e) => Err(format!("no peer address: {e}")),
+            };
+            let place = match place {
+                Ok(p) => p,
+                Err(reason) => {
+                    let mut conn = Connection::new(stream);
+                    let _ = conn.send(&Message::Refused { reason });
+                    continue;
+                }
+            };
             // Its deadline starts now, before a thread is spent on it; the
             // watchdog needs its own descriptor of the socket.
             let timeout = HANDSHAKE_TIMEOUT.min(cfg.idle_timeout);
@@ -162,7 +162,7 @@ impl Server {
             };
             // Both counted until the thread lets go (or never starts).
             let running = Release::take(&threads);
-            let mut handshake = Some(Release::take(&handshaking));
+            let mut handshake = Some(place);
             let (cfg, journal, s) = (
                 Arc::clone(&cfg),
                 Arc::clone(&self.journal),
@@ -253,7 +253,7 @@ fn connection(
     cfg: &ServerConfig,
     journal: &Journal,
     sessions: &Arc<Sessions>,
-    handshake: &mut Option<Release>,
+    handshake: &mut Option<Handshaking>,
     watch: &Watch,
 ) {
     let peer = match stream.peer_addr() {
