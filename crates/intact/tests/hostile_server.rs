@@ -167,36 +167,6 @@ fn connect(server: &Serve) -> TcpStream {
     s
 }
 
-/// A connection to the server from the local address `from` (any of
-/// 127.0.0.0/8 is this host's loopback).
-fn connect_from(from: [u8; 4], server: &Serve) -> TcpStream {
-    use std::os::fd::FromRawFd;
-    let sin = |ip: [u8; 4], port: u16| libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: port.to_be(),
-        sin_addr: libc::in_addr {
-            s_addr: u32::from_ne_bytes(ip),
-        },
-        sin_zero: [0; 8],
-    };
-    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-    // SAFETY: plain socket calls on a descriptor this function owns; the
-    // addresses live across the calls.
-    unsafe {
-        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
-        assert!(fd >= 0, "{}", std::io::Error::last_os_error());
-        let s = TcpStream::from_raw_fd(fd);
-        let a = sin(from, 0);
-        let r = libc::bind(fd, (&a as *const libc::sockaddr_in).cast(), len);
-        assert_eq!(r, 0, "bind {from:?}: {}", std::io::Error::last_os_error());
-        let b = sin([127, 0, 0, 1], server.port);
-        let r = libc::connect(fd, (&b as *const libc::sockaddr_in).cast(), len);
-        assert_eq!(r, 0, "connect: {}", std::io::Error::last_os_error());
-        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-        s
-    }
-}
-
 /// A keyless client admitted into session `id` (the server answered its
 /// Hello), or the error the handshake ended with.
 fn client(server: &Serve, id: [u8; 16]) -> Result<Connection<TcpStream>, intact_proto::ProtoError> {
@@ -282,7 +252,7 @@ fn a_handshake_sent_a_byte_at_a_time_is_cut_at_its_deadline() {
         .map(|_| (connect(&server), Vec::new(), None))
         .collect();
     // Another host, while the 16 places of 127.0.0.1 are held.
-    let other = connect_from([127, 0, 0, 2], &server);
+    let other = common::connect_from([127, 0, 0, 2], server.port);
     let mut conn = Connection::new(other);
     client_handshake_in(&mut conn, None, &SessionId([9; 16]))
         .expect("a client from another address is admitted");

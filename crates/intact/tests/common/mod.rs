@@ -186,3 +186,35 @@ pub fn on_device(path: &Path) -> Vec<u8> {
     );
     std::fs::read(path).unwrap()
 }
+
+/// A connection to 127.0.0.1:`port` from the local address `from` (any of
+/// 127.0.0.0/8 is this host's loopback): a client from another host, as
+/// a server's per-address limits see it.
+pub fn connect_from(from: [u8; 4], port: u16) -> std::net::TcpStream {
+    use std::os::fd::FromRawFd;
+    let sin = |ip: [u8; 4], port: u16| libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_ne_bytes(ip),
+        },
+        sin_zero: [0; 8],
+    };
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: plain socket calls on a descriptor this function owns; the
+    // addresses live across the calls.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        assert!(fd >= 0, "{}", std::io::Error::last_os_error());
+        let s = std::net::TcpStream::from_raw_fd(fd);
+        let a = sin(from, 0);
+        let r = libc::bind(fd, (&a as *const libc::sockaddr_in).cast(), len);
+        assert_eq!(r, 0, "bind {from:?}: {}", std::io::Error::last_os_error());
+        let b = sin([127, 0, 0, 1], port);
+        let r = libc::connect(fd, (&b as *const libc::sockaddr_in).cast(), len);
+        assert_eq!(r, 0, "connect: {}", std::io::Error::last_os_error());
+        s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+            .unwrap();
+        s
+    }
+}
