@@ -21,4 +21,4 @@ mod loopfs;
 mod proxy;
 
 pub use loopfs::{loop_devices_of, mounts_under, usable, LoopFs};
-pub use proxy::{FlipProxy, ProxyFault};
+pub use proxy::{FlipProxy, ProxyFault, Victim};

@@ -1,10 +1,13 @@
 //! A TCP proxy on loopback that corrupts or cuts the client-to-server
-//! stream of every connection it carries.
+//! stream of every connection it carries, or kills one end of the
+//! transfer from outside at a chosen byte (a crash without any hook in
+//! the program that crashes).
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// What the proxy does to each connection's client-to-server bytes.
 #[derive(Debug, Clone)]
@@ -18,6 +21,56 @@ pub enum ProxyFault {
     /// After this many bytes, swallow everything the client sends: the
     /// server hears nothing more while the client's writes still succeed.
     StallAfter(u64),
+    /// Once this many client bytes have passed (all connections together),
+    /// forward nothing more and SIGKILL the process `victim` names: the
+    /// sender (it dies mid-send) or the server (it dies with exactly that
+    /// much received).
+    KillAfter(u64, Victim),
+}
+
+/// The process a [`ProxyFault::KillAfter`] kills, named once it has been
+/// spawned (the proxy must exist first: the process is given its address),
+/// and the client bytes counted so far.
+#[derive(Debug, Clone, Default)]
+pub struct Victim(Arc<(AtomicI32, AtomicU64, AtomicBool)>);
+
+impl Victim {
+    /// No process yet.
+    pub fn new() -> Victim {
+        Victim::default()
+    }
+
+    /// Names the process to kill.
+    pub fn set(&self, pid: u32) {
+        self.0 .0.store(pid as i32, Ordering::SeqCst);
+    }
+
+    /// Whether the proxy killed it.
+    pub fn killed(&self) -> bool {
+        self.0 .2.load(Ordering::SeqCst)
+    }
+
+    /// Counts `n` more client bytes; true when they reach `limit`, at most
+    /// once: the caller then kills.
+    fn passes(&self, n: u64, limit: u64) -> Option<u64> {
+        let before = self.0 .1.fetch_add(n, Ordering::SeqCst);
+        (before < limit && before + n >= limit).then_some(limit - before)
+    }
+
+    /// SIGKILLs the named process (waiting up to 10 s for it to be named).
+    fn kill(&self) {
+        let end = Instant::now() + Duration::from_secs(10);
+        let mut pid = self.0 .0.load(Ordering::SeqCst);
+        while pid <= 0 && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(5));
+            pid = self.0 .0.load(Ordering::SeqCst);
+        }
+        if pid > 0 {
+            // SAFETY: a signal to a process this test spawned and named.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            self.0 .2.store(true, Ordering::SeqCst);
+        }
+    }
 }
 
 /// A running proxy; it stops accepting when dropped (connections already
@@ -135,6 +188,18 @@ fn pump(mut from: TcpStream, mut to: TcpStream, fault: Option<Faulting>) {
                     break;
                 }
                 ProxyFault::StallAfter(_) => {}
+                ProxyFault::KillAfter(limit, victim) => {
+                    if let Some(keep) = victim.passes(n as u64, *limit) {
+                        let _ = to.write_all(&chunk[..keep as usize]);
+                        victim.kill();
+                        cut.fetch_add(1, Ordering::SeqCst);
+                        break;
+                    }
+                    if victim.killed() {
+                        // Another connection reached the limit first.
+                        break;
+                    }
+                }
             }
             at = end;
         }

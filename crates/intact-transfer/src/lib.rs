@@ -19,7 +19,6 @@
 mod copy;
 mod dest;
 mod error;
-pub(crate) mod fault;
 mod journal;
 mod limits;
 mod model;

@@ -439,30 +439,28 @@ fn a_client_that_never_reads_its_replies_is_ended_and_its_place_freed() {
     normal_send_works(&server, dir.path(), &root, "never_read.bin");
 }
 
-/// Attack: 72 sessions panic inside the server (the fault seam of the test
-/// build: `INTACT_FAULT_PANIC_SESSIONS=1` and a session id that asks for
-/// it), mixed with 72 connections that abort (closed at once, garbage, a
-/// half Hello), while another session stays open across them and an
-/// honest send runs. Every panicking session must still have been admitted
-/// (with --max-sessions 3, two leaked places would refuse the next), the
-/// open session must still be answered, the honest send must finish
-/// intact, and a normal send after it all must work.
+/// Attack: 72 connections abort (closed at once, garbage, half a Hello)
+/// while another session stays open across them and an honest send runs:
+/// the open session must still be answered, the honest send must finish
+/// intact, and with --max-sessions 2 no place may leak (two leaked would
+/// refuse the normal send after). Sessions that panic inside the server
+/// are tested in the crate's own unit tests (a seam that exists only
+/// there: intact-transfer src/net/seam.rs), not through this binary.
 #[test]
-fn panicking_and_aborted_sessions_give_their_places_back() {
+fn aborted_connections_give_their_places_back() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("root");
     let server = Serve::start(
         &root,
         Start {
             args: &["--idle-timeout", "60", "--max-sessions", "3"],
-            env: &[("INTACT_FAULT_PANIC_SESSIONS", "1")],
             ..PLAIN
         },
     );
     let big = dir.path().join("honest.bin");
     let data = noise(48 << 20, 11);
     fs::write(&big, &data).unwrap();
-    // A session admitted before the panics and still open after them.
+    // A session admitted before the aborts and still open after them.
     let mut bystander = client(&server, [7; 16]).expect("admitted");
     let answered = |c: &mut Connection<TcpStream>, id: u64, path: &str| {
         c.send(&entry(id, path, EntryKind::Dir, 0)).unwrap();
@@ -478,17 +476,7 @@ fn panicking_and_aborted_sessions_give_their_places_back() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut id = *b"panic!!!00000000";
     for i in 0..72u32 {
-        id[8..12].copy_from_slice(&i.to_be_bytes());
-        let mut c = client(&server, id).unwrap_or_else(|e| {
-            panic!("panicking session {i} was not admitted (a place leaked?): {e}")
-        });
-        // The panic drops the connection: it reads as closed.
-        assert!(
-            c.read_message().map_or(true, |m| m.is_none()),
-            "session {i} lived on"
-        );
         match i % 3 {
             0 => drop(connect(&server)),
             1 => {
@@ -500,6 +488,23 @@ fn panicking_and_aborted_sessions_give_their_places_back() {
                 let _ = s.write_all(&hello([9; 16])[..20]);
             }
         }
+        // An admitted session that goes away at once, every third round:
+        // it takes the last place. The previous one's place comes back a
+        // moment after its socket closes; a leaked place never does.
+        if i % 3 == 0 {
+            let mut id = [3u8; 16];
+            id[..4].copy_from_slice(&i.to_be_bytes());
+            let until = Instant::now() + Duration::from_secs(10);
+            loop {
+                match client(&server, id) {
+                    Ok(c) => break drop(c),
+                    Err(e) if Instant::now() < until && e.to_string().contains("busy") => {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    Err(e) => panic!("session {i} was not admitted (a place leaked?): {e}"),
+                }
+            }
+        }
     }
     answered(&mut bystander, 2, "bystander_after");
     bystander.send(&Message::Bye).unwrap();
@@ -508,47 +513,11 @@ fn panicking_and_aborted_sessions_give_their_places_back() {
     let out = honest.wait_with_output().unwrap();
     assert!(
         out.status.success(),
-        "the honest send beside the panics failed: {}",
+        "the honest send beside the aborts failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(fs::read(root.join("honest.bin")).unwrap() == data);
-    // The server tells a few panics per kind and 10 s window, then counts
-    // the rest in one line, written with the next line after the window.
-    let panics_ended = Instant::now();
-    let mut seen = Vec::new();
-    server.wait_log("panicked", Duration::from_secs(30), &mut seen);
-    std::thread::sleep(Duration::from_secs(11).saturating_sub(panics_ended.elapsed()));
-    normal_send_works(&server, dir.path(), &root, "after_panics_1.bin");
-    let until = Instant::now() + Duration::from_secs(30);
-    while !seen
-        .iter()
-        .any(|l| l.contains("more lines like this one") && l.contains("panicked"))
-        && Instant::now() < until
-    {
-        server.wait_log(
-            "more lines like this one",
-            Duration::from_secs(2),
-            &mut seen,
-        );
-    }
-    let told = seen
-        .iter()
-        .filter(|l| l.contains("panicked (a bug") && !l.contains("more lines like this one"))
-        .count();
-    let counted: usize = seen
-        .iter()
-        .filter(|l| l.contains("more lines like this one") && l.contains("panicked"))
-        .map(|l| {
-            let n = l.split("intact serve: ").nth(1).unwrap_or(l);
-            n.split(' ').next().unwrap().parse::<usize>().unwrap()
-        })
-        .sum();
-    assert!((1..=5).contains(&told), "panics told one by one: {seen:?}");
-    eprintln!(
-        "measured: 72 panicking sessions admitted; {told} told one by one, {counted} counted"
-    );
-    assert_eq!(told + counted, 72, "panics told and counted: {seen:?}");
-    normal_send_works(&server, dir.path(), &root, "after_panics_2.bin");
+    normal_send_works(&server, dir.path(), &root, "after_aborts.bin");
 }
 
 /// Attack: a server started with 64 descriptors (RLIMIT_NOFILE 64:64) is

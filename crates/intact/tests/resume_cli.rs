@@ -5,12 +5,13 @@
 use std::fs;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 const MIB: u64 = 1 << 20;
 
 mod common;
 use common::Server;
+use intact_faults::{FlipProxy, ProxyFault, Victim};
 
 /// Waits until `server` has logged the end of `n` sessions (one line each,
 /// with its totals, once all its streams ended), so that what those
@@ -26,12 +27,15 @@ fn wait_sessions_ended(server: &Server, n: usize) {
     }
 }
 
-fn start(root: &Path, kill_after: Option<u64>) -> Server {
-    let env: Vec<(&str, String)> = kill_after
-        .map(|n| ("INTACT_FAULT_KILL_AFTER_BYTES", n.to_string()))
-        .into_iter()
-        .collect();
-    Server::start_with(root, &[], &env)
+fn start(root: &Path) -> Server {
+    Server::start(root)
+}
+
+/// A proxy to `server` that SIGKILLs the process `victim` will name once
+/// `bytes` client bytes have passed (the crash comes from outside: the
+/// binary has no hook for it).
+fn killing_proxy(server: &Server, bytes: u64, victim: &Victim) -> FlipProxy {
+    FlipProxy::start(server.addr(), ProxyFault::KillAfter(bytes, victim.clone())).unwrap()
 }
 
 fn dataset(root: &Path) -> (PathBuf, u64) {
@@ -55,21 +59,26 @@ fn dataset(root: &Path) -> (PathBuf, u64) {
     (src, total + 40 * MIB)
 }
 
+/// `intact send --json` of `src` to `addr`; `victim`, if given, is named
+/// as this sender's process.
 fn send(
     src: &Path,
-    port: u16,
+    addr: &str,
     extra: &[&str],
-    kill_after: Option<u64>,
+    victim: Option<&Victim>,
 ) -> (std::process::ExitStatus, Option<serde_json::Value>) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_intact"));
     cmd.args(["send", "--json", "--block-size", "64KiB"])
         .args(extra)
         .arg(src)
-        .arg(format!("127.0.0.1:{port}"));
-    if let Some(n) = kill_after {
-        cmd.env("INTACT_FAULT_KILL_AFTER_BYTES", n.to_string());
+        .arg(addr)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = cmd.spawn().unwrap();
+    if let Some(v) = victim {
+        v.set(child.id());
     }
-    let out = cmd.output().unwrap();
+    let out = child.wait_with_output().unwrap();
     (out.status, serde_json::from_slice(&out.stdout).ok())
 }
 
@@ -116,9 +125,12 @@ fn resume_after_the_sender_is_killed() {
     let dir = tempfile::tempdir().unwrap();
     let (src, total) = dataset(dir.path());
     let recv = dir.path().join("recv");
-    let server = start(&recv, None);
+    let server = start(&recv);
 
-    let (status, _) = send(&src, server.port, &["--streams", "2"], Some(20 * MIB));
+    let victim = Victim::new();
+    let proxy = killing_proxy(&server, 20 * MIB, &victim);
+    let (status, _) = send(&src, &proxy.addr(), &["--streams", "2"], Some(&victim));
+    assert!(victim.killed(), "the proxy killed the sender");
     assert_eq!(
         status.signal(),
         Some(libc::SIGKILL),
@@ -127,7 +139,7 @@ fn resume_after_the_sender_is_killed() {
     wait_sessions_ended(&server, 1);
     final_names_are_all_verified(&src, &recv);
 
-    let (status, report) = send(&src, server.port, &["--streams", "2"], None);
+    let (status, report) = send(&src, &server.addr(), &["--streams", "2"], None);
     assert!(status.success());
     assert_resumed(&report.unwrap(), total);
     same_data(&src, &recv.join("data"));
@@ -158,10 +170,15 @@ fn resume_after_the_server_is_killed() {
     let dir = tempfile::tempdir().unwrap();
     let (src, total) = dataset(dir.path());
     let recv = dir.path().join("recv");
-    // Each session dies at 30 MiB received: the 40 MiB file's stream has
-    // journaled at least 24 MiB by then (batches of 8 MiB).
-    let mut server = start(&recv, Some(30 * MIB));
-    let (status, _) = send(&src, server.port, &["--streams", "2"], None);
+    // The server dies once 30 MiB have reached it over both streams: the
+    // 40 MiB file's stream has journaled some of its blocks by then
+    // (batches of 8 MiB), the other stream some whole files.
+    let mut server = start(&recv);
+    let victim = Victim::new();
+    victim.set(server.child.id());
+    let proxy = killing_proxy(&server, 30 * MIB, &victim);
+    let (status, _) = send(&src, &proxy.addr(), &["--streams", "2"], None);
+    assert!(victim.killed(), "the proxy killed the server");
     assert_eq!(
         status.code(),
         Some(1),
@@ -171,8 +188,8 @@ fn resume_after_the_server_is_killed() {
     assert_eq!(died.signal(), Some(libc::SIGKILL));
     final_names_are_all_verified(&src, &recv);
 
-    let server = start(&recv, None);
-    let (status, report) = send(&src, server.port, &["--streams", "2"], None);
+    let server = start(&recv);
+    let (status, report) = send(&src, &server.addr(), &["--streams", "2"], None);
     assert!(status.success());
     assert_resumed(&report.unwrap(), total);
     same_data(&src, &recv.join("data"));
@@ -183,12 +200,12 @@ fn a_complete_dataset_is_not_sent_again_unless_reverified() {
     let dir = tempfile::tempdir().unwrap();
     let (src, total) = dataset(dir.path());
     let recv = dir.path().join("recv");
-    let server = start(&recv, None);
-    let (status, r) = send(&src, server.port, &[], None);
+    let server = start(&recv);
+    let (status, r) = send(&src, &server.addr(), &[], None);
     assert!(status.success());
     assert_eq!(r.unwrap()["bytes_sent"], total);
 
-    let (status, r) = send(&src, server.port, &[], None);
+    let (status, r) = send(&src, &server.addr(), &[], None);
     assert!(status.success());
     let r = r.unwrap();
     assert_eq!(r["bytes_sent"], 0, "quick check: nothing moves");
@@ -212,10 +229,10 @@ fn a_complete_dataset_is_not_sent_again_unless_reverified() {
         .unwrap()
         .set_modified(meta.modified().unwrap())
         .unwrap();
-    let (status, r) = send(&src, server.port, &[], None);
+    let (status, r) = send(&src, &server.addr(), &[], None);
     assert!(status.success());
     assert_eq!(r.unwrap()["bytes_sent"], 0);
-    let (status, r) = send(&src, server.port, &["--reverify"], None);
+    let (status, r) = send(&src, &server.addr(), &["--reverify"], None);
     assert!(status.success());
     let r = r.unwrap();
     let f03 = fs::metadata(src.join("many/f03")).unwrap().len();

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 mod common;
 use common::{send, Server};
+use intact_faults::{FlipProxy, ProxyFault, Victim};
 
 const MIB: usize = 1 << 20;
 
@@ -83,14 +84,18 @@ fn a_failed_send_says_what_was_done_and_how_to_resume() {
     let dir = tempfile::tempdir().unwrap();
     let src = dataset(dir.path());
     let recv = dir.path().join("recv");
-    // The server's session dies after 1 MiB received.
-    let mut server = Server::start_with(
-        &recv,
-        &[],
-        &[("INTACT_FAULT_KILL_AFTER_BYTES", MIB.to_string())],
-    );
+    // The server dies once 1 MiB has reached it (killed by a proxy).
+    let mut server = Server::start(&recv);
+    let victim = Victim::new();
+    victim.set(server.child.id());
+    let proxy = FlipProxy::start(
+        server.addr(),
+        ProxyFault::KillAfter(MIB as u64, victim.clone()),
+    )
+    .unwrap();
     let s = src.to_str().unwrap();
-    let out = send_fiver(s, &server.addr());
+    let out = send_fiver(s, &proxy.addr());
+    assert!(victim.killed(), "the proxy killed the server");
     assert_eq!(out.status.code(), Some(1));
     let err = text(&out.stderr);
     assert!(

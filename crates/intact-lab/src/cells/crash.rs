@@ -1,5 +1,8 @@
 //! crash-sender and crash-server: the real `intact` binary SIGKILLed at a
-//! pseudo-random point, then resumed.
+//! pseudo-random point, then resumed. The kill comes from outside: the
+//! transfer runs through a proxy that, once that many bytes have passed,
+//! forwards nothing more and SIGKILLs the sender or the server (the
+//! binary has no crash hook of its own).
 
 use std::fs;
 use std::io::{BufRead, BufReader};
@@ -7,6 +10,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 
+use intact_faults::{FlipProxy, ProxyFault, Victim};
 use intact_transfer::VerifyMode;
 
 use super::{Ctx, Verdict};
@@ -21,13 +25,10 @@ struct ServerProcess {
 }
 
 impl ServerProcess {
-    fn start(intact: &Path, root: &Path, kill_after: Option<u64>) -> Result<Self, LabError> {
+    fn start(intact: &Path, root: &Path) -> Result<Self, LabError> {
         let mut cmd = Command::new(intact);
         cmd.args(["serve", "--listen", "127.0.0.1:0", "--root"])
             .arg(root);
-        if let Some(n) = kill_after {
-            cmd.env("INTACT_FAULT_KILL_AFTER_BYTES", n.to_string());
-        }
         let mut child = cmd
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -59,16 +60,21 @@ fn send_process(
     src: &Path,
     addr: &str,
     mode: VerifyMode,
-    kill_after: Option<u64>,
+    victim: Option<&Victim>,
 ) -> Result<(ExitStatus, Option<serde_json::Value>), LabError> {
     let mut cmd = Command::new(intact);
     cmd.args(["send", "--json", "--streams", "1", "--verify", mode.name()])
         .arg(src)
-        .arg(addr);
-    if let Some(n) = kill_after {
-        cmd.env("INTACT_FAULT_KILL_AFTER_BYTES", n.to_string());
+        .arg(addr)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = cmd.spawn().map_err(io("running intact send"))?;
+    if let Some(v) = victim {
+        v.set(child.id());
     }
-    let out = cmd.output().map_err(io("running intact send"))?;
+    let out = child
+        .wait_with_output()
+        .map_err(io("running intact send"))?;
     let mut json: Option<serde_json::Value> = serde_json::from_slice(&out.stdout).ok();
     if let Some(v) = json.as_mut() {
         v["stderr"] = String::from_utf8_lossy(&out.stderr).trim().into();
@@ -92,18 +98,31 @@ pub(crate) fn crash(ctx: &Ctx) -> Result<Verdict, LabError> {
         let at = 1 + (seed >> 11) % size.max(2).saturating_sub(1);
         let root = ctx.lfs.mnt().join(format!("root{trial}"));
         let final_path = root.join("data.bin");
-        let first = if ctx.fault == Fault::CrashSender {
-            let server = ServerProcess::start(intact, &root, None)?;
-            send_process(intact, src, &server.addr, mode, Some(at))?.0
-        } else {
-            let server = ServerProcess::start(intact, &root, Some(at))?;
-            send_process(intact, src, &server.addr, mode, None)?.0
+        let victim = Victim::new();
+        let first = {
+            let mut server = ServerProcess::start(intact, &root)?;
+            let proxy = FlipProxy::start(
+                server.addr.clone(),
+                ProxyFault::KillAfter(at, victim.clone()),
+            )
+            .map_err(io("starting the killing proxy"))?;
+            let (status, _) = if ctx.fault == Fault::CrashSender {
+                send_process(intact, src, &proxy.addr(), mode, Some(&victim))?
+            } else {
+                victim.set(server.child.id());
+                send_process(intact, src, &proxy.addr(), mode, None)?
+            };
+            if ctx.fault == Fault::CrashServer {
+                let _ = server.child.wait();
+            }
+            status
         };
-        let was_killed = if ctx.fault == Fault::CrashSender {
-            first.signal() == Some(libc::SIGKILL)
-        } else {
-            !first.success()
-        };
+        let was_killed = victim.killed()
+            && if ctx.fault == Fault::CrashSender {
+                first.signal() == Some(libc::SIGKILL)
+            } else {
+                !first.success()
+            };
         if !was_killed {
             // The kill point fell after the last byte moved: no crash here.
             continue;
@@ -118,7 +137,7 @@ pub(crate) fn crash(ctx: &Ctx) -> Result<Verdict, LabError> {
             ));
         }
         let (status, json) = {
-            let server = ServerProcess::start(intact, &root, None)?;
+            let server = ServerProcess::start(intact, &root)?;
             send_process(intact, src, &server.addr, mode, None)?
         };
         let said = Said::from_json(status.success(), json.as_ref());
@@ -132,7 +151,7 @@ pub(crate) fn crash(ctx: &Ctx) -> Result<Verdict, LabError> {
             .unwrap_or(u64::MAX);
         // The journal is consistent: a third send moves nothing.
         let (status, json) = {
-            let server = ServerProcess::start(intact, &root, None)?;
+            let server = ServerProcess::start(intact, &root)?;
             send_process(intact, src, &server.addr, mode, None)?
         };
         let again = json.as_ref().and_then(|v| v["bytes_sent"].as_u64());
@@ -157,7 +176,7 @@ pub(crate) fn crash(ctx: &Ctx) -> Result<Verdict, LabError> {
         return Ok((
             Outcome::NoEffect,
             "no trial was killed".into(),
-            "is the intact binary built with the crash seam (cargo build --release -p intact --features fault-seam)?".into(),
+            "every kill point fell after the last byte moved".into(),
         ));
     }
     Ok((

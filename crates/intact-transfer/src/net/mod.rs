@@ -9,6 +9,7 @@ pub(crate) mod private;
 mod ratelimit;
 mod receiver;
 mod root;
+#[cfg(test)]
 mod seam;
 mod sender;
 mod server;

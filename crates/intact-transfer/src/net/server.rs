@@ -303,6 +303,7 @@ fn connection(
         }
     };
     watch.session(cfg.idle_timeout);
+    #[cfg(test)]
     crate::net::seam::maybe_panic(&session);
     let outcome = (|| {
         let socket = conn.get_ref();
