@@ -46,6 +46,14 @@ impl Algorithm {
         Algorithm::Sha512,
     ];
 
+    /// Its id on intact's wire: its place in [`Algorithm::ALL`].
+    pub fn wire_id(self) -> u8 {
+        Algorithm::ALL
+            .iter()
+            .position(|a| *a == self)
+            .expect("every algorithm is in ALL") as u8
+    }
+
     /// The canonical name, as accepted by `--algo` and printed in reports.
     pub fn name(self) -> &'static str {
         match self {

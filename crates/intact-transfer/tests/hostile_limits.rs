@@ -9,7 +9,7 @@ use std::fs;
 use std::net::TcpStream;
 use std::time::Duration;
 
-use intact_digest::{defaults, Algorithm};
+use intact_digest::defaults;
 use intact_proto::{client_handshake, Connection, Entry, EntryKind, FileStatus, Message, WirePath};
 use intact_transfer::{send, LocalServer, SendOptions, ServerConfig, VerifyMode};
 
@@ -35,10 +35,7 @@ fn entry(id: u64, path: &str, size: u64, block_size: u32) -> Entry {
         mtime_nsec: 0,
         size,
         block_size,
-        algorithm: Algorithm::ALL
-            .iter()
-            .position(|a| *a == defaults::BLOCK_ALGORITHM)
-            .unwrap() as u8,
+        algorithm: defaults::BLOCK_ALGORITHM.wire_id(),
         verify: VerifyMode::Riva.wire_id(),
         flags: 0,
     }

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::*;
-use intact_digest::{defaults, hash, Algorithm};
+use intact_digest::{defaults, hash};
 use intact_proto::{
     client_handshake_in, Block, Connection, Entry, EntryKind, FileStatus, Message, SessionId,
     WirePath,
@@ -285,10 +285,7 @@ fn hand_send(addr: &str, mode: VerifyMode, bs: u32, data: &[u8], digest: Vec<u8>
         .unwrap();
     let mut conn = Connection::new(stream);
     client_handshake_in(&mut conn, None, &SessionId::random().unwrap()).unwrap();
-    let algorithm = Algorithm::ALL
-        .iter()
-        .position(|a| *a == defaults::BLOCK_ALGORITHM)
-        .unwrap() as u8;
+    let algorithm = defaults::BLOCK_ALGORITHM.wire_id();
     conn.send(&Message::Entry(Entry {
         file: 0,
         path: WirePath::parse(b"data.bin").unwrap(),
@@ -443,10 +440,7 @@ fn a_commit_between_the_quick_check_and_its_answer_is_not_reported_unchanged() {
             .unwrap();
         let mut conn = Connection::new(stream);
         client_handshake_in(&mut conn, None, &SessionId::random().unwrap()).unwrap();
-        let algorithm = Algorithm::ALL
-            .iter()
-            .position(|a| *a == defaults::BLOCK_ALGORITHM)
-            .unwrap() as u8;
+        let algorithm = defaults::BLOCK_ALGORITHM.wire_id();
         conn.send(&Message::Entry(Entry {
             file: 0,
             path: WirePath::parse(b"data.bin").unwrap(),

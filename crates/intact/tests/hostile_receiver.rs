@@ -33,13 +33,6 @@ fn connect(server: &Server) -> Conn {
     conn
 }
 
-fn algorithm_id() -> u8 {
-    Algorithm::ALL
-        .iter()
-        .position(|a| *a == defaults::BLOCK_ALGORITHM)
-        .unwrap() as u8
-}
-
 fn file_entry(id: u64, path: &str, size: u64, block_size: u32, mode: VerifyMode) -> Entry {
     Entry {
         file: id,
@@ -50,7 +43,7 @@ fn file_entry(id: u64, path: &str, size: u64, block_size: u32, mode: VerifyMode)
         mtime_nsec: 0,
         size,
         block_size,
-        algorithm: algorithm_id(),
+        algorithm: defaults::BLOCK_ALGORITHM.wire_id(),
         verify: mode.wire_id(),
         flags: 0,
     }

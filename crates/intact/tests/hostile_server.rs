@@ -191,10 +191,7 @@ fn hello(id: [u8; 16]) -> Vec<u8> {
 }
 
 fn entry(id: u64, path: &str, kind: EntryKind, size: u64) -> Message {
-    let algorithm = intact_digest::Algorithm::ALL
-        .iter()
-        .position(|a| *a == intact_digest::defaults::BLOCK_ALGORITHM)
-        .unwrap() as u8;
+    let algorithm = intact_digest::defaults::BLOCK_ALGORITHM.wire_id();
     Message::Entry(Entry {
         file: id,
         path: intact_proto::WirePath::parse(path.as_bytes()).unwrap(),

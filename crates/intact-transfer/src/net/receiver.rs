@@ -382,14 +382,6 @@ fn verifier(jobs: mpsc::Receiver<Check>, events: mpsc::Sender<Event>) {
     }
 }
 
-/// The algorithm id of intact's block digest on the wire.
-pub(crate) fn block_algorithm_id() -> u8 {
-    Algorithm::ALL
-        .iter()
-        .position(|a| *a == defaults::BLOCK_ALGORITHM)
-        .expect("the block algorithm is in ALL") as u8
-}
-
 /// How a receiver works, beyond what each Entry asks for.
 #[derive(Clone, Default)]
 pub struct ReceiveOptions {
@@ -1188,7 +1180,7 @@ fn begin_file(
             what: format!("unknown verification mode id {}", e.verify),
         });
     };
-    if e.algorithm != block_algorithm_id() || e.block_size == 0 {
+    if e.algorithm != defaults::BLOCK_ALGORITHM.wire_id() || e.block_size == 0 {
         return Err(TransferError::Verification {
             path: e.path.to_string(),
             what: "unsupported block algorithm or block size".into(),

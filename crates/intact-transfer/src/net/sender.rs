@@ -27,7 +27,6 @@ use intact_proto::{
 use crate::copy::{
     check_unchanged, simple_report, source_read_error, CopyReport, FileReport, Progress,
 };
-use crate::net::receiver::block_algorithm_id;
 use crate::source::{scan, Scan, SourceEntry, SourceKind};
 use crate::source_cache::{SourceCache, SourceCacheSetting, SourceDigest, SourceKey};
 use crate::verify::{DeviceStats, Reached, VerifyLevel, VerifyMode};
@@ -470,7 +469,7 @@ impl<'a> Stream<'a> {
             mtime_nsec: e.mtime.nsec,
             size: e.size,
             block_size: opts.block_size as u32,
-            algorithm: block_algorithm_id(),
+            algorithm: defaults::BLOCK_ALGORITHM.wire_id(),
             verify: opts.verify.wire_id(),
             flags: entry_flags(opts),
         };

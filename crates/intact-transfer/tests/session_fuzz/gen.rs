@@ -8,7 +8,7 @@
 // Shared with fuzz/fuzz_targets/session.rs, which uses other parts.
 #![allow(dead_code)]
 
-use intact_digest::{defaults, hash, Algorithm};
+use intact_digest::{defaults, hash};
 use intact_proto::{
     Block, Entry, EntryKind, FileEnd, FileResult, FileStatus, Holding, Message, WirePath,
 };
@@ -161,14 +161,6 @@ impl Limits {
     }
 }
 
-/// The wire id of intact's block digest algorithm.
-pub fn block_algorithm_id() -> u8 {
-    Algorithm::ALL
-        .iter()
-        .position(|a| *a == defaults::BLOCK_ALGORITHM)
-        .expect("in ALL") as u8
-}
-
 /// The digest a Block carries for `data`.
 pub fn block_digest(data: &[u8]) -> Vec<u8> {
     hash(defaults::BLOCK_ALGORITHM, data).as_bytes().to_vec()
@@ -194,7 +186,7 @@ pub fn file_entry(file: u64, p: &str, size: u64, block_size: u32, verify: u8) ->
         mtime_nsec: 0,
         size,
         block_size,
-        algorithm: block_algorithm_id(),
+        algorithm: defaults::BLOCK_ALGORITHM.wire_id(),
         verify,
         flags: 0,
     }
@@ -407,7 +399,7 @@ fn gen_entry(
         algorithm: if src.chance(3) {
             src.byte()
         } else {
-            block_algorithm_id()
+            defaults::BLOCK_ALGORITHM.wire_id()
         },
         verify: src.pick(VERIFY),
         flags: if src.chance(25) { src.byte() & 7 } else { 0 },
