@@ -189,6 +189,14 @@ impl Destination {
             .then(|| File::from(fd))
     }
 
+    /// The status of the regular file `path` holds now, not following a
+    /// symlink at its name (no descriptor is opened).
+    pub fn stat_final(&self, path: &WirePath) -> Option<rfs::Stat> {
+        let (dir, name) = self.parent(path, false).ok()?;
+        let st = rfs::statat(&dir, &name, rfs::AtFlags::SYMLINK_NOFOLLOW).ok()?;
+        (rfs::FileType::from_raw_mode(st.st_mode) == rfs::FileType::RegularFile).then_some(st)
+    }
+
     /// Makes `path` a directory (an existing directory is kept). Its mode
     /// and time are applied by [`Destination::finish_dir`], after its contents.
     pub fn make_dir(&self, path: &WirePath) -> Result<(), TransferError> {

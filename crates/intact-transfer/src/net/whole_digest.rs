@@ -66,6 +66,17 @@ pub(crate) struct Stamp {
 }
 
 impl Stamp {
+    /// The stamp of a file's status.
+    pub fn of_stat(st: &rustix::fs::Stat) -> Stamp {
+        Stamp {
+            dev: st.st_dev,
+            ino: st.st_ino,
+            size: st.st_size as u64,
+            mtime: (st.st_mtime, st.st_mtime_nsec as i64),
+            ctime: (st.st_ctime, st.st_ctime_nsec as i64),
+        }
+    }
+
     /// The stamp of the open `file`.
     pub fn of(file: &File) -> std::io::Result<Stamp> {
         use std::os::unix::fs::MetadataExt;
