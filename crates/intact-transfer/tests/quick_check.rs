@@ -275,31 +275,42 @@ fn a_record_without_a_digest_is_never_unchanged() {
     assert_eq!(d.stored(), data);
 }
 
-/// A hand-written client: one file of `data` in blocks of `bs`, every
-/// block with its correct digest, then a FileEnd carrying `digest`.
-/// Returns the server's verdict.
-fn hand_send(addr: &str, mode: VerifyMode, bs: u32, data: &[u8], digest: Vec<u8>) -> FileStatus {
+/// A hand-written keyless client, handshaken, in a session of its own.
+fn keyless_client(addr: &str) -> Connection<TcpStream> {
     let stream = TcpStream::connect(addr).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(60)))
         .unwrap();
     let mut conn = Connection::new(stream);
     client_handshake_in(&mut conn, None, &SessionId::random().unwrap()).unwrap();
-    let algorithm = defaults::BLOCK_ALGORITHM.wire_id();
-    conn.send(&Message::Entry(Entry {
+    conn
+}
+
+/// The Entry (id 0) of `data.bin`: `size` bytes in blocks of `bs`, with
+/// mtime `(sec, nsec)` and `flags`.
+fn data_entry(mode: VerifyMode, size: usize, bs: u32, mtime: (i64, u32), flags: u8) -> Message {
+    Message::Entry(Entry {
         file: 0,
         path: WirePath::parse(b"data.bin").unwrap(),
         kind: EntryKind::File,
         mode: 0o644,
-        mtime_sec: 1_700_000_000,
-        mtime_nsec: 0,
-        size: data.len() as u64,
+        mtime_sec: mtime.0,
+        mtime_nsec: mtime.1,
+        size: size as u64,
         block_size: bs,
-        algorithm,
+        algorithm: defaults::BLOCK_ALGORITHM.wire_id(),
         verify: mode.wire_id(),
-        flags: 0,
-    }))
-    .unwrap();
+        flags,
+    })
+}
+
+/// A hand-written client: one file of `data` in blocks of `bs`, every
+/// block with its correct digest, then a FileEnd carrying `digest`.
+/// Returns the server's verdict.
+fn hand_send(addr: &str, mode: VerifyMode, bs: u32, data: &[u8], digest: Vec<u8>) -> FileStatus {
+    let mut conn = keyless_client(addr);
+    conn.send(&data_entry(mode, data.len(), bs, (1_700_000_000, 0), 0))
+        .unwrap();
     match conn.expect_message().unwrap() {
         Message::Status { .. } => {}
         other => panic!("expected a Status, got {other:?}"),
@@ -434,27 +445,10 @@ fn a_commit_between_the_quick_check_and_its_answer_is_not_reported_unchanged() {
         };
 
         // V: the Entry of the file the server holds; it answers Whole.
-        let stream = TcpStream::connect(&addr).unwrap();
-        stream
-            .set_read_timeout(Some(Duration::from_secs(60)))
+        let mut conn = keyless_client(&addr);
+        let flags = if reverify { Entry::REVERIFY } else { 0 };
+        conn.send(&data_entry(mode, mine.len(), 4096, mtime_sec, flags))
             .unwrap();
-        let mut conn = Connection::new(stream);
-        client_handshake_in(&mut conn, None, &SessionId::random().unwrap()).unwrap();
-        let algorithm = defaults::BLOCK_ALGORITHM.wire_id();
-        conn.send(&Message::Entry(Entry {
-            file: 0,
-            path: WirePath::parse(b"data.bin").unwrap(),
-            kind: EntryKind::File,
-            mode: 0o644,
-            mtime_sec: mtime_sec.0,
-            mtime_nsec: mtime_sec.1,
-            size: mine.len() as u64,
-            block_size: 4096,
-            algorithm,
-            verify: mode.wire_id(),
-            flags: if reverify { Entry::REVERIFY } else { 0 },
-        }))
-        .unwrap();
         let shown = match conn.expect_message().unwrap() {
             Message::Status {
                 holding: intact_proto::Holding::Whole { digest },
