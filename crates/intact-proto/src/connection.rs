@@ -4,9 +4,14 @@
 //! Memory follows what the peer actually sent, never what it announced:
 //! until the handshake ends a frame may hold at most [`HANDSHAKE_FRAME`]
 //! bytes (a 4-byte prefix announcing 16 MiB is refused with nothing
-//! allocated), and afterwards the read buffer grows geometrically with the
-//! bytes that arrive (at most doubling past what is already held), up to
-//! the largest frame allowed.
+//! allocated). Frames that fit the small read buffer ([`SMALL_FRAME`])
+//! are read through it, several per `read`; a larger frame gets memory
+//! of its own, taken first from the connection's budget when it has one
+//! (its session's place in the server's, see [`crate::Budget`]), and filled as its
+//! bytes arrive (never zero-filled or sized ahead of them beyond the
+//! frame's length, which the limit bounds). A Block's data is then moved
+//! out of that memory, not copied, and the grant travels with the
+//! message ([`Connection::take_held`]).
 //!
 //! After the handshake a connection is usually split in two
 //! ([`Connection::split`]): a reading half and a writing half, each with
@@ -14,12 +19,17 @@
 
 use std::io::{self, Read, Write};
 
+use crate::budget::{Held, Party};
 use crate::message::{frame_len, HEADER_LEN, MAX_FRAME};
 use crate::seal::{Direction, Security, TAG_LEN};
 use crate::{Message, ProtoError};
 
-/// Read buffer at first, in bytes; it grows as frames arrive.
-const INITIAL_BUFFER: usize = 16 * 1024;
+/// The read buffer, in bytes: frames up to this size (prefix included)
+/// are read through it; larger ones into memory of their own.
+pub const SMALL_FRAME: usize = 16 * 1024;
+
+/// The largest frame on the wire, prefix and tag included.
+pub const LARGEST_FRAME: usize = HEADER_LEN + MAX_FRAME + TAG_LEN;
 
 /// Largest frame body a peer may send before the handshake is over: a
 /// Hello, a Proof or a Refused with its longest reason fit.
@@ -48,6 +58,11 @@ pub struct Connection<S> {
     half: Half,
     /// An authenticated Bye came in (a sealed stream may end after it).
     bye: bool,
+    /// Where frames larger than the buffer take their memory from, and
+    /// how long a frame may wait for it.
+    budget: Option<(Party, std::time::Duration)>,
+    /// The grant behind the last message read, until the caller takes it.
+    held: Option<Held>,
 }
 
 impl<S> Connection<S> {
@@ -98,6 +113,8 @@ impl<S> Connection<S> {
             security: self.security,
             half: Half::Write,
             bye: false,
+            budget: None,
+            held: None,
         };
         let reader = Connection {
             stream: self.stream,
@@ -111,6 +128,8 @@ impl<S> Connection<S> {
             security: self.security,
             half: Half::Read,
             bye: self.bye,
+            budget: self.budget,
+            held: None,
         };
         (reader, writer)
     }
@@ -171,7 +190,26 @@ impl<S: Read + Write> Connection<S> {
             security: Security::Plain,
             half: Half::Both,
             bye: false,
+            budget: None,
+            held: None,
         }
+    }
+
+    /// Frames larger than the small buffer take their memory from
+    /// `budget` from now on, each waiting up to `wait` while the budget's
+    /// rule does not allow it (see [`crate::Budget`]), then failing with
+    /// [`ProtoError::Busy`]. The caller takes each message's grant with
+    /// [`Connection::take_held`] and drops it when done with the message.
+    pub fn set_budget(&mut self, budget: Party, wait: std::time::Duration) {
+        self.budget = Some((budget, wait));
+    }
+
+    /// The budget grant behind the message last read (`None` for a frame
+    /// read through the small buffer, or without a budget). Hold it as
+    /// long as the message; a grant not taken is given back when the next
+    /// message is read.
+    pub fn take_held(&mut self) -> Option<Held> {
+        self.held.take()
     }
 
     /// Reads the next message. `Ok(None)` when the peer closed the stream
@@ -184,6 +222,10 @@ impl<S: Read + Write> Connection<S> {
         if self.half == Half::Write {
             return Err(wrong_half("read from the writing half"));
         }
+        self.held = None;
+        if self.buf.is_empty() {
+            self.buf = vec![0; SMALL_FRAME];
+        }
         loop {
             if let Some(n) = self.frame_len()? {
                 let frame = &mut self.buf[self.start..self.start + n];
@@ -192,23 +234,16 @@ impl<S: Read + Write> Connection<S> {
                     None => Message::decode(&frame[HEADER_LEN..]),
                 };
                 self.start += n;
-                if matches!(msg, Ok(Message::Bye)) {
-                    self.bye = true;
-                }
-                return msg.map(Some);
+                return self.arrived(msg);
+            }
+            if self.wanted() > SMALL_FRAME {
+                // frame_len checked the prefix: the length is allowed.
+                return self.read_large();
             }
             if self.start > 0 {
                 self.buf.copy_within(self.start..self.end, 0);
                 self.end -= self.start;
                 self.start = 0;
-            }
-            if self.end == self.buf.len() {
-                // Full: grow towards this frame's length (frame_len bounded
-                // it), at most doubling what the peer already sent.
-                // (want > end here, so the buffer always gains room.)
-                let want = self.wanted().max(INITIAL_BUFFER);
-                let grown = (self.buf.len() * 2).max(INITIAL_BUFFER).min(want);
-                self.buf.resize(grown, 0);
             }
             let n = match self.stream.read(&mut self.buf[self.end..]) {
                 Ok(n) => n,
@@ -226,6 +261,49 @@ impl<S: Read + Write> Connection<S> {
             }
             self.end += n;
         }
+    }
+
+    /// Reads the frame at the front, larger than the buffer, into memory
+    /// of its own (taken from the budget first): what the buffer holds of
+    /// it, then the rest straight from the stream.
+    fn read_large(&mut self) -> Result<Option<Message>, ProtoError> {
+        let want = self.wanted();
+        let held = match &self.budget {
+            Some((b, wait)) => Some(b.take(want as u64, *wait)?),
+            None => None,
+        };
+        let mut frame = Vec::with_capacity(want);
+        frame.extend_from_slice(&self.buf[self.start..self.end]);
+        (self.start, self.end) = (0, 0);
+        let rest = (want - frame.len()) as u64;
+        // Take bounds the read to this frame; read_to_end fills the spare
+        // capacity without zeroing it first and retries on EINTR.
+        let got = (&mut self.stream).take(rest).read_to_end(&mut frame)?;
+        if (got as u64) < rest {
+            return Err(ProtoError::Closed);
+        }
+        let msg = match &mut self.recv {
+            Some(dir) => {
+                let body = dir.open(&mut frame)?.len();
+                // The body sits after the prefix; the tag follows it.
+                frame.truncate(HEADER_LEN + body);
+                Message::decode_owned(frame)
+            }
+            None => Message::decode_owned(frame),
+        };
+        self.held = held;
+        self.arrived(msg)
+    }
+
+    /// A message decoded: note an authenticated Bye.
+    fn arrived(
+        &mut self,
+        msg: Result<Message, ProtoError>,
+    ) -> Result<Option<Message>, ProtoError> {
+        if matches!(msg, Ok(Message::Bye)) {
+            self.bye = true;
+        }
+        msg.map(Some)
     }
 
     /// Reads a message that must be there (EOF is an error).

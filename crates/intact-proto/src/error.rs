@@ -79,6 +79,10 @@ pub enum ProtoError {
         /// What was wrong.
         reason: String,
     },
+    /// The server's memory for incoming frames stayed in use by others
+    /// (see [`crate::ReadBudget`]); the connection ends, nothing is lost.
+    #[error("server busy: {0}")]
+    Busy(String),
     /// The socket failed.
     #[error(transparent)]
     Io(#[from] std::io::Error),

@@ -16,6 +16,7 @@
 //! [`Keyring`] a server's several clients, each confined to a subtree.
 
 pub mod auth;
+mod budget;
 mod connection;
 mod error;
 pub mod key;
@@ -28,7 +29,8 @@ pub use auth::{
     client_handshake, client_handshake_in, client_handshake_with, server_handshake,
     server_handshake_admit, server_handshake_keyring, SessionId, AUTH_FAILED, VERSION,
 };
-pub use connection::{Connection, HANDSHAKE_FRAME};
+pub use budget::{Budget, Held, Party, Refused};
+pub use connection::{Connection, HANDSHAKE_FRAME, LARGEST_FRAME, SMALL_FRAME};
 pub use error::ProtoError;
 pub use key::{write_new_key_file, Key};
 pub use keyring::{ClientKey, Keyring, CLIENT_TAG};

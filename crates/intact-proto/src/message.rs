@@ -493,6 +493,31 @@ impl Message {
         out[start..start + HEADER_LEN].copy_from_slice(&body.to_be_bytes());
     }
 
+    /// As [`Message::decode`] of a whole frame (its prefix, then its body)
+    /// held in memory of its own: a Block's data is moved to the front of
+    /// that memory and kept, not copied.
+    pub(crate) fn decode_owned(mut frame: Vec<u8>) -> Result<Message, ProtoError> {
+        let body = frame.get(HEADER_LEN..).unwrap_or_default();
+        let Some((&BLOCK, rest)) = body.split_first() else {
+            return Message::decode(body);
+        };
+        let mut r = Reader {
+            buf: rest,
+            name: "Block",
+        };
+        let (mut b, data) = r.block()?;
+        if !r.buf.is_empty() {
+            return Err(r.bad("bytes left over after the last field"));
+        }
+        // The data is the frame's last field.
+        let len = data.len();
+        let start = frame.len() - len;
+        frame.copy_within(start.., 0);
+        frame.truncate(len);
+        b.data = frame;
+        Ok(Message::Block(b))
+    }
+
     /// Step 2 of decoding: parses one frame body (without its length prefix).
     pub fn decode(body: &[u8]) -> Result<Message, ProtoError> {
         let (&kind, rest) = body.split_first().ok_or(ProtoError::Empty)?;
@@ -562,13 +587,11 @@ impl Message {
                     flags: r.u8()?,
                 })
             }
-            BLOCK => Message::Block(Block {
-                file: r.u64()?,
-                index: r.u64()?,
-                source_level: r.u8()?,
-                digest: r.bytes(MAX_DIGEST)?.to_vec(),
-                data: r.bytes(MAX_BLOCK)?.to_vec(),
-            }),
+            BLOCK => {
+                let (mut b, data) = r.block()?;
+                b.data = data.to_vec();
+                Message::Block(b)
+            }
             BLOCK_RESULT => Message::BlockResult {
                 file: r.u64()?,
                 index: r.u64()?,
@@ -795,6 +818,17 @@ impl<'a> Reader<'a> {
             return Err(self.bad("list longer than its limit or the frame"));
         }
         Ok(n)
+    }
+    /// A Block's fields (its data left empty) and its data, in the frame.
+    fn block(&mut self) -> Result<(Block, &'a [u8]), ProtoError> {
+        let b = Block {
+            file: self.u64()?,
+            index: self.u64()?,
+            source_level: self.u8()?,
+            digest: self.bytes(MAX_DIGEST)?.to_vec(),
+            data: Vec::new(),
+        };
+        Ok((b, self.bytes(MAX_BLOCK)?))
     }
     fn text(&mut self) -> Result<String, ProtoError> {
         let b = self.bytes(MAX_TEXT)?;

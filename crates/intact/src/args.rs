@@ -289,6 +289,12 @@ pub struct ServeArgs {
     #[arg(long, value_name = "SECS", default_value_t = 300)]
     pub idle_timeout: u64,
 
+    /// Memory the frames of all clients may hold at once (received, not
+    /// yet written), e.g. 2GiB; each of --max-sessions clients is
+    /// guaranteed a share of it (raised to two 16 MiB frames per client).
+    #[arg(long, value_name = "SIZE", default_value = "1GiB", value_parser = parse_size)]
+    pub frame_memory: usize,
+
     /// Keep the setuid, setgid and sticky bits of received files and
     /// directories (by default they are cleared: a client must not be able
     /// to plant a setuid file owned by the server's user). Directories a

@@ -55,6 +55,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
         max_sessions: args.max_sessions as usize,
         max_streams_per_session: args.max_streams_per_session as usize,
         idle_timeout: Duration::from_secs(args.idle_timeout.max(1)),
+        frame_memory: args.frame_memory as u64,
         keyring,
         verbose: args.verbose,
         receive: intact_transfer::ReceiveOptions {

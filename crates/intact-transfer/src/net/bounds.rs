@@ -16,7 +16,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use intact_proto::{Entry, MAX_BLOCK};
+use intact_proto::{Budget, Entry, Held, Party, MAX_BLOCK};
 
 /// The smallest block a file larger than one block may be cut into (the
 /// sender's own minimum, `--block-size 4KiB`).
@@ -157,12 +157,64 @@ impl Drop for Grant {
     }
 }
 
-/// What one open file holds of its stream's and its server's limits;
-/// given back when the file is answered (dropped).
+/// What one open file holds of its stream's, its session's and its
+/// server's limits; given back when the file is answered (dropped).
 #[derive(Debug)]
 pub(crate) struct Slot {
     _stream: Grant,
     _server: Grant,
+    _blocks: Held,
+}
+
+/// A session's places in its server's shared budgets (see
+/// [`intact_proto::Budget`]): the per-block state of the files it
+/// receives, and the memory its streams' frames hold. Every session is
+/// guaranteed its share of each, whatever the others hold; its streams
+/// share its places (clones).
+#[derive(Clone, Debug)]
+pub struct Shares {
+    /// Blocks of the files open across the session's streams.
+    pub blocks: Party,
+    /// Bytes of the frames its streams have read and not yet used
+    /// (`None`: frames are not budgeted, as in a test's own receiver).
+    pub frames: Option<Party>,
+}
+
+/// A server's shared budgets, from which each session gets its [`Shares`].
+#[derive(Clone, Debug)]
+pub struct Budgets {
+    blocks: Budget,
+    frames: Budget,
+}
+
+impl Budgets {
+    /// Budgets of `limits.max_blocks` blocks and `frame_bytes` bytes of
+    /// frames for at most `sessions` sessions at once.
+    pub fn new(limits: &ReceiveLimits, frame_bytes: u64, sessions: usize) -> Budgets {
+        Budgets {
+            blocks: Budget::new(limits.max_blocks, sessions),
+            frames: Budget::new(frame_bytes, sessions),
+        }
+    }
+
+    /// A new session's places.
+    pub fn session(&self) -> Shares {
+        Shares {
+            blocks: self.blocks.party(),
+            frames: Some(self.frames.party()),
+        }
+    }
+}
+
+impl Shares {
+    /// Places for a stream that belongs to no server session: the whole
+    /// block budget of `limits` to itself, frames not budgeted.
+    pub fn alone(limits: &ReceiveLimits) -> Shares {
+        Shares {
+            blocks: Budget::new(limits.max_blocks, 1).party(),
+            frames: None,
+        }
+    }
 }
 
 /// Why a file was refused a slot: the stream's limit (the receiver may
@@ -212,10 +264,12 @@ pub(crate) fn blocks_of(e: &Entry, limits: &ReceiveLimits) -> Result<u64, String
 }
 
 /// A slot for a file of `blocks` blocks and `size` bytes on a stream
-/// holding `stream`, within the stream's and the server's limits.
+/// holding `stream` of a session with `session`'s places, within the
+/// stream's, the session's and the server's limits.
 pub(crate) fn take_slot(
     limits: &ReceiveLimits,
     stream: &InUse,
+    session: &Party,
     blocks: u64,
     size: u64,
 ) -> Result<Slot, Refusal> {
@@ -262,9 +316,16 @@ pub(crate) fn take_slot(
             ),
         })
     })?;
+    let b = session.try_take(blocks).map_err(|r| {
+        Refusal::Server(format!(
+            "server busy: this session's open files hold {} blocks and the other sessions the rest of the server's {} (each session is guaranteed {}); try again later",
+            r.holds, r.total, r.share
+        ))
+    })?;
     Ok(Slot {
         _stream: s,
         _server: t,
+        _blocks: b,
     })
 }
 
@@ -326,21 +387,53 @@ mod tests {
             ..ReceiveLimits::default()
         };
         let (a, b) = (InUse::default(), InUse::default());
-        let a1 = take_slot(&l, &a, 10, 10).unwrap();
-        let a2 = take_slot(&l, &a, 10, 10).unwrap();
-        assert!(matches!(take_slot(&l, &a, 1, 1), Err(Refusal::Stream(_))));
-        let b1 = take_slot(&l, &b, 10, 10).unwrap();
-        let full = take_slot(&l, &b, 1, 1).unwrap_err();
+        let p = Shares::alone(&l).blocks;
+        let a1 = take_slot(&l, &a, &p, 10, 10).unwrap();
+        let a2 = take_slot(&l, &a, &p, 10, 10).unwrap();
+        assert!(matches!(take_slot(&l, &a, &p, 1, 1), Err(Refusal::Stream(_))));
+        let b1 = take_slot(&l, &b, &p, 10, 10).unwrap();
+        let full = take_slot(&l, &b, &p, 1, 1).unwrap_err();
         assert!(matches!(full, Refusal::Server(_)), "{full:?}");
         assert_eq!((l.in_use.files(), b.files()), (3, 1), "nothing leaked");
         drop(a1);
-        let b2 = take_slot(&l, &b, 10, 10).unwrap();
+        let b2 = take_slot(&l, &b, &p, 10, 10).unwrap();
         assert!(matches!(
-            take_slot(&l, &InUse::default(), 200, 1),
+            take_slot(&l, &InUse::default(), &p, 200, 1),
             Err(Refusal::Stream(_))
         ));
         drop((a2, b1, b2));
         assert_eq!((l.in_use.files(), l.in_use.blocks(), a.files()), (0, 0, 0));
+    }
+
+    #[test]
+    fn one_session_cannot_take_the_blocks_every_other_session_is_guaranteed() {
+        let l = ReceiveLimits {
+            max_blocks: 1000,
+            max_blocks_per_stream: 1000,
+            ..ReceiveLimits::default()
+        };
+        // 4 sessions at most: 125 blocks guaranteed to each.
+        let budgets = Budgets::new(&l, 0, 4);
+        let (hog, other) = (budgets.session(), budgets.session());
+        let streams: Vec<InUse> = (0..4).map(|_| InUse::default()).collect();
+        // The hog's streams announce files of 100 blocks until refused.
+        let mut held = Vec::new();
+        for s in streams.iter().cycle().take(40) {
+            match take_slot(&l, s, &hog.blocks, 100, 1) {
+                Ok(slot) => held.push(slot),
+                Err(r) => {
+                    assert!(r.reason().contains("guaranteed 125"), "{r:?}");
+                    break;
+                }
+            }
+        }
+        assert_eq!(held.len(), 6, "half the budget and its own share, no more");
+        // Another session still gets its whole share, then no more.
+        let mine = InUse::default();
+        let ok = take_slot(&l, &mine, &other.blocks, 125, 1).unwrap();
+        assert!(take_slot(&l, &mine, &other.blocks, 101, 1).is_err());
+        drop((held, ok));
+        assert_eq!(l.in_use.blocks(), 0, "nothing leaked");
     }
 
     #[test]

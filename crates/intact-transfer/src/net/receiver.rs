@@ -47,7 +47,7 @@ use intact_proto::{
 use crate::copy::WriteHook;
 use crate::dest::{CreatedDirs, Destination, Mtime, PartialFile};
 use crate::journal::{unix_now, BlockRecord, DoneFile, Journal, VerifiedAt};
-use crate::net::bounds::{self, InUse, ReceiveLimits, Slot};
+use crate::net::bounds::{self, InUse, ReceiveLimits, Shares, Slot};
 use crate::net::delete::Pending;
 use crate::net::session_dirs::SessionDirs;
 use crate::net::watchdog::Working;
@@ -57,6 +57,9 @@ use crate::verify::{DeviceStats, Reached, VerifyLevel, VerifyMode};
 use crate::TransferError;
 
 mod admit;
+mod digests;
+
+use digests::BlockDigests;
 
 /// Messages the reader thread may hold ahead of the session thread.
 const READ_AHEAD: usize = 4;
@@ -126,7 +129,7 @@ struct Incoming {
     /// The sender's FileEnd, held while blocks are still at the verifier.
     ended: Option<u64>,
     /// Per block: the digest it verified against, once it has.
-    verified: Vec<Option<Digest>>,
+    verified: BlockDigests,
     rounds: u32,
     /// The file's journal row.
     row: i64,
@@ -330,8 +333,9 @@ struct Checked {
 
 /// What the session thread waits for.
 enum Event {
-    /// The next message from the socket (None: closed cleanly).
-    Msg(Result<Option<Message>, ProtoError>),
+    /// The next message from the socket (None: closed cleanly), and the
+    /// share of the server's frame memory it holds.
+    Msg(Result<Option<Message>, ProtoError>, Option<intact_proto::Held>),
     /// A verifier's verdict.
     Checked(Checked),
 }
@@ -424,7 +428,15 @@ pub struct ReceiveOptions {
     /// Marks the server's own work for the session (commits, whole-file
     /// reads), during which its watchdog's idle clock stops.
     pub working: Working,
+    /// The session's places in its server's shared budgets, set by the
+    /// server per stream; without them a stream has the block budget of
+    /// `limits` to itself and its frames are not budgeted.
+    pub shares: Option<Shares>,
 }
+
+/// How long a frame may wait for its session's share of the server's
+/// frame memory before its stream ends ("server busy").
+const FRAME_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Runs the receiving side of a session that passed its handshake.
 /// Returns when the sender says Bye or goes away; a protocol violation
@@ -438,6 +450,14 @@ pub fn receive(
 ) -> Result<SessionSummary, TransferError> {
     let clone = |s: &TcpStream| s.try_clone().map_err(|e| TransferError::Path(e.into()));
     let stream = clone(conn.get_ref())?;
+    let shares = opts
+        .shares
+        .clone()
+        .unwrap_or_else(|| Shares::alone(&opts.limits));
+    let mut conn = conn;
+    if let Some(frames) = &shares.frames {
+        conn.set_budget(frames.clone(), FRAME_WAIT);
+    }
     // Each half carries its own direction's sealing state.
     let (conn, mut out) = conn.split(clone(&stream)?);
     let (tx, events) = mpsc::channel::<Event>();
@@ -450,8 +470,12 @@ pub fn receive(
         let mut conn = conn;
         loop {
             let m = conn.read_message();
+            // The frame's share of the server's memory, held until the
+            // session thread is done with the message.
+            let held = conn.take_held();
             let stop = !matches!(m, Ok(Some(_)));
-            if credit_tx.send(()).is_err() || reader_tx.send(Event::Msg(m)).is_err() || stop {
+            if credit_tx.send(()).is_err() || reader_tx.send(Event::Msg(m, held)).is_err() || stop
+            {
                 return;
             }
         }
@@ -475,6 +499,7 @@ pub fn receive(
         dir_bytes: 0,
         created: opts.session_dirs.join(opts.session),
         in_use: InUse::default(),
+        shares,
         at_verifier: HashMap::new(),
         summary: SessionSummary::default(),
         buf: AlignedBuf::new(0),
@@ -516,6 +541,8 @@ struct Session<'a> {
     created: Arc<CreatedDirs>,
     /// What this stream's open files hold of its limits.
     in_use: InUse,
+    /// Its session's places in the server's budgets.
+    shares: Shares,
     /// Blocks at the verifier now, per file id (also of files that
     /// failed meanwhile): an id is not reused until they are back.
     at_verifier: HashMap<u64, u32>,
@@ -541,7 +568,7 @@ impl Session<'_> {
             };
             match ev {
                 Event::Checked(c) => self.checked(c)?,
-                Event::Msg(m) => {
+                Event::Msg(m, _held) => {
                     let _ = credits.try_recv();
                     let Some(msg) = m? else {
                         return Ok(std::mem::take(&mut self.summary));
@@ -818,8 +845,8 @@ impl Session<'_> {
             r.stats.add(&c.outcome);
             r.check += c.took;
         }
-        if let (true, Some(slot)) = (ok, f.verified.get_mut(c.index as usize)) {
-            *slot = Some(c.digest);
+        if ok {
+            f.verified.set(c.index as usize, Some(c.digest));
         }
         let level = reread_level(&c.outcome).min(c.source_level);
         self.block_done(c.id, c.index, ok, Some(c.digest), level)?;
@@ -859,7 +886,7 @@ impl Session<'_> {
             Ok(bad) if !bad.is_empty() && f.rounds < MAX_ROUNDS => {
                 f.rounds += 1;
                 for index in bad {
-                    f.verified[index as usize] = None;
+                    f.verified.set(index as usize, None);
                     self.summary.blocks_rejected += 1;
                     self.out.write_message(&Message::BlockResult {
                         file,
@@ -1295,7 +1322,7 @@ impl Incoming {
         let blocks = entry.size.div_ceil(u64::from(entry.block_size)) as usize;
         Incoming {
             whole: WholeDigest::new(entry.size, entry.block_size),
-            verified: vec![None; blocks],
+            verified: BlockDigests::new(blocks),
             entry,
             mode,
             partial,
@@ -1321,9 +1348,7 @@ impl Incoming {
         d: Digest,
         level: VerifyLevel,
     ) -> (u64, Vec<u8>) {
-        if let Some(slot) = self.verified.get_mut(index as usize) {
-            *slot = Some(d);
-        }
+        self.verified.set(index as usize, Some(d));
         self.held.reverified(index, len as u64);
         self.unjournaled.push(BlockRecord {
             index,
@@ -1511,7 +1536,7 @@ fn reverify_held(
         }
         if reread_matches(&file, offset, len, &d, buf).unwrap_or(false) {
             inc.whole.add(index, &buf[..len]);
-            inc.verified[index as usize] = Some(d);
+            inc.verified.set(index as usize, Some(d));
             inc.held.trust(index, len as u64, rec.verified);
             held.push((index, d.as_bytes().to_vec()));
         }
@@ -1526,9 +1551,7 @@ fn reverify_held(
     // One Status lists at most MAX_STATUS_BLOCKS blocks: hold only those,
     // so that every other block is sent and counted once.
     for (index, _) in held.iter().skip(MAX_STATUS_BLOCKS) {
-        if let Some(slot) = inc.verified.get_mut(*index as usize) {
-            *slot = None;
-        }
+        inc.verified.set(*index as usize, None);
         inc.held.forget(*index);
     }
     held.truncate(MAX_STATUS_BLOCKS);
@@ -1603,7 +1626,7 @@ fn accept_block(
 ) -> Result<Verdict, TransferError> {
     let index = b.index;
     let bs = u64::from(f.entry.block_size);
-    let Some(slot) = f.verified.get(index as usize) else {
+    let Some(slot) = f.verified.get(index as usize).map(|d| d.copied()) else {
         return Err(ProtoError::Malformed {
             message: "Block",
             detail: "block index past the end of the file",
@@ -1621,10 +1644,10 @@ fn accept_block(
     }
     let digest = Digest::from_bytes(defaults::BLOCK_ALGORITHM, &b.digest);
     if let Some(held) = slot {
-        if digest.is_some_and(|d| d.ct_eq(held)) {
+        if digest.is_some_and(|d| d.ct_eq(&held)) {
             return Ok(Verdict::Done(true));
         }
-        f.verified[index as usize] = None;
+        f.verified.set(index as usize, None);
         f.held.forget(index);
     }
     let expected = match f.mode {
@@ -1673,7 +1696,10 @@ fn accept_block(
     }
     // In none mode there is no digest; record the data's own so the slot
     // reads as done.
-    f.verified[index as usize] = Some(expected.unwrap_or_else(|| hash(Algorithm::Crc32c, &[])));
+    f.verified.set(
+        index as usize,
+        Some(expected.unwrap_or_else(|| hash(Algorithm::Crc32c, &[]))),
+    );
     Ok(Verdict::Done(true))
 }
 
@@ -1695,7 +1721,7 @@ fn reread_matches(
 /// re-read the whole file. Returns the blocks that must be sent again.
 fn end_file(f: &mut Incoming, buf: &mut AlignedBuf) -> Result<Vec<u64>, TransferError> {
     let missing: Vec<u64> = (0..f.verified.len() as u64)
-        .filter(|&i| f.verified[i as usize].is_none())
+        .filter(|&i| f.verified.get(i as usize) == Some(None))
         .collect();
     let Some(partial) = &f.partial else {
         // Held whole: every block was re-verified in place already.
@@ -1710,7 +1736,7 @@ fn end_file(f: &mut Incoming, buf: &mut AlignedBuf) -> Result<Vec<u64>, Transfer
     for (i, d) in f.verified.iter().enumerate() {
         let offset = i as u64 * bs;
         let len = (f.entry.size - offset).min(bs) as usize;
-        let d = d.as_ref().expect("all verified");
+        let d = d.expect("all verified");
         let ok = reread_matches(partial.file(), offset, len, d, buf).map_err(|e| {
             TransferError::Destination {
                 path: path.clone(),

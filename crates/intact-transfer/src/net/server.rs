@@ -17,6 +17,7 @@ use intact_proto::{server_handshake_keyring, Connection, Key, Keyring, Message};
 
 use crate::dest::Destination;
 use crate::journal::Journal;
+use crate::net::bounds::Budgets;
 use crate::net::confine::confine;
 use crate::net::handshakes::{Handshakes, Handshaking};
 use crate::net::ratelimit::{Backoff, Repeats, REPEAT_WINDOW};
@@ -51,6 +52,11 @@ pub struct ServerConfig {
     /// read ends then too. A connection not yet authenticated gets this or
     /// [`HANDSHAKE_TIMEOUT`], whichever is shorter, for its whole handshake.
     pub idle_timeout: Duration,
+    /// Bytes the frames of all sessions may hold in memory at once (read
+    /// and not yet written); each of `max_sessions` sessions is guaranteed
+    /// 1/(2 × max_sessions) of it, and raised to hold at least two of the
+    /// largest frames each.
+    pub frame_memory: u64,
     /// Log a line per stream and per refused connection too, not only one
     /// per session.
     pub verbose: bool,
@@ -102,11 +108,17 @@ impl Server {
     /// hidden, nothing unverified is final.
     pub fn run(self, listener: TcpListener, shutdown: Arc<AtomicBool>, log: Log) {
         let cfg = Arc::new(self.cfg);
+        let max_sessions = cfg.max_sessions.max(1);
         let sessions = Arc::new(Sessions::new(
             Limits {
-                sessions: cfg.max_sessions.max(1),
+                sessions: max_sessions,
                 streams_per_session: cfg.max_streams_per_session.max(1),
             },
+            Budgets::new(
+                &cfg.receive.limits,
+                frame_memory(cfg.frame_memory, max_sessions),
+                max_sessions,
+            ),
             log,
             cfg.verbose,
         ));
@@ -216,6 +228,17 @@ impl Faults {
     }
 }
 
+/// The frame memory a server uses: what it was given, raised so that
+/// every session's guaranteed share holds two of the largest frames (one
+/// being read while another is written).
+pub fn frame_memory(asked: u64, max_sessions: usize) -> u64 {
+    let floor = 4 * intact_proto::LARGEST_FRAME as u64 * max_sessions.max(1) as u64;
+    asked.max(floor)
+}
+
+/// Default [`ServerConfig::frame_memory`]: 1 GiB.
+pub const DEFAULT_FRAME_MEMORY: u64 = 1 << 30;
+
 /// One unit of a counter, given back when dropped (also when a thread
 /// unwinds, or never starts).
 struct Release(Arc<AtomicUsize>);
@@ -322,6 +345,7 @@ fn connection(
         let opts = ReceiveOptions {
             session: Some(session.id()),
             working: watch.working(),
+            shares: Some(session.shares().clone()),
             ..cfg.receive.clone()
         };
         receive(conn, &to.dest, &to.root, &to.journal, &opts)
@@ -405,6 +429,7 @@ impl ServerConfig {
             max_sessions: 16,
             max_streams_per_session: 64,
             idle_timeout: Duration::from_secs(60),
+            frame_memory: DEFAULT_FRAME_MEMORY,
             verbose: false,
             receive: ReceiveOptions::default(),
         }

@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use intact_proto::SessionId;
 
+use crate::net::bounds::{Budgets, Shares};
 use crate::net::ratelimit::{Kinds, REPEAT_WINDOW};
 use crate::net::SessionSummary;
 
@@ -28,6 +29,7 @@ pub(crate) struct Limits {
 /// The sessions a server is serving now.
 pub(crate) struct Sessions {
     limits: Limits,
+    budgets: Budgets,
     open: Mutex<HashMap<SessionId, Open>>,
     log: Log,
     verbose: bool,
@@ -42,6 +44,7 @@ struct Open {
     streams_failed: usize,
     total: SessionSummary,
     started: Instant,
+    shares: Shares,
 }
 
 /// One admitted stream. [`Stream::end`] reports how it went; a stream
@@ -50,15 +53,18 @@ struct Open {
 pub(crate) struct Stream {
     sessions: Arc<Sessions>,
     id: SessionId,
+    shares: Shares,
     peer: String,
     ended: bool,
 }
 
 impl Sessions {
-    /// No sessions yet; lines go to `log` (`verbose`: one per stream too).
-    pub fn new(limits: Limits, log: Log, verbose: bool) -> Sessions {
+    /// No sessions yet; each gets its places in `budgets`; lines go to
+    /// `log` (`verbose`: one per stream too).
+    pub fn new(limits: Limits, budgets: Budgets, log: Log, verbose: bool) -> Sessions {
         Sessions {
             limits,
+            budgets,
             open: Mutex::new(HashMap::new()),
             log,
             verbose,
@@ -112,7 +118,7 @@ impl Sessions {
             streams_per_session,
         } = self.limits;
         let full = open.len() >= sessions;
-        match open.get_mut(&id) {
+        let shares = match open.get_mut(&id) {
             Some(s) if s.streams >= streams_per_session => {
                 return Err(format!(
                     "this server takes at most {streams_per_session} streams per client; send with --streams {streams_per_session} or fewer"
@@ -121,6 +127,7 @@ impl Sessions {
             Some(s) => {
                 s.streams += 1;
                 s.streams_seen += 1;
+                s.shares.clone()
             }
             None if full => {
                 return Err(format!(
@@ -129,6 +136,7 @@ impl Sessions {
                 ));
             }
             None => {
+                let shares = self.budgets.session();
                 open.insert(
                     id,
                     Open {
@@ -138,13 +146,16 @@ impl Sessions {
                         streams_failed: 0,
                         total: SessionSummary::default(),
                         started: Instant::now(),
+                        shares: shares.clone(),
                     },
                 );
+                shares
             }
-        }
+        };
         Ok(Stream {
             sessions: Arc::clone(self),
             id,
+            shares,
             peer: peer.to_string(),
             ended: false,
         })
@@ -225,6 +236,11 @@ impl Stream {
         self.id
     }
 
+    /// Its session's places in the server's budgets.
+    pub fn shares(&self) -> &Shares {
+        &self.shares
+    }
+
     /// The stream ended: with its receiver's summary, or an error.
     pub fn end(mut self, outcome: Result<SessionSummary, String>) {
         self.ended = true;
@@ -267,7 +283,8 @@ mod tests {
         let lines = Arc::new(Mutex::new(Vec::new()));
         let l = Arc::clone(&lines);
         let log: Log = Arc::new(move |s| l.lock().unwrap().push(s));
-        (Arc::new(Sessions::new(limits, log, false)), lines)
+        let budgets = Budgets::new(&crate::net::bounds::ReceiveLimits::default(), 1 << 30, 4);
+        (Arc::new(Sessions::new(limits, budgets, log, false)), lines)
     }
 
     #[test]

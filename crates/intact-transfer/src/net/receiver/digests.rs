@@ -1,0 +1,78 @@
+//! The digest each block of an incoming file verified against, kept as
+//! blocks arrive: the memory follows the blocks received, not the count
+//! an Entry announced (which the server's budgets bound, see
+//! [`crate::net::bounds`]).
+
+use intact_digest::Digest;
+
+/// One slot per block of a file, `None` until the block verified.
+#[derive(Debug)]
+pub(super) struct BlockDigests {
+    count: usize,
+    /// Slots from block 0 up to the highest block set so far.
+    slots: Vec<Option<Digest>>,
+}
+
+impl BlockDigests {
+    /// A file of `count` blocks, none verified; nothing allocated yet.
+    pub fn new(count: usize) -> BlockDigests {
+        BlockDigests {
+            count,
+            slots: Vec::new(),
+        }
+    }
+
+    /// Blocks of the file.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    /// Block `index`'s digest if it verified; `None` outside the file.
+    pub fn get(&self, index: usize) -> Option<Option<&Digest>> {
+        (index < self.count).then(|| self.slots.get(index).and_then(Option::as_ref))
+    }
+
+    /// Sets (or, with `None`, clears) block `index`; false (and nothing
+    /// changed) outside the file. Slots grow up to `index` only.
+    pub fn set(&mut self, index: usize, digest: Option<Digest>) -> bool {
+        if index >= self.count {
+            return false;
+        }
+        if index >= self.slots.len() {
+            if digest.is_none() {
+                return true;
+            }
+            self.slots.resize(index + 1, None);
+        }
+        self.slots[index] = digest;
+        true
+    }
+
+    /// Every block's digest in order, `None` for those not verified.
+    pub fn iter(&self) -> impl Iterator<Item = Option<&Digest>> + '_ {
+        (0..self.count).map(|i| self.slots.get(i).and_then(Option::as_ref))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use intact_digest::{hash, Algorithm};
+
+    #[test]
+    fn slots_grow_with_the_blocks_set_not_the_count_announced() {
+        let mut d = BlockDigests::new(1 << 20);
+        assert_eq!(d.slots.capacity(), 0);
+        let x = hash(Algorithm::Crc32c, b"x");
+        assert!(d.set(3, Some(x)));
+        assert!(d.slots.len() <= 4);
+        assert_eq!(d.get(3), Some(Some(&x)));
+        assert_eq!(d.get(5), Some(None));
+        assert_eq!(d.get(1 << 20), None);
+        assert!(!d.set(1 << 20, Some(x)));
+        assert!(d.set(7, None), "clearing past the slots allocates nothing");
+        assert!(d.slots.len() <= 4);
+        assert_eq!(d.iter().filter(|s| s.is_some()).count(), 1);
+        assert_eq!(d.iter().count(), 1 << 20);
+    }
+}
