@@ -11,8 +11,9 @@
 //! handshake: versions, then mutual challenge-response over a pre-shared
 //! [`Key`], with no key material on the wire, an ephemeral X25519
 //! exchange mixed into the keys (forward secrecy), and the client's
-//! [`SessionSecret`] ([`session`]) by which the server groups its streams. After a keyed handshake
-//! every frame is sealed with an AEAD under per-direction keys ([`seal`]):
+//! [`SessionSecret`] ([`session`]) by which the server groups its
+//! streams. After a keyed handshake every frame is sealed with an AEAD
+//! under per-direction keys ([`seal`]):
 //! encrypted by default, authenticated always. [`key`] has the key-file
 //! formats (generated keys, passphrases stretched with Argon2id) and
 //! [`Keyring`] a server's several clients, each confined to a subtree.
