@@ -12,7 +12,7 @@ fuzz_target!(|data: &[u8]| {
         if let Ok(msg) = Message::decode(&rest[HEADER_LEN..n]) {
             // What decodes encodes to bytes that decode to the same message,
             // and to the very same bytes, except a Hello of an older version
-            // (read without its suite byte, written with it).
+            // (read without its suite byte or key share, written with them).
             let mut again = Vec::new();
             msg.encode(&mut again);
             let back = Message::decode(&again[HEADER_LEN..]).expect("what we encode decodes");

@@ -1,4 +1,12 @@
-//! The messages of protocol version 6 and their byte encoding.
+//! The messages of protocol version 7 and their byte encoding.
+//!
+//! Version 7 added an ephemeral X25519 key share to Hello (mixed into the
+//! frame keys for forward secrecy, see [`crate::seal`]), made Hello's
+//! session field the public tag of the client's session secret, and added
+//! [`Message::Join`], in which the client sends that secret (sealed after
+//! a keyed handshake's Proof, in the clear after a keyless Hello; see
+//! [`crate::session`]): a server groups streams by the secret, never by
+//! what a Hello shows.
 //!
 //! Version 6 added the frame-protection suite to Hello (after the
 //! handshake every frame of a keyed session is sealed, see
@@ -181,14 +189,25 @@ pub enum Message {
         keyed: bool,
         /// Fresh random bytes for the challenge.
         nonce: [u8; 32],
-        /// The client's session id, the same on every stream of one run
-        /// (zeros from a server; absent before version 4, read as zeros).
+        /// From a client: the tag of its session secret (version 7; the
+        /// same on every stream of one run, see [`crate::SessionSecret`]);
+        /// zeros from a server. Absent before version 4, read as zeros.
         session: [u8; 16],
         /// Frame protection (version 6): from a client, its offer (bit 0:
         /// AES is fast here; bit 1: do not encrypt); from a server, its
         /// choice (0 plain, 1 AES-256-GCM, 2 ChaCha20-Poly1305, +0x80 not
         /// encrypted). See [`crate::seal`]. Absent before 6: read as 0.
         suite: u8,
+        /// This side's ephemeral X25519 public key share (version 7; zeros
+        /// in a keyless handshake). Absent before 7: read as zeros.
+        share: [u8; 32],
+    },
+    /// The client's session secret (version 7, see [`crate::session`]):
+    /// sealed under the handshake's join key after a keyed Proof, the 32
+    /// bytes in the clear after a keyless Hello.
+    Join {
+        /// At most [`MAX_JOIN`] bytes.
+        payload: Vec<u8>,
     },
     /// Proof of holding the key (see [`crate::auth`]).
     Proof {
@@ -295,6 +314,10 @@ const DELETE_KEEP: u8 = 13;
 const DELETE_RUN: u8 = 14;
 const DELETE_REPORT: u8 = 15;
 const DELETE_DONE: u8 = 16;
+const JOIN: u8 = 17;
+
+/// Largest Join payload, in bytes (a sealed secret is 48).
+pub const MAX_JOIN: usize = 64;
 
 /// Most scopes one DeleteStart may carry.
 pub const MAX_DELETE_SCOPES: usize = 4096;
@@ -313,6 +336,7 @@ impl Message {
         match self {
             Message::Hello { .. } => "Hello",
             Message::Proof { .. } => "Proof",
+            Message::Join { .. } => "Join",
             Message::Refused { .. } => "Refused",
             Message::Entry(_) => "Entry",
             Message::Block(_) => "Block",
@@ -342,6 +366,7 @@ impl Message {
                 nonce,
                 session,
                 suite,
+                share,
             } => {
                 w.u8(HELLO);
                 w.u16(*version);
@@ -349,6 +374,11 @@ impl Message {
                 w.raw(nonce);
                 w.raw(session);
                 w.u8(*suite);
+                w.raw(share);
+            }
+            Message::Join { payload } => {
+                w.u8(JOIN);
+                w.bytes(&payload[..payload.len().min(MAX_JOIN)]);
             }
             Message::Proof { mac } => {
                 w.u8(PROOF);
@@ -538,6 +568,7 @@ impl Message {
             DELETE_RUN => "DeleteRun",
             DELETE_REPORT => "DeleteReport",
             DELETE_DONE => "DeleteDone",
+            JOIN => "Join",
             other => return Err(ProtoError::UnknownType(other)),
         };
         let mut r = Reader { buf: rest, name };
@@ -555,6 +586,15 @@ impl Message {
                 },
                 // Before version 6 there was no suite: read as 0.
                 suite: if r.buf.is_empty() { 0 } else { r.u8()? },
+                // Before version 7 there was no key share: read as zeros.
+                share: if r.buf.is_empty() {
+                    [0; 32]
+                } else {
+                    r.array()?
+                },
+            },
+            JOIN => Message::Join {
+                payload: r.bytes(MAX_JOIN)?.to_vec(),
             },
             PROOF => Message::Proof { mac: r.array()? },
             REFUSED => Message::Refused { reason: r.text()? },

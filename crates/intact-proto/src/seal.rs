@@ -1,16 +1,34 @@
 //! Sealed frames: what protects every frame after a keyed handshake.
 //!
-//! **Keys.** Each direction has its own 256-bit key, derived with
-//! HKDF-SHA256 (RFC 5869, the `hkdf` crate): input key material the
-//! pre-shared key, salt `client nonce ‖ server nonce`, info
-//! `"intact/6 frame keys" ‖ version ‖ session id ‖ client offer ‖ server
-//! choice`; 64 bytes out, the first 32 client→server, the last 32
-//! server→client. HKDF rather than BLAKE3's `derive_key` because it is the
+//! **Keys.** Version 7 mixes an ephemeral X25519 exchange into the keys,
+//! as TLS 1.3's `psk_dhe_ke` does: each side's Hello carries a fresh
+//! X25519 public key share (`ring::agreement`, a new private key per
+//! connection, dropped after the handshake), and both compute the shared
+//! secret `dh` (an all-zero result, from a low-order share, is refused).
+//! HKDF-SHA256 (RFC 5869, the `hkdf` crate) then extracts with salt
+//! `client nonce ‖ server nonce` and input key material
+//! `pre-shared key ‖ dh` (64 bytes), and expands with info
+//! `label ‖ version ‖ session tag ‖ client offer ‖ server choice ‖
+//! client share ‖ server share`:
+//! label `"intact/7 frame keys"` gives 64 bytes, the first 32
+//! client→server, the last 32 server→client; label `"intact/7 join key"`
+//! gives the 32-byte key that seals the client's session secret in its
+//! Join (see [`crate::session`]). Both shares are also inside both
+//! proofs ([`crate::auth`]), so a relay that swaps one breaks them.
+//!
+//! **Forward secrecy.** The keys of a connection depend on `dh`, which
+//! needs one side's ephemeral private key: someone who records a session
+//! and later learns the pre-shared key still cannot derive its frame keys
+//! (nor its join key, so not its session secret). What it does not cover:
+//! an *active* man-in-the-middle holding the pre-shared key can run a
+//! handshake with each end and relay (impersonate both): that is the limit
+//! of authentication by a pre-shared key, and why the key must stay
+//! secret. HKDF rather than BLAKE3's `derive_key` because it is the
 //! standard extract-then-expand construction that TLS 1.3 and most AEAD
 //! protocols are analysed with, it takes the fresh nonces as a proper salt,
 //! and it keeps the frame keys in a different primitive from the BLAKE3
-//! proofs of [`crate::auth`]. Fresh nonces on both sides make the keys of
-//! every connection new, even under one pre-shared key.
+//! proofs of [`crate::auth`]. Fresh nonces and shares on both sides make
+//! the keys of every connection new, even under one pre-shared key.
 //!
 //! **AEAD.** AES-256-GCM when both ends have AES and carry-less
 //! multiply instructions (AES-NI + PCLMULQDQ, or ARMv8 AES + PMULL:
@@ -198,49 +216,87 @@ pub(crate) struct Transcript<'a> {
     pub version: u16,
     pub client_nonce: &'a [u8; 32],
     pub server_nonce: &'a [u8; 32],
-    pub session: &'a [u8; 16],
+    /// The session tag of the client's Hello.
+    pub tag: &'a [u8; 16],
     pub offer: u8,
     pub choice: u8,
+    /// The client's X25519 public key share.
+    pub client_share: &'a [u8; 32],
+    /// The server's X25519 public key share.
+    pub server_share: &'a [u8; 32],
 }
 
-/// The two directions' states (client→server, server→client) for a keyed
-/// session that chose `security` (which must be sealed).
-pub(crate) fn derive(
-    key: &crate::Key,
-    t: &Transcript<'_>,
-    security: Security,
-) -> (Direction, Direction) {
-    let Security::Sealed { cipher, encrypted } = security else {
-        unreachable!("derive is called for sealed sessions only")
-    };
-    let mut salt = [0u8; 64];
-    salt[..32].copy_from_slice(t.client_nonce);
-    salt[32..].copy_from_slice(t.server_nonce);
-    let mut info = Vec::with_capacity(64);
-    info.extend_from_slice(b"intact/6 frame keys");
-    info.extend_from_slice(&t.version.to_be_bytes());
-    info.extend_from_slice(t.session);
-    info.push(t.offer);
-    info.push(t.choice);
-    let hk = hkdf::Hkdf::<sha2::Sha256>::new(Some(&salt), key.bytes());
-    let mut okm = [0u8; 64];
-    hk.expand(&info, &mut okm)
-        .expect("64 bytes is within HKDF-SHA256's output limit");
-    let make = |k: &[u8]| Direction {
-        aead: match cipher {
-            Cipher::Aes256Gcm => Aead::Aes(Box::new(LessSafeKey::new(
-                UnboundKey::new(&AES_256_GCM, k).expect("32-byte key"),
-            ))),
-            Cipher::ChaCha20Poly1305 => Aead::ChaCha(Box::new(
-                ChaCha20Poly1305::new_from_slice(k).expect("32-byte key"),
-            )),
-        },
-        seq: 0,
-        encrypted,
-    };
-    let pair = (make(&okm[..32]), make(&okm[32..]));
-    okm.zeroize();
-    pair
+impl Transcript<'_> {
+    /// HKDF's info for `label`.
+    fn info(&self, label: &[u8]) -> Vec<u8> {
+        let mut info = Vec::with_capacity(label.len() + 2 + 16 + 2 + 64);
+        info.extend_from_slice(label);
+        info.extend_from_slice(&self.version.to_be_bytes());
+        info.extend_from_slice(self.tag);
+        info.push(self.offer);
+        info.push(self.choice);
+        info.extend_from_slice(self.client_share);
+        info.extend_from_slice(self.server_share);
+        info
+    }
+}
+
+/// A keyed handshake's secrets: HKDF-Extract over the nonces, the
+/// pre-shared key and the X25519 shared secret, bound to the transcript.
+pub(crate) struct Secrets<'a> {
+    hk: hkdf::Hkdf<sha2::Sha256>,
+    transcript: &'a Transcript<'a>,
+}
+
+impl<'a> Secrets<'a> {
+    /// Extracts from `key` and `dh` (the X25519 shared secret).
+    pub(crate) fn new(key: &crate::Key, dh: &[u8; 32], t: &'a Transcript<'a>) -> Secrets<'a> {
+        let mut salt = [0u8; 64];
+        salt[..32].copy_from_slice(t.client_nonce);
+        salt[32..].copy_from_slice(t.server_nonce);
+        let mut ikm = [0u8; 64];
+        ikm[..32].copy_from_slice(key.bytes());
+        ikm[32..].copy_from_slice(dh);
+        let hk = hkdf::Hkdf::<sha2::Sha256>::new(Some(&salt), &ikm);
+        ikm.zeroize();
+        Secrets { hk, transcript: t }
+    }
+
+    /// The key that seals the client's session secret in its Join.
+    pub(crate) fn join_key(&self) -> zeroize::Zeroizing<[u8; 32]> {
+        let mut k = zeroize::Zeroizing::new([0u8; 32]);
+        self.hk
+            .expand(&self.transcript.info(b"intact/7 join key"), &mut k[..])
+            .expect("32 bytes is within HKDF-SHA256's output limit");
+        k
+    }
+
+    /// The two directions' states (client→server, server→client) for a
+    /// session that chose `security` (which must be sealed).
+    pub(crate) fn frame_keys(&self, security: Security) -> (Direction, Direction) {
+        let Security::Sealed { cipher, encrypted } = security else {
+            unreachable!("frame keys are derived for sealed sessions only")
+        };
+        let mut okm = [0u8; 64];
+        self.hk
+            .expand(&self.transcript.info(b"intact/7 frame keys"), &mut okm)
+            .expect("64 bytes is within HKDF-SHA256's output limit");
+        let make = |k: &[u8]| Direction {
+            aead: match cipher {
+                Cipher::Aes256Gcm => Aead::Aes(Box::new(LessSafeKey::new(
+                    UnboundKey::new(&AES_256_GCM, k).expect("32-byte key"),
+                ))),
+                Cipher::ChaCha20Poly1305 => Aead::ChaCha(Box::new(
+                    ChaCha20Poly1305::new_from_slice(k).expect("32-byte key"),
+                )),
+            },
+            seq: 0,
+            encrypted,
+        };
+        let pair = (make(&okm[..32]), make(&okm[32..]));
+        okm.zeroize();
+        pair
+    }
 }
 
 fn tampered() -> ProtoError {
@@ -376,17 +432,88 @@ mod tests {
     use super::*;
     use crate::Message;
 
-    fn pair(security: Security) -> (Direction, Direction) {
-        let key = crate::Key::from_passphrase(b"unit test passphrase, long enough").unwrap();
+    fn key() -> crate::Key {
+        crate::Key::from_passphrase(b"unit test passphrase, long enough").unwrap()
+    }
+
+    fn pair_with(
+        security: Security,
+        dh: &[u8; 32],
+        shares: [&[u8; 32]; 2],
+    ) -> (Direction, Direction) {
         let t = Transcript {
-            version: 6,
+            version: 7,
             client_nonce: &[1; 32],
             server_nonce: &[2; 32],
-            session: &[3; 16],
+            tag: &[3; 16],
             offer: 0,
             choice: security.wire(),
+            client_share: shares[0],
+            server_share: shares[1],
         };
-        derive(&key, &t, security)
+        Secrets::new(&key(), dh, &t).frame_keys(security)
+    }
+
+    fn pair(security: Security) -> (Direction, Direction) {
+        pair_with(security, &[4; 32], [&[5; 32], &[6; 32]])
+    }
+
+    /// Seals one frame with `send` and says whether `recv` opens it.
+    fn opens(send: &mut Direction, recv: &mut Direction) -> bool {
+        let mut out = Vec::new();
+        Message::Bye.encode(&mut out);
+        send.seal(&mut out, 0).unwrap();
+        recv.open(&mut out).is_ok()
+    }
+
+    #[test]
+    fn the_frame_keys_change_with_the_dh_secret_alone() {
+        // Same pre-shared key, nonces, tag, suite and shares: a recorder
+        // who knows all of these but not the X25519 secret derives keys
+        // that do not open the frames (forward secrecy rests on this).
+        let s = Security::Sealed {
+            cipher: Cipher::ChaCha20Poly1305,
+            encrypted: true,
+        };
+        let shares = [&[5; 32], &[6; 32]];
+        let (mut send, _) = pair_with(s, &[4; 32], shares);
+        let (mut same, _) = pair_with(s, &[4; 32], shares);
+        assert!(opens(&mut send, &mut same), "the control did not open");
+        let (mut send, _) = pair_with(s, &[4; 32], shares);
+        let (mut other_dh, _) = pair_with(s, &[9; 32], shares);
+        assert!(!opens(&mut send, &mut other_dh));
+        // And with either share changed (what a relay would swap).
+        for shares in [[&[7; 32], &[6; 32]], [&[5; 32], &[7; 32]]] {
+            let (mut send, _) = pair(s);
+            let (mut swapped, _) = pair_with(s, &[4; 32], shares);
+            assert!(!opens(&mut send, &mut swapped));
+        }
+        // The join key is neither frame key.
+        let t = Transcript {
+            version: 7,
+            client_nonce: &[1; 32],
+            server_nonce: &[2; 32],
+            tag: &[3; 16],
+            offer: 0,
+            choice: s.wire(),
+            client_share: &[5; 32],
+            server_share: &[6; 32],
+        };
+        let secrets = Secrets::new(&key(), &[4; 32], &t);
+        let join = secrets.join_key();
+        let mut frame = Vec::new();
+        Message::Bye.encode(&mut frame);
+        let (mut send, mut back) = secrets.frame_keys(s);
+        send.seal(&mut frame, 0).unwrap();
+        let mut with_join = Direction {
+            aead: Aead::ChaCha(Box::new(
+                ChaCha20Poly1305::new_from_slice(&join[..]).unwrap(),
+            )),
+            seq: 0,
+            encrypted: true,
+        };
+        assert!(with_join.open(&mut frame.clone()).is_err());
+        assert!(back.open(&mut frame.clone()).is_err());
     }
 
     #[test]

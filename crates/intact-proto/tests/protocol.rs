@@ -8,7 +8,7 @@ use std::os::unix::net::UnixStream;
 use intact_proto::{
     client_handshake, client_handshake_in, frame_len, server_handshake, server_handshake_admit,
     Block, Connection, Entry, EntryKind, FileResult, FileStatus, Key, Message, ProtoError,
-    SessionId, WirePath, MAX_FRAME,
+    SessionSecret, WirePath, MAX_FRAME,
 };
 use proptest::prelude::*;
 
@@ -26,16 +26,22 @@ fn arb_message() -> impl Strategy<Value = Message> {
             any::<bool>(),
             any::<[u8; 32]>(),
             any::<[u8; 16]>(),
-            any::<u8>()
+            any::<u8>(),
+            any::<[u8; 32]>()
         )
-            .prop_map(|(version, keyed, nonce, session, suite)| Message::Hello {
-                version,
-                keyed,
-                nonce,
-                session,
-                suite,
-            }),
+            .prop_map(
+                |(version, keyed, nonce, session, suite, share)| Message::Hello {
+                    version,
+                    keyed,
+                    nonce,
+                    session,
+                    suite,
+                    share,
+                }
+            ),
         any::<[u8; 32]>().prop_map(|mac| Message::Proof { mac }),
+        proptest::collection::vec(any::<u8>(), 0..=intact_proto::MAX_JOIN)
+            .prop_map(|payload| Message::Join { payload }),
         ".{0,40}".prop_map(|reason| Message::Refused { reason }),
         (
             any::<u64>(),
@@ -415,6 +421,7 @@ fn other_versions_are_refused_with_a_reason() {
         nonce: [0; 32],
         session: [0; 16],
         suite: 0,
+        share: [0; 32],
     })
     .unwrap();
     match conn.expect_message().unwrap() {
@@ -458,10 +465,12 @@ fn sessions_are_admitted_after_authentication_and_refused_with_a_reason() {
             })
         });
         let ck = if keyed { key(k) } else { None };
-        let id = SessionId([0xab; 16]);
+        let id = SessionSecret::from_bytes([0xab; 32]);
         let c = client_handshake_in(&mut Connection::new(a), ck.as_ref(), &id);
+        // The session is named by the secret (its id), not by the tag.
+        let busy = format!("busy ({})", id.id());
         assert!(
-            matches!(c, Err(ProtoError::Refused(ref r)) if r == "busy (abababab)"),
+            matches!(c, Err(ProtoError::Refused(ref r)) if *r == busy),
             "{keyed}: {c:?}"
         );
         assert!(server.join().unwrap().is_err());
@@ -473,7 +482,7 @@ fn sessions_are_admitted_after_authentication_and_refused_with_a_reason() {
         });
         let ck = if keyed { key(k) } else { None };
         client_handshake_in(&mut Connection::new(a), ck.as_ref(), &id).unwrap();
-        assert_eq!(server.join().unwrap().unwrap(), id, "{keyed}");
+        assert_eq!(server.join().unwrap().unwrap(), id.id(), "{keyed}");
     }
     // A wrong key is never admitted (admission sees only proven clients).
     let (a, b) = UnixStream::pair().unwrap();

@@ -9,7 +9,7 @@ use std::os::unix::net::UnixStream;
 
 use intact_proto::{
     client_handshake_with, server_handshake_keyring, Block, ClientKey, Connection, Key, Keyring,
-    Message, ProtoError, Security, SessionId, HANDSHAKE_FRAME,
+    Message, ProtoError, Security, SessionSecret, HANDSHAKE_FRAME,
 };
 
 fn key(n: u8) -> Key {
@@ -29,7 +29,13 @@ fn pair(encrypt: bool) -> (Connection<UnixStream>, Connection<UnixStream>, UnixS
         conn
     });
     let mut client = Connection::new(a);
-    let sec = client_handshake_with(&mut client, Some(&key(1)), &SessionId([3; 16]), true).unwrap();
+    let sec = client_handshake_with(
+        &mut client,
+        Some(&key(1)),
+        &SessionSecret::from_bytes([3; 32]),
+        true,
+    )
+    .unwrap();
     let server = server.join().unwrap();
     assert_eq!(sec, server.security());
     assert!(matches!(sec, Security::Sealed { encrypted, .. } if encrypted == encrypt));
@@ -277,7 +283,12 @@ fn downgraded(
         server_handshake_keyring(&mut conn, ring.clients(), true, true, |_, _| Ok(()))
     });
     let mut conn = Connection::new(a);
-    let c = client_handshake_with(&mut conn, Some(&key(1)), &SessionId([5; 16]), true);
+    let c = client_handshake_with(
+        &mut conn,
+        Some(&key(1)),
+        &SessionSecret::from_bytes([5; 32]),
+        true,
+    );
     drop(conn);
     let s = server.join().unwrap();
     let _ = (p1.join(), p2.join());
@@ -337,7 +348,12 @@ fn a_keyring_server_tells_which_client_proved_itself() {
             )
         });
         let mut conn = Connection::new(a);
-        let c = client_handshake_with(&mut conn, Some(&key(n)), &SessionId([1; 16]), true);
+        let c = client_handshake_with(
+            &mut conn,
+            Some(&key(n)),
+            &SessionSecret::from_bytes([1; 32]),
+            true,
+        );
         let s = server.join().unwrap();
         match want {
             Some((name, subtree)) => {
@@ -374,6 +390,11 @@ fn before_authentication_a_large_frame_is_refused_at_its_prefix() {
     b.write_all(&(HANDSHAKE_FRAME as u32 + 1).to_be_bytes())
         .unwrap();
     let mut conn = Connection::new(a);
-    let r = client_handshake_with(&mut conn, Some(&key(1)), &SessionId([0; 16]), true);
+    let r = client_handshake_with(
+        &mut conn,
+        Some(&key(1)),
+        &SessionSecret::from_bytes([0; 32]),
+        true,
+    );
     assert!(matches!(r, Err(ProtoError::Oversized { .. })), "{r:?}");
 }

@@ -17,7 +17,7 @@ use std::time::Duration;
 use common::*;
 use intact_digest::{defaults, hash};
 use intact_proto::{
-    client_handshake_in, Block, Connection, Entry, EntryKind, FileStatus, Message, SessionId,
+    client_handshake_in, Block, Connection, Entry, EntryKind, FileStatus, Message, SessionSecret,
     WirePath,
 };
 use intact_transfer::{
@@ -282,7 +282,7 @@ fn keyless_client(addr: &str) -> Connection<TcpStream> {
         .set_read_timeout(Some(Duration::from_secs(60)))
         .unwrap();
     let mut conn = Connection::new(stream);
-    client_handshake_in(&mut conn, None, &SessionId::random().unwrap()).unwrap();
+    client_handshake_in(&mut conn, None, &SessionSecret::random().unwrap()).unwrap();
     conn
 }
 

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use common::{connect_from, intact, s, stderr, Server};
 
 /// What the relay does to the client's frames (counted from the first
-/// sealed one: the client's Hello and Proof are frames 0 and 1).
+/// sealed one: the client's Hello, Proof and Join are frames 0 to 2).
 #[derive(Clone, Copy, Debug)]
 enum Attack {
     /// Pass everything.
@@ -78,7 +78,7 @@ impl Relay {
                     let mut held: Option<Vec<u8>> = None;
                     while let Some(mut f) = read_frame(&mut c_in) {
                         cap1.lock().unwrap().extend_from_slice(&f);
-                        let sealed = n.checked_sub(2);
+                        let sealed = n.checked_sub(3);
                         n += 1;
                         let mut out: Vec<Vec<u8>> = Vec::new();
                         match (attack, sealed) {

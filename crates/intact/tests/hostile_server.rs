@@ -19,7 +19,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use intact_proto::{client_handshake_in, Connection, Entry, EntryKind, Message, SessionId};
+use intact_proto::{client_handshake_in, Connection, Entry, EntryKind, Message, SessionSecret};
 
 mod common;
 
@@ -167,11 +167,19 @@ fn connect(server: &Serve) -> TcpStream {
     s
 }
 
+/// The session secret a test names by 16 bytes (its first 16; streams
+/// with one `id` share a session).
+fn secret(id: [u8; 16]) -> SessionSecret {
+    let mut s = [0u8; 32];
+    s[..16].copy_from_slice(&id);
+    SessionSecret::from_bytes(s)
+}
+
 /// A keyless client admitted into session `id` (the server answered its
 /// Hello), or the error the handshake ended with.
 fn client(server: &Serve, id: [u8; 16]) -> Result<Connection<TcpStream>, intact_proto::ProtoError> {
     let mut c = Connection::new(connect(server));
-    client_handshake_in(&mut c, None, &SessionId(id)).map(|()| c)
+    client_handshake_in(&mut c, None, &secret(id)).map(|()| c)
 }
 
 fn frame(m: &Message) -> Vec<u8> {
@@ -187,6 +195,7 @@ fn hello(id: [u8; 16]) -> Vec<u8> {
         nonce: [3; 32],
         session: id,
         suite: 0,
+        share: [0; 32],
     })
 }
 
@@ -251,7 +260,7 @@ fn a_handshake_sent_a_byte_at_a_time_is_cut_at_its_deadline() {
     // Another host, while the 16 places of 127.0.0.1 are held.
     let other = common::connect_from([127, 0, 0, 2], server.port);
     let mut conn = Connection::new(other);
-    client_handshake_in(&mut conn, None, &SessionId([9; 16]))
+    client_handshake_in(&mut conn, None, &secret([9; 16]))
         .expect("a client from another address is admitted");
     drop(conn);
     let mut sent = 0;
@@ -542,7 +551,7 @@ fn out_of_descriptors_the_accept_loop_backs_off_and_logs_little() {
         c.get_ref()
             .set_read_timeout(Some(Duration::from_secs(5)))
             .unwrap();
-        let live = client_handshake_in(&mut c, None, &SessionId([5; 16])).is_ok()
+        let live = client_handshake_in(&mut c, None, &secret([5; 16])).is_ok()
             && c.send(&entry(i, &format!("d{i}"), EntryKind::Dir, 0))
                 .is_ok()
             && matches!(c.read_message(), Ok(Some(Message::FileResult(_))));

@@ -1,18 +1,29 @@
 //! A panic seam for the test that checks that a panicking session frees
 //! its places and leaves the others alone. It exists only in this crate's
 //! own unit-test build (`#[cfg(test)]`): no other build, release binary or
-//! integration test has it. A session whose id begins with
-//! [`PANIC_ID_PREFIX`] panics right after it was admitted, while it holds
-//! a session and a stream place.
+//! integration test has it. A session named by one of the secrets
+//! [`panic_secret`] makes panics right after it was admitted, while it
+//! holds a session and a stream place. (A session's id is a hash of its
+//! client's secret, so the seam recognises the ids of a known list.)
+
+use intact_proto::SessionSecret;
 
 use crate::net::sessions::Stream;
 
-/// Session ids that begin with this panic.
-pub(crate) const PANIC_ID_PREFIX: &[u8; 8] = b"panic!!!";
+/// How many panicking secrets there are.
+pub(crate) const PANIC_SECRETS: u32 = 72;
 
-/// Panics if `stream`'s session id asks for it.
+/// The `i`th secret whose session panics.
+pub(crate) fn panic_secret(i: u32) -> SessionSecret {
+    let mut s = [0u8; 32];
+    s[..8].copy_from_slice(b"panic!!!");
+    s[8..12].copy_from_slice(&i.to_be_bytes());
+    SessionSecret::from_bytes(s)
+}
+
+/// Panics if `stream`'s session asks for it.
 pub(crate) fn maybe_panic(stream: &Stream) {
-    if stream.id().0.starts_with(PANIC_ID_PREFIX) {
+    if (0..PANIC_SECRETS).any(|i| panic_secret(i).id() == stream.id()) {
         panic!("test seam: this session asked to panic");
     }
 }
@@ -24,9 +35,9 @@ mod tests {
     use std::sync::{Arc, Mutex};
     use std::time::{Duration, Instant};
 
-    use intact_proto::{client_handshake_in, Connection, Entry, EntryKind, Message, SessionId};
+    use intact_proto::{client_handshake_in, Connection, Entry, EntryKind, Message, SessionSecret};
 
-    use super::PANIC_ID_PREFIX;
+    use super::{panic_secret, PANIC_SECRETS};
     use crate::net::{send, wake, SendOptions, Server, ServerConfig};
     use crate::VerifyMode;
 
@@ -37,11 +48,14 @@ mod tests {
         }
     }
 
-    fn client(addr: &str, id: [u8; 16]) -> Result<Connection<TcpStream>, intact_proto::ProtoError> {
+    fn client(
+        addr: &str,
+        secret: &SessionSecret,
+    ) -> Result<Connection<TcpStream>, intact_proto::ProtoError> {
         let s = TcpStream::connect(addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
         let mut c = Connection::new(s);
-        client_handshake_in(&mut c, None, &SessionId(id))?;
+        client_handshake_in(&mut c, None, secret)?;
         Ok(c)
     }
 
@@ -101,7 +115,7 @@ mod tests {
         let big = dir.path().join("honest.bin");
         let data = intact_sample::bytes(8 << 20, 11);
         std::fs::write(&big, &data).unwrap();
-        let mut bystander = client(&addr, [7; 16]).expect("admitted");
+        let mut bystander = client(&addr, &SessionSecret::from_bytes([7; 32])).expect("admitted");
         let mut answered = |id: u64, path: &str| {
             bystander.send(&dir_entry(id, path)).unwrap();
             match bystander.read_message() {
@@ -114,11 +128,8 @@ mod tests {
             let (big, addr) = (big.clone(), addr.clone());
             std::thread::spawn(move || send(&[big], &addr, &fiver(), &|_| {}))
         };
-        let mut id = [0u8; 16];
-        id[..8].copy_from_slice(PANIC_ID_PREFIX);
-        for i in 0..72u32 {
-            id[8..12].copy_from_slice(&i.to_be_bytes());
-            let mut c = client(&addr, id).unwrap_or_else(|e| {
+        for i in 0..PANIC_SECRETS {
+            let mut c = client(&addr, &panic_secret(i)).unwrap_or_else(|e| {
                 panic!("panicking session {i} was not admitted (a place leaked?): {e}")
             });
             assert!(

@@ -21,7 +21,7 @@ use intact_cache::{DeviceReader, ReadPath};
 use intact_digest::{defaults, hash, AlignedBuf, Blake3Blocks};
 use intact_proto::{
     client_handshake_with, Block, Connection, Entry, EntryKind, FileEnd, FileResult, FileStatus,
-    Holding, Key, Message, ProtoError, Security, SessionId, WirePath,
+    Holding, Key, Message, ProtoError, Security, SessionSecret, WirePath,
 };
 
 use crate::copy::{
@@ -88,12 +88,13 @@ fn conn_err(e: impl Into<ProtoError>) -> TransferError {
     TransferError::Path(e.into())
 }
 
-/// Connects and authenticates one stream of `session` (one id per run,
-/// so the server counts this run as one client whatever its streams).
+/// Connects and authenticates one stream of the session `secret` names
+/// (one secret per run, so the server counts this run as one client
+/// whatever its streams, and no one who saw its Hello can join it).
 pub(crate) fn connect(
     addr: &str,
     key: Option<&Key>,
-    session: &SessionId,
+    secret: &SessionSecret,
 ) -> Result<(Connection<TcpStream>, Security), TransferError> {
     let stream = TcpStream::connect(addr).map_err(|e| TransferError::Connect {
         addr: addr.to_string(),
@@ -101,7 +102,7 @@ pub(crate) fn connect(
     })?;
     stream.set_nodelay(true).map_err(conn_err)?;
     let mut conn = Connection::new(stream);
-    let security = client_handshake_with(&mut conn, key, session, true)?;
+    let security = client_handshake_with(&mut conn, key, secret, true)?;
     Ok((conn, security))
 }
 
@@ -113,7 +114,7 @@ pub fn delete_remote(
     opts: &SendOptions,
     req: &crate::net::delete::DeleteRequest,
 ) -> Result<crate::PruneReport, TransferError> {
-    let (mut conn, _) = connect(addr, opts.key.as_ref(), &SessionId::random()?)?;
+    let (mut conn, _) = connect(addr, opts.key.as_ref(), &SessionSecret::random()?)?;
     crate::net::delete::request(&mut conn, opts.subdir.as_ref(), req)
 }
 
@@ -149,7 +150,7 @@ pub fn send_scanned(
     }
     // Every stream is connected and authenticated before any data moves,
     // so a wrong key or an unreachable server fails the whole run at once.
-    let session = SessionId::random()?;
+    let session = SessionSecret::random()?;
     let mut conns = Vec::new();
     let mut security = None;
     for _ in 0..opts.streams.max(1) {

@@ -541,12 +541,16 @@ fn out_of_place(src: &mut Source, id: u64) -> Message {
         trusted_at: 0,
     };
     match src.below(9) {
+        0 if src.below(2) == 0 => Message::Join {
+            payload: vec![0; src.below(intact_proto::MAX_JOIN as u64 + 1) as usize],
+        },
         0 => Message::Hello {
             version: intact_proto::VERSION,
             keyed: false,
             nonce: [0; 32],
             session: [0; 16],
             suite: src.below(4) as u8,
+            share: [0; 32],
         },
         1 => Message::Proof { mac: [0; 32] },
         2 => Message::Status {
