@@ -19,6 +19,7 @@ mod resolve;
 mod serve;
 mod stdout;
 mod sum;
+mod sum_parse;
 mod summary;
 mod throttle;
 mod tree_args;
@@ -31,23 +32,38 @@ use clap::Parser;
 use args::{Cli, Command};
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let result = match &cli.command {
-        Command::Copy(a) => copy::run(a),
-        Command::Serve(a) => serve::run(a),
-        Command::Send(a) => copy::run_send(a),
-        Command::Keygen(a) => keygen::run(a),
-        Command::Sum(a) if a.check => check::run(a),
-        Command::Sum(a) => sum::run(a),
-        Command::Demo(a) => demo::run(a),
-        Command::Reliability(a) => reliability::run(a),
-        Command::Completions(a) => generate::completions(a),
-        Command::Man(a) => generate::man(a),
+    // `intact sum` is run once per file by scripts: parse only its own
+    // arguments (see sum_parse), everything else through the whole `Cli`.
+    let result = match sum_parse::parse() {
+        Some(a) => run_sum(&a),
+        None => run(&Cli::parse().command),
     };
     result.unwrap_or_else(|e| {
         eprintln!("intact: {}", describe(&e));
         exit::status_of(&e)
     })
+}
+
+fn run_sum(a: &args::SumArgs) -> anyhow::Result<ExitCode> {
+    if a.check {
+        check::run(a)
+    } else {
+        sum::run(a)
+    }
+}
+
+fn run(command: &Command) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Copy(a) => copy::run(a),
+        Command::Serve(a) => serve::run(a),
+        Command::Send(a) => copy::run_send(a),
+        Command::Keygen(a) => keygen::run(a),
+        Command::Sum(a) => run_sum(a),
+        Command::Demo(a) => demo::run(a),
+        Command::Reliability(a) => reliability::run(a),
+        Command::Completions(a) => generate::completions(a),
+        Command::Man(a) => generate::man(a),
+    }
 }
 
 /// The error and its causes, without repeating a cause that the message
