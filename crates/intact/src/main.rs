@@ -1,6 +1,9 @@
 //! The `intact` command: flag parsing and dispatch. The work lives in the
 //! library crates under `crates/`.
 
+// The entry point is `main` below, without std's wrapper (see entry.rs).
+#![cfg_attr(not(test), no_main)]
+
 mod args;
 mod block_size;
 mod check;
@@ -8,6 +11,7 @@ mod copy;
 mod delete;
 mod demo;
 mod dry_run;
+mod entry;
 mod exit;
 mod generate;
 mod hashing;
@@ -31,7 +35,17 @@ use clap::Parser;
 
 use args::{Cli, Command};
 
-fn main() -> ExitCode {
+/// The C entry point: `intact_main` under entry.rs's wrapper.
+#[cfg(not(test))]
+#[no_mangle]
+extern "C" fn main(
+    _argc: std::ffi::c_int,
+    _argv: *const *const std::ffi::c_char,
+) -> std::ffi::c_int {
+    entry::run(intact_main)
+}
+
+fn intact_main() -> ExitCode {
     // `intact sum` is run once per file by scripts: parse only its own
     // arguments (see sum_parse), everything else through the whole `Cli`.
     let result = match sum_parse::parse() {
