@@ -20,6 +20,8 @@ use std::ffi::c_int;
 use std::process::ExitCode;
 
 /// Runs `main` as std's wrapper would and exits with its status.
+// Unit tests have the harness's main, which does not call this.
+#[cfg_attr(test, allow(dead_code))]
 pub fn run(main: fn() -> ExitCode) -> ! {
     sanitize_standard_fds();
     // SAFETY: setting a signal's disposition to "ignore" is always sound.
