@@ -31,6 +31,10 @@ pub struct HashArgs {
     /// With --strategies: file sizes in bytes (K, M, G suffixes: powers of 1024).
     #[arg(long, value_delimiter = ',', value_parser = parse_size, default_value = "4K,1M,64M,1G")]
     sizes: Vec<u64>,
+    /// Measure this intact binary instead of building target/release/intact
+    /// (e.g. the static build of `cargo static-release`).
+    #[arg(long, value_name = "PATH")]
+    intact: Option<PathBuf>,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -55,7 +59,11 @@ struct Row {
 }
 
 pub fn run(a: &HashArgs) -> anyhow::Result<()> {
-    let intact = intact_binary()?;
+    let intact = match &a.intact {
+        Some(path) if path.is_file() => path.clone(),
+        Some(path) => bail!("--intact {}: no such file", path.display()),
+        None => intact_binary()?,
+    };
     if a.strategies {
         return strategies::run(&intact, &a.dirs, &a.sizes, a.runs.unwrap_or(7));
     }

@@ -28,8 +28,8 @@ pub enum Command {
     /// Write a fresh random key file for `serve` and `send --key-file`.
     #[command(long_about = KEYGEN_ABOUT)]
     Keygen(KeygenArgs),
-    /// Print or check file digests, in the formats of sha256sum, b3sum and xxhsum.
-    #[command(long_about = SUM_ABOUT)]
+    // Its texts are constants: `crate::sum_parse` builds the same command alone.
+    #[command(about = SUM_SHORT, long_about = SUM_ABOUT)]
     Sum(SumArgs),
     /// Make a sample dataset in a temporary directory, run intact's main job on it, print the report.
     Demo(DemoArgs),
@@ -237,7 +237,12 @@ bytes sent, re-verified in place and trusted from the journal.
 Exit status: 0 if everything arrived verified; 1 if anything failed;
 2 for usage errors.";
 
-const SUM_ABOUT: &str = "\
+/// `intact sum`'s line in `intact --help` (as clap shows a doc comment:
+/// without its final period).
+pub const SUM_SHORT: &str =
+    "Print or check file digests, in the formats of sha256sum, b3sum and xxhsum";
+
+pub const SUM_ABOUT: &str = "\
 Print or check file digests.
 
 Output lines have the format of the usual tool for each algorithm, so lists

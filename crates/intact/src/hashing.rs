@@ -1,7 +1,7 @@
 //! What `sum` and `sum --check` share: inputs, the thread pool, hashing one
 //! input, and the progress bar.
 
-use std::io::{self, Write};
+use std::io::{self, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -115,7 +115,13 @@ fn thread_pool(jobs: Option<u16>) -> anyhow::Result<rayon::ThreadPool> {
 
 /// A progress bar over `total` bytes on standard error; draws nothing
 /// unless standard error is a terminal.
+///
+/// Off a terminal it is a hidden bar, without a style: parsing the
+/// template is start-up work a script's `intact sum FILE` never shows.
 pub fn progress_bar(total: u64) -> ProgressBar {
+    if !io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
     let pb = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
     let style = ProgressStyle::with_template(
         "{bar:30} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta} {msg}",

@@ -1,6 +1,9 @@
 //! The `intact` command: flag parsing and dispatch. The work lives in the
 //! library crates under `crates/`.
 
+// The entry point is `main` below, without std's wrapper (see entry.rs).
+#![cfg_attr(not(test), no_main)]
+
 mod args;
 mod block_size;
 mod check;
@@ -8,6 +11,7 @@ mod copy;
 mod delete;
 mod demo;
 mod dry_run;
+mod entry;
 mod exit;
 mod generate;
 mod hashing;
@@ -19,6 +23,7 @@ mod resolve;
 mod serve;
 mod stdout;
 mod sum;
+mod sum_parse;
 mod summary;
 mod throttle;
 mod tree_args;
@@ -30,24 +35,51 @@ use clap::Parser;
 
 use args::{Cli, Command};
 
-fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let result = match &cli.command {
-        Command::Copy(a) => copy::run(a),
-        Command::Serve(a) => serve::run(a),
-        Command::Send(a) => copy::run_send(a),
-        Command::Keygen(a) => keygen::run(a),
-        Command::Sum(a) if a.check => check::run(a),
-        Command::Sum(a) => sum::run(a),
-        Command::Demo(a) => demo::run(a),
-        Command::Reliability(a) => reliability::run(a),
-        Command::Completions(a) => generate::completions(a),
-        Command::Man(a) => generate::man(a),
+/// The C entry point: `intact_main` under entry.rs's wrapper.
+#[cfg(not(test))]
+#[no_mangle]
+extern "C" fn main(
+    _argc: std::ffi::c_int,
+    _argv: *const *const std::ffi::c_char,
+) -> std::ffi::c_int {
+    entry::run(intact_main)
+}
+
+// Unit tests have the harness's main instead of ours; it is still the root.
+#[cfg_attr(test, allow(dead_code))]
+fn intact_main() -> ExitCode {
+    // `intact sum` is run once per file by scripts: parse only its own
+    // arguments (see sum_parse), everything else through the whole `Cli`.
+    let result = match sum_parse::parse() {
+        Some(a) => run_sum(&a),
+        None => run(&Cli::parse().command),
     };
     result.unwrap_or_else(|e| {
         eprintln!("intact: {}", describe(&e));
         exit::status_of(&e)
     })
+}
+
+fn run_sum(a: &args::SumArgs) -> anyhow::Result<ExitCode> {
+    if a.check {
+        check::run(a)
+    } else {
+        sum::run(a)
+    }
+}
+
+fn run(command: &Command) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Copy(a) => copy::run(a),
+        Command::Serve(a) => serve::run(a),
+        Command::Send(a) => copy::run_send(a),
+        Command::Keygen(a) => keygen::run(a),
+        Command::Sum(a) => run_sum(a),
+        Command::Demo(a) => demo::run(a),
+        Command::Reliability(a) => reliability::run(a),
+        Command::Completions(a) => generate::completions(a),
+        Command::Man(a) => generate::man(a),
+    }
 }
 
 /// The error and its causes, without repeating a cause that the message

@@ -71,7 +71,7 @@ struct Summary {
 pub fn run(intact: &Path, dirs: &[PathBuf], sizes: &[u64], runs: usize) -> anyhow::Result<()> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!(
-        "intact-bench hash --strategies: whole processes, {runs} runs each, interleaved (order reversed every other round), {threads} cores; seconds"
+        "intact-bench hash --strategies: whole processes, {runs} runs each, interleaved (order reversed every other round), {threads} cores; milliseconds"
     );
     let mut summary = Vec::new();
     for dir in dirs {
@@ -107,7 +107,7 @@ pub fn run(intact: &Path, dirs: &[PathBuf], sizes: &[u64], runs: usize) -> anyho
                 super::agree(&cmds[1], &cmds[0])?;
                 let costs = interleaved(&cmds, runs)?;
                 println!("\n{} in {}, {}:\n", human(size), dir.display(), pair.algo);
-                println!("| command | wall min | median | max | CPU min | median | max | peak RSS MiB | tool/this wall | tool/this CPU |");
+                println!("| command | wall ms min | median | max | CPU ms min | median | max | peak RSS MiB | tool/this wall | tool/this CPU |");
                 println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
                 let spreads: Vec<(Spread, Spread, f64)> = costs
                     .iter()
@@ -122,14 +122,14 @@ pub fn run(intact: &Path, dirs: &[PathBuf], sizes: &[u64], runs: usize) -> anyho
                 let (tool_wall, tool_cpu) = (spreads[0].0.median, spreads[0].1.median);
                 for (label, (w, c, rss)) in labels.iter().zip(&spreads) {
                     println!(
-                        "| {} | {:.4} | {:.4} | {:.4} | {:.4} | {:.4} | {:.4} | {:.0} | {:.2} | {:.2} |",
+                        "| {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.0} | {:.2} | {:.2} |",
                         label.trim(),
-                        w.min,
-                        w.median,
-                        w.max,
-                        c.min,
-                        c.median,
-                        c.max,
+                        w.min * 1e3,
+                        w.median * 1e3,
+                        w.max * 1e3,
+                        c.min * 1e3,
+                        c.median * 1e3,
+                        c.max * 1e3,
                         rss,
                         tool_wall / w.median,
                         tool_cpu / c.median.max(1e-6)
