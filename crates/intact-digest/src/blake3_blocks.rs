@@ -17,8 +17,11 @@ const CHUNK: u64 = 1024;
 pub struct Blake3Blocks {
     len: u64,
     block: u64,
-    /// Per block: its chaining value (the file's root hash when the file
-    /// is a single block).
+    /// Blocks of the file.
+    count: usize,
+    /// Per block set so far (from block 0 up to the highest one set): its
+    /// chaining value (the file's root hash when the file is a single
+    /// block). Grown as blocks are set, so an announced size costs nothing.
     parts: Vec<Option<[u8; 32]>>,
 }
 
@@ -33,30 +36,36 @@ impl Blake3Blocks {
         Some(Blake3Blocks {
             len,
             block,
-            parts: vec![None; len.div_ceil(block) as usize],
+            count: len.div_ceil(block) as usize,
+            parts: Vec::new(),
         })
     }
 
     /// Sets (or replaces) block `index` to `bytes`.
     pub fn set(&mut self, index: u64, bytes: &[u8]) {
-        let part = if self.parts.len() == 1 {
+        let index = index as usize;
+        if index >= self.count {
+            return;
+        }
+        let part = if self.count == 1 {
             *blake3::hash(bytes).as_bytes()
         } else {
             let mut h = blake3::Hasher::new();
-            h.set_input_offset(index * self.block);
+            h.set_input_offset(index as u64 * self.block);
             h.update(bytes);
             h.finalize_non_root()
         };
-        if let Some(p) = self.parts.get_mut(index as usize) {
-            *p = Some(part);
+        if index >= self.parts.len() {
+            self.parts.resize(index + 1, None);
         }
+        self.parts[index] = Some(part);
     }
 
     /// The file's BLAKE3, once every block is set.
     pub fn finalize(&self) -> Option<blake3::Hash> {
-        match self.parts.len() {
+        match self.count {
             0 => Some(blake3::hash(&[])),
-            1 => self.parts[0].map(blake3::Hash::from_bytes),
+            1 => self.part(0).map(blake3::Hash::from_bytes),
             _ => {
                 let (left, right) = self.split(0, self.len)?;
                 Some(merge_subtrees_root(&left, &right, Mode::Hash))
@@ -73,10 +82,14 @@ impl Blake3Blocks {
 
     fn node(&self, start: u64, end: u64) -> Option<ChainingValue> {
         if end - start <= self.block {
-            return self.parts[(start / self.block) as usize];
+            return self.part((start / self.block) as usize);
         }
         let (left, right) = self.split(start, end)?;
         Some(merge_subtrees_non_root(&left, &right, Mode::Hash))
+    }
+
+    fn part(&self, index: usize) -> Option<[u8; 32]> {
+        self.parts.get(index).copied().flatten()
     }
 }
 
@@ -107,6 +120,16 @@ mod tests {
                 assert_eq!(b.finalize(), Some(blake3::hash(bytes)), "{len} {block}");
             }
         }
+    }
+
+    #[test]
+    fn parts_grow_with_the_blocks_set_not_the_size_announced() {
+        let mut b = Blake3Blocks::new(4 << 40, 4 << 20).unwrap();
+        assert_eq!(b.parts.capacity(), 0);
+        b.set(2, &[1; 4096]);
+        assert!(b.parts.len() <= 3 && b.finalize().is_none());
+        b.set(1 << 30, &[1; 10]);
+        assert!(b.parts.len() <= 3, "a block past the end is ignored");
     }
 
     #[test]

@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 
+pub mod wire;
+
 /// `intact <args>`, run to its end.
 pub fn intact(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_intact"))
