@@ -296,10 +296,7 @@ impl<S: Read + Write> Connection<S> {
     }
 
     /// A message decoded: note an authenticated Bye.
-    fn arrived(
-        &mut self,
-        msg: Result<Message, ProtoError>,
-    ) -> Result<Option<Message>, ProtoError> {
+    fn arrived(&mut self, msg: Result<Message, ProtoError>) -> Result<Option<Message>, ProtoError> {
         if matches!(msg, Ok(Message::Bye)) {
             self.bye = true;
         }

@@ -72,7 +72,11 @@ fn a_large_frame_holds_its_budget_until_its_message_is_dropped() {
     assert_eq!(held.amount(), large_bytes.len() as u64);
     assert_eq!(budget.held(), large_bytes.len() as u64);
     assert_eq!(conn.read_message().unwrap(), Some(small));
-    assert_eq!(budget.held(), large_bytes.len() as u64, "held by the caller");
+    assert_eq!(
+        budget.held(),
+        large_bytes.len() as u64,
+        "held by the caller"
+    );
     drop(held);
     assert_eq!(budget.held(), 0);
     writer.join().unwrap().unwrap();

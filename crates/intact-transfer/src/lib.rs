@@ -36,7 +36,7 @@ pub use copy::{
 pub use dest::{partial_name, Destination, Mtime, PartialFile};
 pub use error::TransferError;
 pub use intact_cache::ReadPath;
-pub use journal::{BlockRecord, DoneFile, FileRow, Journal, VerifiedAt, STATE_DIR};
+pub use journal::{BlockRecord, DoneFile, FileRow, Journal, Owner, VerifiedAt, STATE_DIR};
 pub use limits::raise_open_file_limit;
 pub use model::RivaModel;
 pub use net::{

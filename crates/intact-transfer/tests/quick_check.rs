@@ -277,13 +277,59 @@ fn a_record_without_a_digest_is_never_unchanged() {
 
 /// A hand-written keyless client, handshaken, in a session of its own.
 fn keyless_client(addr: &str) -> Connection<TcpStream> {
+    client_of(addr, &SessionSecret::random().unwrap())
+}
+
+/// A keyless stream of the session `secret`.
+fn client_of(addr: &str, secret: &SessionSecret) -> Connection<TcpStream> {
     let stream = TcpStream::connect(addr).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(60)))
         .unwrap();
     let mut conn = Connection::new(stream);
-    client_handshake_in(&mut conn, None, &SessionSecret::random().unwrap()).unwrap();
+    client_handshake_in(&mut conn, None, secret).unwrap();
     conn
+}
+
+/// Issue 11 item 3, "the journal says whose it is": a session that takes
+/// a partial file is recorded as its owner, and the next session that
+/// takes it over (a resume) replaces it. The sessions are this test's own
+/// (their secrets known here, so their ids are); the journal is read
+/// after each server stopped.
+#[test]
+fn the_journal_records_which_session_holds_a_partial_file() {
+    let d = Dirs::new();
+    let data = intact_sample::bytes(5 * 4096, 3);
+    let mut owners = Vec::new();
+    for _ in 0..2 {
+        let server = LocalServer::start(ServerConfig::local(&d.root)).unwrap();
+        let secret = SessionSecret::random().unwrap();
+        let mut conn = client_of(&server.addr(), &secret);
+        conn.send(&data_entry(
+            VerifyMode::Block,
+            data.len(),
+            4096,
+            (1_700_000_000, 0),
+            0,
+        ))
+        .unwrap();
+        match conn.expect_message().unwrap() {
+            Message::Status { .. } => {}
+            other => panic!("expected a Status, got {other:?}"),
+        }
+        // Gone without finishing: the file stays partial.
+        drop(conn);
+        server.stop().unwrap();
+        let journal = intact_transfer::Journal::open(&d.root).unwrap();
+        let owner = journal.owner(b"data.bin").unwrap().expect("an owner");
+        assert_eq!(owner.session, secret.id().0, "the session that took it");
+        owners.push(owner.session);
+    }
+    assert_ne!(
+        owners[0], owners[1],
+        "the resume's session replaced the first"
+    );
+    assert!(!d.root.join("data.bin").exists(), "never committed");
 }
 
 /// The Entry (id 0) of `data.bin`: `size` bytes in blocks of `bs`, with

@@ -129,7 +129,8 @@ fn stalled_streams_hold_no_more_frame_memory_than_the_server_allows() {
             std::thread::spawn(move || {
                 conn.send(&entry).unwrap();
                 let mut raw = conn.get_ref().try_clone().unwrap();
-                raw.set_write_timeout(Some(Duration::from_secs(60))).unwrap();
+                raw.set_write_timeout(Some(Duration::from_secs(60)))
+                    .unwrap();
                 for _ in 0..6 {
                     if raw.write_all(&frame).is_err() {
                         break;

@@ -390,7 +390,10 @@ mod tests {
         let p = Shares::alone(&l).blocks;
         let a1 = take_slot(&l, &a, &p, 10, 10).unwrap();
         let a2 = take_slot(&l, &a, &p, 10, 10).unwrap();
-        assert!(matches!(take_slot(&l, &a, &p, 1, 1), Err(Refusal::Stream(_))));
+        assert!(matches!(
+            take_slot(&l, &a, &p, 1, 1),
+            Err(Refusal::Stream(_))
+        ));
         let b1 = take_slot(&l, &b, &p, 10, 10).unwrap();
         let full = take_slot(&l, &b, &p, 1, 1).unwrap_err();
         assert!(matches!(full, Refusal::Server(_)), "{full:?}");

@@ -335,7 +335,10 @@ struct Checked {
 enum Event {
     /// The next message from the socket (None: closed cleanly), and the
     /// share of the server's frame memory it holds.
-    Msg(Result<Option<Message>, ProtoError>, Option<intact_proto::Held>),
+    Msg(
+        Result<Option<Message>, ProtoError>,
+        Option<intact_proto::Held>,
+    ),
     /// A verifier's verdict.
     Checked(Checked),
 }
@@ -474,8 +477,7 @@ pub fn receive(
             // session thread is done with the message.
             let held = conn.take_held();
             let stop = !matches!(m, Ok(Some(_)));
-            if credit_tx.send(()).is_err() || reader_tx.send(Event::Msg(m, held)).is_err() || stop
-            {
+            if credit_tx.send(()).is_err() || reader_tx.send(Event::Msg(m, held)).is_err() || stop {
                 return;
             }
         }
@@ -1290,6 +1292,8 @@ fn begin_file(
             e.block_size,
         )?,
     };
+    // This session holds the partial's lock now: the journal says so.
+    journal.claim(row_id, opts.session.map(|s| s.0))?;
     let mut inc = Incoming::fresh(e, mode, Some(partial), row_id);
     inc.riva = open_verifier(&inc, opts)?;
     let holding = match resumed {
@@ -1422,6 +1426,7 @@ fn start_anew(
         (e.mtime_sec, e.mtime_nsec),
         e.block_size,
     )?;
+    journal.claim(row, opts.session.map(|s| s.0))?;
     let mut inc = Incoming::fresh(e, f.mode, Some(partial), row);
     inc.riva = open_verifier(&inc, opts)?;
     inc.slot = f.slot.take();

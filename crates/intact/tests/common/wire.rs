@@ -165,4 +165,3 @@ pub fn honest_send_works(server: &Server, scratch: &Path, root: &Path, sub: &str
         "the honest send's bytes differ"
     );
 }
-

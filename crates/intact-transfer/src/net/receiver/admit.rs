@@ -43,9 +43,11 @@ impl Session<'_> {
         }
         self.commit()?;
         let limits = &self.opts.limits;
-        Ok(bounds::take_slot(limits, &self.in_use, &self.shares.blocks, blocks, e.size)
-            .map(Some)
-            .map_err(|r: Refusal| r.reason().to_string()))
+        Ok(
+            bounds::take_slot(limits, &self.in_use, &self.shares.blocks, blocks, e.size)
+                .map(Some)
+                .map_err(|r: Refusal| r.reason().to_string()),
+        )
     }
 
     /// A directory entry: made if missing. Its mode and time are set at

@@ -32,6 +32,10 @@ use rusqlite::{params, Connection, OptionalExtension};
 use crate::verify::{VerifyLevel, VerifyMode};
 use crate::TransferError;
 
+mod owner;
+
+pub use owner::Owner;
+
 /// Directory under the root that holds intact's own state; paths from the
 /// wire may not enter it.
 pub const STATE_DIR: &str = ".intact";
@@ -245,6 +249,8 @@ impl Journal {
             db.execute_batch("ALTER TABLE files ADD COLUMN digest BLOB")
                 .map_err(db_err)?;
         }
+        // Whose a file is (added later again: old rows have no owner).
+        Journal::add_owner_columns(&db)?;
         Ok(Journal { db: Mutex::new(db) })
     }
 
