@@ -119,65 +119,43 @@ fn the_hand_made_client_is_admitted_when_its_join_is_honest() {
     assert_eq!(srv.join().unwrap().unwrap().0, s.id());
 }
 
+/// One keyed handshake of the hand-made client (tag `tag`, then `join`)
+/// against a server of client key 1: the server's answer, the Join bytes
+/// the client sent, and how the server's handshake ended.
+fn attempt(
+    tag: [u8; 16],
+    join: Join,
+) -> (Message, Vec<u8>, Result<(SessionId, String), ProtoError>) {
+    let (a, b) = UnixStream::pair().unwrap();
+    let srv = server(b, vec![client(1, "one")]);
+    let (answer, recorded) = hand_client(&mut Connection::new(a), &key(1), tag, join);
+    (answer, recorded, srv.join().unwrap())
+}
+
 #[test]
 fn a_join_with_another_secret_a_missing_join_and_a_replayed_join_are_refused() {
     let victim = SessionSecret::from_bytes([1; 32]);
     let own = SessionSecret::from_bytes([2; 32]);
     // Another secret than the tag's: the attacker knows T, not S.
-    let (a, b) = UnixStream::pair().unwrap();
-    let srv = server(b, vec![client(1, "one")]);
-    let (answer, _) = hand_client(
-        &mut Connection::new(a),
-        &key(1),
-        victim.tag(),
-        Join::Sealed(own),
-    );
+    let (answer, _, srv) = attempt(victim.tag(), Join::Sealed(own));
     assert_eq!(refused(&answer), SECRET_MISMATCH);
-    assert!(matches!(srv.join().unwrap(), Err(ProtoError::Refused(ref r)) if r == SECRET_MISMATCH));
+    assert!(matches!(srv, Err(ProtoError::Refused(ref r)) if r == SECRET_MISMATCH));
     // No Join at all.
-    let (a, b) = UnixStream::pair().unwrap();
-    let srv = server(b, vec![client(1, "one")]);
-    let (answer, _) = hand_client(
-        &mut Connection::new(a),
-        &key(1),
-        victim.tag(),
-        Join::Missing,
-    );
+    let (answer, _, srv) = attempt(victim.tag(), Join::Missing);
     assert!(refused(&answer).contains("expected the session secret (Join), got Bye"));
-    assert!(srv.join().unwrap().is_err());
+    assert!(srv.is_err());
     // The victim's own sealed Join, recorded on its connection, replayed
     // on another with the victim's tag: it was sealed for that one only.
-    let (a, b) = UnixStream::pair().unwrap();
-    let srv = server(b, vec![client(1, "one")]);
-    let (answer, recorded) = hand_client(
-        &mut Connection::new(a),
-        &key(1),
-        victim.tag(),
-        Join::Sealed(victim.clone()),
-    );
+    let (answer, recorded, srv) = attempt(victim.tag(), Join::Sealed(victim.clone()));
     assert!(matches!(answer, Message::Proof { .. }));
-    assert_eq!(srv.join().unwrap().unwrap().0, victim.id());
-    let (a, b) = UnixStream::pair().unwrap();
-    let srv = server(b, vec![client(1, "one")]);
-    let (answer, _) = hand_client(
-        &mut Connection::new(a),
-        &key(1),
-        victim.tag(),
-        Join::Raw(recorded),
-    );
+    assert_eq!(srv.unwrap().0, victim.id());
+    let (answer, _, srv) = attempt(victim.tag(), Join::Raw(recorded));
     assert_eq!(refused(&answer), JOIN_UNOPENED);
-    assert!(srv.join().unwrap().is_err());
+    assert!(srv.is_err());
     // The secret in the clear (a keyless Join) on a keyed connection.
-    let (a, b) = UnixStream::pair().unwrap();
-    let srv = server(b, vec![client(1, "one")]);
-    let (answer, _) = hand_client(
-        &mut Connection::new(a),
-        &key(1),
-        victim.tag(),
-        Join::Raw(victim.bytes().to_vec()),
-    );
+    let (answer, _, srv) = attempt(victim.tag(), Join::Raw(victim.bytes().to_vec()));
     assert_eq!(refused(&answer), JOIN_UNOPENED);
-    assert!(srv.join().unwrap().is_err());
+    assert!(srv.is_err());
 }
 
 /// Runs `client_handshake_with` through a relay that rewrites the
