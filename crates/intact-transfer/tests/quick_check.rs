@@ -57,6 +57,19 @@ impl Dirs {
     }
 }
 
+/// Gives `to` the modification time of `from` (to the nanosecond), as
+/// `touch -r` does; returns it.
+fn same_mtime(from: &std::path::Path, to: &std::path::Path) -> std::time::SystemTime {
+    let mtime = fs::metadata(from).unwrap().modified().unwrap();
+    fs::File::options()
+        .write(true)
+        .open(to)
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+    mtime
+}
+
 const SMALL: usize = 3 * BS + 777;
 
 fn with(mode: VerifyMode, reverify: bool) -> SendOptions {
@@ -87,13 +100,7 @@ fn a_different_file_with_the_same_size_and_mtime_is_not_unchanged() {
             let evil_data = intact_sample::bytes(SMALL, 2);
             assert_ne!(evil_data, victim_data);
             let evil = d.source("attacker", &evil_data);
-            let mtime = fs::metadata(&victim).unwrap().modified().unwrap();
-            fs::File::options()
-                .write(true)
-                .open(&evil)
-                .unwrap()
-                .set_modified(mtime)
-                .unwrap();
+            let mtime = same_mtime(&victim, &evil);
             assert_eq!(fs::metadata(&evil).unwrap().modified().unwrap(), mtime);
             let r = send_once(&evil, &d.root, &with(mode, false), None).unwrap();
             assert_eq!(r.failed, 0, "{:?}", the_file(&r).error);
@@ -472,13 +479,7 @@ fn a_commit_between_the_quick_check_and_its_answer_is_not_reported_unchanged() {
         let src = d.source("victim", &mine);
         let theirs: Vec<u8> = mine.iter().map(|b| !b).collect();
         let evil = d.source("evil", &theirs);
-        let mtime = fs::metadata(&src).unwrap().modified().unwrap();
-        fs::File::options()
-            .write(true)
-            .open(&evil)
-            .unwrap()
-            .set_modified(mtime)
-            .unwrap();
+        same_mtime(&src, &evil);
         let mut o = opts(mode);
         o.block_size = 4096;
         let r = intact_transfer::send(std::slice::from_ref(&src), &addr, &o, &|_| {}).unwrap();
