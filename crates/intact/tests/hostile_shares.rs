@@ -85,7 +85,7 @@ fn one_client_cannot_take_the_blocks_another_client_is_guaranteed() {
 /// F3: a session's 16 streams each announce a file whose path another
 /// session holds (so each stream's session thread waits for it) and
 /// stream 16 MiB Blocks behind it. Before the fix every stream's reader
-/// held up to 5 of them (1.3 GB here); now frames are paid for from the
+/// held up to 5 of them (1.3 GB here by arithmetic; not run); now frames are paid for from the
 /// session's share of `--frame-memory` before they are read, the server's
 /// peak RSS stays within that budget, and another client is served
 /// meanwhile.
