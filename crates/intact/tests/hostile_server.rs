@@ -571,8 +571,16 @@ fn out_of_descriptors_the_accept_loop_backs_off_and_logs_little() {
     let mut seen = Vec::new();
     let emfile = server.wait_log("Too many open files", Duration::from_secs(30), &mut seen);
     assert!(emfile.is_some(), "the server did not run out: {seen:?}");
-    let fds = server.open_fds();
-    assert!(fds >= 60, "{fds} descriptors open at the limit of 64");
+    // The count moves while the server accepts and refuses (handshakes over
+    // the per-address cap are closed at once): the most seen in 2 s.
+    let fds = (0..20)
+        .map(|_| {
+            std::thread::sleep(Duration::from_millis(100));
+            server.open_fds()
+        })
+        .max()
+        .unwrap();
+    assert!(fds >= 60, "at most {fds} descriptors open at the limit of 64");
     let cpu0 = server.cpu();
     let lines = server.lines_for(Duration::from_secs(3));
     let cpu = server.cpu() - cpu0;
