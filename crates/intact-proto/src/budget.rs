@@ -26,6 +26,7 @@
 //! so waits end.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -57,6 +58,8 @@ struct State {
 pub struct Party {
     budget: Budget,
     id: u64,
+    /// Set by [`Party::stop`]: waits of this handle (and its clones) end.
+    stopped: Arc<AtomicBool>,
 }
 
 /// An amount taken from a budget by a party; given back when dropped.
@@ -99,6 +102,7 @@ impl Budget {
         Party {
             budget: self.clone(),
             id: s.next,
+            stopped: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -141,6 +145,27 @@ impl Inner {
 }
 
 impl Party {
+    /// A handle on the same place whose waits [`Party::stop`] can end
+    /// without ending the other handles' (one per stream of a session).
+    pub fn handle(&self) -> Party {
+        Party {
+            budget: self.budget.clone(),
+            id: self.id,
+            stopped: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// Ends every wait of this handle and its clones, now and later
+    /// (they fail with [`ProtoError::Closed`]): its stream has ended, and
+    /// its reader must not sit out the rest of its wait.
+    pub fn stop(&self) {
+        self.stopped.store(true, Ordering::SeqCst);
+        // Under the lock: a waiter checks the flag under it, so it either
+        // sees the flag or is already waiting when the notice comes.
+        let _s = self.budget.0.lock();
+        self.budget.0.freed.notify_all();
+    }
+
     /// Takes `amount` if the rule allows it now; else what this party
     /// holds and is guaranteed, for the reason.
     pub fn try_take(&self, amount: u64) -> Result<Held, Refused> {
@@ -158,19 +183,23 @@ impl Party {
 
     /// Takes `amount`, waiting up to `wait` while the rule does not allow
     /// it (other sessions, or this one's other streams, hold too much);
-    /// then fails with [`ProtoError::Busy`].
+    /// then fails with [`ProtoError::Busy`] (or at once with
+    /// [`ProtoError::Closed`] once [`Party::stop`] was called).
     pub fn take(&self, amount: u64, wait: Duration) -> Result<Held, ProtoError> {
         let inner = &self.budget.0;
         let deadline = Instant::now() + wait;
         let mut s = inner.lock();
         loop {
+            if self.stopped.load(Ordering::SeqCst) {
+                return Err(ProtoError::Closed);
+            }
             if inner.allows(&s, self.id, amount) {
                 return Ok(inner.grant(&mut s, self.id, amount));
             }
             let now = Instant::now();
             if now >= deadline {
                 return Err(ProtoError::Busy(format!(
-                    "its memory for incoming frames ({} MiB, {} MiB guaranteed to each client) stayed in use for {} s",
+                    "its memory for what clients send ({} MiB, {} MiB guaranteed to each client) stayed in use for {} s",
                     inner.total >> 20,
                     inner.share >> 20,
                     wait.as_secs()
@@ -189,6 +218,12 @@ impl Held {
     /// The amount held.
     pub fn amount(&self) -> u64 {
         self.amount
+    }
+
+    /// Holds `other` too, as one grant (both of one party of one budget).
+    pub fn absorb(&mut self, mut other: Held) {
+        debug_assert!(Arc::ptr_eq(&self.budget, &other.budget) && self.party == other.party);
+        self.amount += std::mem::take(&mut other.amount);
     }
 }
 
@@ -257,5 +292,33 @@ mod tests {
         drop(all);
         assert_eq!(waiter.join().unwrap(), Some(60));
         assert_eq!(b.held(), 0);
+    }
+
+    #[test]
+    fn a_stopped_handle_ends_its_wait_at_once_and_leaves_the_others_waiting() {
+        let b = Budget::new(100, 1);
+        let p = b.party();
+        let all = p.try_take(100).unwrap();
+        let (mine, other) = (p.handle(), p.handle());
+        let waiting = |h: Party| {
+            std::thread::spawn(move || {
+                let t0 = Instant::now();
+                let r = h.take(1, Duration::from_secs(30));
+                (r.map(|h| h.amount()), t0.elapsed())
+            })
+        };
+        let (w1, w2) = (waiting(mine.clone()), waiting(other.clone()));
+        std::thread::sleep(Duration::from_millis(100));
+        mine.stop();
+        let (r, took) = w1.join().unwrap();
+        assert!(matches!(r, Err(ProtoError::Closed)), "{r:?}");
+        assert!(took < Duration::from_secs(10), "waited {took:?} after stop");
+        assert!(!w2.is_finished(), "the other handle's wait was ended too");
+        drop(all);
+        assert_eq!(w2.join().unwrap().0.ok(), Some(1));
+        assert!(matches!(
+            mine.take(1, Duration::ZERO),
+            Err(ProtoError::Closed)
+        ));
     }
 }

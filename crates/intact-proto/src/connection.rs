@@ -11,7 +11,9 @@
 //! bytes arrive (never zero-filled or sized ahead of them beyond the
 //! frame's length, which the limit bounds). A Block's data is then moved
 //! out of that memory, not copied, and the grant travels with the
-//! message ([`Connection::take_held`]).
+//! message ([`Connection::take_held`]). A frame of any size whose lists
+//! decode into more than its own bytes (a DeleteKeep of short paths, see
+//! [`crate::decoded_extra`]) pays for that too, before it is decoded.
 //!
 //! After the handshake a connection is usually split in two
 //! ([`Connection::split`]): a reading half and a writing half, each with
@@ -20,7 +22,7 @@
 use std::io::{self, Read, Write};
 
 use crate::budget::{Held, Party};
-use crate::message::{frame_len, HEADER_LEN, MAX_FRAME};
+use crate::message::{decoded_extra, frame_len, HEADER_LEN, MAX_FRAME};
 use crate::seal::{Direction, Security, TAG_LEN};
 use crate::{Message, ProtoError};
 
@@ -229,10 +231,14 @@ impl<S: Read + Write> Connection<S> {
         loop {
             if let Some(n) = self.frame_len()? {
                 let frame = &mut self.buf[self.start..self.start + n];
-                let msg = match &mut self.recv {
-                    Some(dir) => Message::decode(dir.open(frame)?),
-                    None => Message::decode(&frame[HEADER_LEN..]),
+                let body = match &mut self.recv {
+                    Some(dir) => dir.open(frame)?,
+                    None => &frame[HEADER_LEN..],
                 };
+                // The buffer is this connection's own; what the body's
+                // lists decode into is paid for first.
+                self.held = charge(&self.budget, decoded_extra(body))?;
+                let msg = Message::decode(body);
                 self.start += n;
                 return self.arrived(msg);
             }
@@ -268,10 +274,7 @@ impl<S: Read + Write> Connection<S> {
     /// it, then the rest straight from the stream.
     fn read_large(&mut self) -> Result<Option<Message>, ProtoError> {
         let want = self.wanted();
-        let held = match &self.budget {
-            Some((b, wait)) => Some(b.take(want as u64, *wait)?),
-            None => None,
-        };
+        let mut held = charge(&self.budget, want as u64)?;
         let mut frame = Vec::with_capacity(want);
         frame.extend_from_slice(&self.buf[self.start..self.end]);
         (self.start, self.end) = (0, 0);
@@ -282,15 +285,19 @@ impl<S: Read + Write> Connection<S> {
         if (got as u64) < rest {
             return Err(ProtoError::Closed);
         }
-        let msg = match &mut self.recv {
-            Some(dir) => {
-                let body = dir.open(&mut frame)?.len();
-                // The body sits after the prefix; the tag follows it.
-                frame.truncate(HEADER_LEN + body);
-                Message::decode_owned(frame)
+        if let Some(dir) = &mut self.recv {
+            let body = dir.open(&mut frame)?.len();
+            // The body sits after the prefix; the tag follows it.
+            frame.truncate(HEADER_LEN + body);
+        }
+        // What its lists decode into, beyond the frame (freed after).
+        if let Some(more) = charge(&self.budget, decoded_extra(&frame[HEADER_LEN..]))? {
+            match &mut held {
+                Some(h) => h.absorb(more),
+                None => held = Some(more),
             }
-            None => Message::decode_owned(frame),
-        };
+        }
+        let msg = Message::decode_owned(frame);
         self.held = held;
         self.arrived(msg)
     }
@@ -340,6 +347,18 @@ impl<S: Read + Write> Connection<S> {
     pub fn send(&mut self, msg: &Message) -> Result<(), ProtoError> {
         self.write_message(msg)?;
         self.flush()
+    }
+}
+
+/// `amount` taken from `budget` (waiting as it allows); nothing without
+/// a budget or for nothing.
+fn charge(
+    budget: &Option<(Party, std::time::Duration)>,
+    amount: u64,
+) -> Result<Option<Held>, ProtoError> {
+    match budget {
+        Some((b, wait)) if amount > 0 => b.take(amount, *wait).map(Some),
+        _ => Ok(None),
     }
 }
 

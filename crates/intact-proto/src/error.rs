@@ -79,8 +79,9 @@ pub enum ProtoError {
         /// What was wrong.
         reason: String,
     },
-    /// The server's memory for incoming frames stayed in use by others
-    /// (see [`crate::ReadBudget`]); the connection ends, nothing is lost.
+    /// A budget the server shares between its sessions (its memory for
+    /// what clients send, see [`crate::Budget`]) stayed in use by others;
+    /// the connection ends, nothing is lost.
     #[error("server busy: {0}")]
     Busy(String),
     /// The socket failed.

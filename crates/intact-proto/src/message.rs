@@ -746,6 +746,34 @@ impl Message {
     }
 }
 
+/// Heap bytes one list item may take once decoded beyond its bytes on the
+/// wire: its place in the list (a `Vec` or `String` header, 24 bytes, or
+/// a block number and a digest, 32) and its own allocation's overhead
+/// (glibc's smallest chunk is 32 bytes, for an item of 1 byte).
+pub const LIST_ITEM_COST: u64 = 64;
+
+/// What a frame `body` (its plaintext, without the length prefix) may
+/// take in memory once decoded, beyond its own size: list items are each
+/// a fresh allocation (a DeleteKeep of 4-byte paths decodes to about 7
+/// times its wire size). 0 for a message without lists. Counts declared
+/// by the body are believed only as far as its length allows (each item
+/// takes at least 4 bytes on the wire), so this is an upper bound whatever
+/// the body says, computed before anything is decoded.
+pub fn decoded_extra(body: &[u8]) -> u64 {
+    let at_most = (body.len() / 4) as u64;
+    let items = match body.first() {
+        Some(&DELETE_KEEP) => body
+            .get(1..5)
+            .map(|c| u64::from(u32::from_be_bytes(c.try_into().expect("4 bytes"))))
+            .unwrap_or(0)
+            .min(at_most),
+        Some(&DELETE_START) => at_most.min((MAX_DELETE_SCOPES + MAX_DELETE_RULES) as u64),
+        Some(&DELETE_REPORT) | Some(&STATUS) => at_most,
+        _ => 0,
+    };
+    items * LIST_ITEM_COST
+}
+
 /// Step 1 of decoding: is a whole frame at the start of `buf`? Returns
 /// its total length (prefix included), `None` if more bytes are needed, or
 /// an error as soon as the prefix announces an impossible length, before
