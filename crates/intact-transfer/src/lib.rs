@@ -20,6 +20,7 @@ mod copy;
 mod dest;
 mod error;
 mod journal;
+mod keep_set;
 mod limits;
 mod model;
 mod net;
@@ -37,12 +38,13 @@ pub use dest::{partial_name, Destination, Mtime, PartialFile};
 pub use error::TransferError;
 pub use intact_cache::ReadPath;
 pub use journal::{BlockRecord, DoneFile, FileRow, Journal, Owner, VerifiedAt, STATE_DIR};
+pub use keep_set::{KeepSet, Keeps, KEEP_PATH_COST};
 pub use limits::raise_open_file_limit;
 pub use model::RivaModel;
 pub use net::{
     delete_remote, receive, send, send_scanned, serve, wake, DeleteRequest, LocalServer,
     ReceiveOptions, RootError, RootLock, SendOptions, Server, ServerConfig, SessionSummary,
-    Working, WorkingNow, MAX_BYTES_IN_FLIGHT, MAX_FILES_IN_FLIGHT, MAX_KEEP_BYTES, MAX_KEEP_PATHS,
+    Working, WorkingNow, MAX_BYTES_IN_FLIGHT, MAX_FILES_IN_FLIGHT, MAX_KEEP_PATHS,
 };
 pub use prune::{prune, prune_under, PruneReport};
 pub use select::{Filter, Rule, RuleKind};

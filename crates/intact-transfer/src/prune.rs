@@ -18,6 +18,7 @@ use std::path::Path;
 use rustix::fs::{self as rfs, AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 
+use crate::keep_set::Keeps;
 use crate::select::Filter;
 use crate::TransferError;
 
@@ -45,7 +46,7 @@ fn as_strings<S: serde::Serializer>(e: &[TransferError], s: S) -> Result<S::Ok, 
 pub fn prune(
     root: &Path,
     scopes: &[Vec<u8>],
-    keep: &HashSet<Vec<u8>>,
+    keep: &dyn Keeps,
     filter: &Filter,
     dry_run: bool,
 ) -> PruneReport {
@@ -60,7 +61,7 @@ pub fn prune_under(
     root: &Path,
     base: &[u8],
     scopes: &[Vec<u8>],
-    keep: &HashSet<Vec<u8>>,
+    keep: &dyn Keeps,
     filter: &Filter,
     dry_run: bool,
 ) -> PruneReport {
@@ -143,7 +144,7 @@ fn join(rel: &[u8], name: &[u8]) -> Vec<u8> {
 }
 
 struct Pruner<'a> {
-    keep: &'a HashSet<Vec<u8>>,
+    keep: &'a dyn Keeps,
     filter: &'a Filter,
     dry_run: bool,
     report: PruneReport,
@@ -204,7 +205,7 @@ impl Pruner<'_> {
             if reserved || !self.filter.takes(&child, is_dir) {
                 continue;
             }
-            if self.keep.contains(&child) {
+            if self.keep.keeps(&child) {
                 if is_dir {
                     match open_dir(dir, OsStr::from_bytes(&name)) {
                         Ok(fd) => self.walk(&fd, &child),

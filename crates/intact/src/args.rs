@@ -294,9 +294,10 @@ pub struct ServeArgs {
     #[arg(long, value_name = "SECS", default_value_t = 300)]
     pub idle_timeout: u64,
 
-    /// Memory the frames of all clients may hold at once (received, not
-    /// yet written), e.g. 2GiB; each of --max-sessions clients is
-    /// guaranteed a share of it (raised to two 16 MiB frames per client).
+    /// Memory the server may hold at once for what all clients send:
+    /// frames received and not yet written, --delete keep lists (40 bytes
+    /// a path), e.g. 2GiB; each of --max-sessions clients is guaranteed a
+    /// share of it (raised to two 16 MiB frames per client).
     #[arg(long, value_name = "SIZE", default_value = "1GiB", value_parser = parse_size)]
     pub frame_memory: usize,
 

@@ -580,7 +580,10 @@ fn out_of_descriptors_the_accept_loop_backs_off_and_logs_little() {
         })
         .max()
         .unwrap();
-    assert!(fds >= 60, "at most {fds} descriptors open at the limit of 64");
+    assert!(
+        fds >= 60,
+        "at most {fds} descriptors open at the limit of 64"
+    );
     let cpu0 = server.cpu();
     let lines = server.lines_for(Duration::from_secs(3));
     let cpu = server.cpu() - cpu0;

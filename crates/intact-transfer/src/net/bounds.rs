@@ -163,56 +163,65 @@ impl Drop for Grant {
 pub(crate) struct Slot {
     _stream: Grant,
     _server: Grant,
+    _file: Held,
     _blocks: Held,
 }
 
 /// A session's places in its server's shared budgets (see
-/// [`intact_proto::Budget`]): the per-block state of the files it
-/// receives, and the memory its streams' frames hold. Every session is
-/// guaranteed its share of each, whatever the others hold; its streams
-/// share its places (clones).
+/// [`intact_proto::Budget`]): the files it has open, the per-block state
+/// of those files, and the memory it holds for what its client sent.
+/// Every session is guaranteed its share of each, whatever the others
+/// hold; its streams share its places (clones).
 #[derive(Clone, Debug)]
 pub struct Shares {
+    /// Files open across the session's streams.
+    pub files: Party,
     /// Blocks of the files open across the session's streams.
     pub blocks: Party,
-    /// Bytes of the frames its streams have read and not yet used
-    /// (`None`: frames are not budgeted, as in a test's own receiver).
-    pub frames: Option<Party>,
+    /// Bytes held for what the client sent: frames its streams have read
+    /// and not yet used, what their lists decode into, `--delete` keep
+    /// lists (`None`: not budgeted, as in a test's own receiver).
+    pub memory: Option<Party>,
 }
 
 /// A server's shared budgets, from which each session gets its [`Shares`].
 #[derive(Clone, Debug)]
 pub struct Budgets {
+    files: Budget,
     blocks: Budget,
-    frames: Budget,
+    memory: Budget,
 }
 
 impl Budgets {
-    /// Budgets of `limits.max_blocks` blocks and `frame_bytes` bytes of
-    /// frames for at most `sessions` sessions at once.
-    pub fn new(limits: &ReceiveLimits, frame_bytes: u64, sessions: usize) -> Budgets {
+    /// Budgets of `limits.max_files` open files, `limits.max_blocks`
+    /// blocks and `memory` bytes for what clients send, for at most
+    /// `sessions` sessions at once.
+    pub fn new(limits: &ReceiveLimits, memory: u64, sessions: usize) -> Budgets {
         Budgets {
+            files: Budget::new(limits.max_files, sessions),
             blocks: Budget::new(limits.max_blocks, sessions),
-            frames: Budget::new(frame_bytes, sessions),
+            memory: Budget::new(memory, sessions),
         }
     }
 
     /// A new session's places.
     pub fn session(&self) -> Shares {
         Shares {
+            files: self.files.party(),
             blocks: self.blocks.party(),
-            frames: Some(self.frames.party()),
+            memory: Some(self.memory.party()),
         }
     }
 }
 
 impl Shares {
     /// Places for a stream that belongs to no server session: the whole
-    /// block budget of `limits` to itself, frames not budgeted.
+    /// file and block budgets of `limits` to itself, memory not budgeted.
     pub fn alone(limits: &ReceiveLimits) -> Shares {
         Shares {
+            files: Budget::new(limits.max_files, 1).party(),
             blocks: Budget::new(limits.max_blocks, 1).party(),
-            frames: None,
+            memory: None,
         }
     }
 }
@@ -269,7 +278,7 @@ pub(crate) fn blocks_of(e: &Entry, limits: &ReceiveLimits) -> Result<u64, String
 pub(crate) fn take_slot(
     limits: &ReceiveLimits,
     stream: &InUse,
-    session: &Party,
+    session: &Shares,
     blocks: u64,
     size: u64,
 ) -> Result<Slot, Refusal> {
@@ -316,7 +325,13 @@ pub(crate) fn take_slot(
             ),
         })
     })?;
-    let b = session.try_take(blocks).map_err(|r| {
+    let f = session.files.try_take(1).map_err(|r| {
+        Refusal::Server(format!(
+            "server busy: this session has {} files open and the other sessions the rest of the server's {} (each session is guaranteed {}); try again later",
+            r.holds, r.total, r.share
+        ))
+    })?;
+    let b = session.blocks.try_take(blocks).map_err(|r| {
         Refusal::Server(format!(
             "server busy: this session's open files hold {} blocks and the other sessions the rest of the server's {} (each session is guaranteed {}); try again later",
             r.holds, r.total, r.share
@@ -325,6 +340,7 @@ pub(crate) fn take_slot(
     Ok(Slot {
         _stream: s,
         _server: t,
+        _file: f,
         _blocks: b,
     })
 }
@@ -387,7 +403,7 @@ mod tests {
             ..ReceiveLimits::default()
         };
         let (a, b) = (InUse::default(), InUse::default());
-        let p = Shares::alone(&l).blocks;
+        let p = Shares::alone(&l);
         let a1 = take_slot(&l, &a, &p, 10, 10).unwrap();
         let a2 = take_slot(&l, &a, &p, 10, 10).unwrap();
         assert!(matches!(
@@ -422,7 +438,7 @@ mod tests {
         // The hog's streams announce files of 100 blocks until refused.
         let mut held = Vec::new();
         for s in streams.iter().cycle().take(40) {
-            match take_slot(&l, s, &hog.blocks, 100, 1) {
+            match take_slot(&l, s, &hog, 100, 1) {
                 Ok(slot) => held.push(slot),
                 Err(r) => {
                     assert!(r.reason().contains("guaranteed 125"), "{r:?}");
@@ -433,10 +449,39 @@ mod tests {
         assert_eq!(held.len(), 6, "half the budget and its own share, no more");
         // Another session still gets its whole share, then no more.
         let mine = InUse::default();
-        let ok = take_slot(&l, &mine, &other.blocks, 125, 1).unwrap();
-        assert!(take_slot(&l, &mine, &other.blocks, 101, 1).is_err());
+        let ok = take_slot(&l, &mine, &other, 125, 1).unwrap();
+        assert!(take_slot(&l, &mine, &other, 101, 1).is_err());
         drop((held, ok));
         assert_eq!(l.in_use.blocks(), 0, "nothing leaked");
+    }
+
+    #[test]
+    fn one_session_cannot_take_the_open_files_every_other_session_is_guaranteed() {
+        // 64 files, 4 sessions at most: 8 guaranteed to each.
+        let l = ReceiveLimits {
+            max_files: 64,
+            ..ReceiveLimits::default()
+        };
+        let budgets = Budgets::new(&l, 0, 4);
+        let (hog, other) = (budgets.session(), budgets.session());
+        let streams: Vec<InUse> = (0..4).map(|_| InUse::default()).collect();
+        let mut held = Vec::new();
+        for s in streams.iter().cycle().take(64) {
+            match take_slot(&l, s, &hog, 1, 1) {
+                Ok(slot) => held.push(slot),
+                Err(r) => {
+                    assert!(r.reason().contains("guaranteed 8"), "{r:?}");
+                    break;
+                }
+            }
+        }
+        assert_eq!(held.len(), 40, "half the files and its own share, no more");
+        let mine = InUse::default();
+        let ok: Vec<Slot> = (0..8)
+            .map(|_| take_slot(&l, &mine, &other, 1, 1).unwrap())
+            .collect();
+        drop((held, ok));
+        assert_eq!(l.in_use.files(), 0, "nothing leaked");
     }
 
     #[test]

@@ -8,20 +8,18 @@
 //! DeleteRun; the server answers DeleteReport chunks and DeleteDone, or
 //! Refused with the reason. Then Bye, answered by Bye.
 
-use std::collections::HashSet;
 use std::path::Path;
 
-use intact_proto::{Connection, Message, ProtoError, WirePath, DELETE_CHUNK_BYTES};
+use intact_proto::{Connection, Held, Message, Party, ProtoError, WirePath, DELETE_CHUNK_BYTES};
 
 use crate::journal::STATE_DIR;
+use crate::keep_set::{KeepSet, KEEP_PATH_COST};
 use crate::prune::{prune_under, PruneReport};
 use crate::select::{Filter, Rule, RuleKind};
 use crate::TransferError;
 
 /// Most keep paths a server accepts in one request, unless configured.
 pub const MAX_KEEP_PATHS: usize = 10_000_000;
-/// Most bytes of keep paths a server accepts in one request.
-pub const MAX_KEEP_BYTES: usize = 1 << 30;
 
 /// What `send --delete` asks of the server (paths relative to `base`).
 #[derive(Debug, Clone, Default)]
@@ -42,9 +40,13 @@ pub(crate) struct Pending {
     scopes: Vec<Vec<u8>>,
     filter: Filter,
     pub(crate) dry_run: bool,
-    keep: HashSet<Vec<u8>>,
-    bytes: usize,
+    keep: KeepSet,
     max_paths: usize,
+    /// The session's place in the server's memory for what clients send,
+    /// which the keep list is charged to (None: not budgeted).
+    memory: Option<Party>,
+    /// What the keep list holds of it.
+    held: Vec<Held>,
 }
 
 /// Empty, or a path from the wire that stays inside and does not name
@@ -65,13 +67,15 @@ fn checked(what: &str, rel: &[u8], top: bool) -> Result<(), String> {
 }
 
 impl Pending {
-    /// Checks a DeleteStart.
+    /// Checks a DeleteStart; the keep list to come is charged to `memory`
+    /// ([`KEEP_PATH_COST`] a path).
     pub(crate) fn start(
         dry_run: bool,
         base: Vec<u8>,
         scopes: Vec<Vec<u8>>,
         rules: Vec<(u8, String)>,
         max_paths: Option<usize>,
+        memory: Option<Party>,
     ) -> Result<Pending, String> {
         checked("subdirectory", &base, true)?;
         for s in &scopes {
@@ -95,29 +99,39 @@ impl Pending {
             scopes,
             filter,
             dry_run,
-            keep: HashSet::new(),
-            bytes: 0,
+            keep: KeepSet::default(),
             max_paths: max_paths.unwrap_or(MAX_KEEP_PATHS),
+            memory,
+            held: Vec::new(),
         })
     }
 
-    /// Takes a DeleteKeep chunk, within the server's bounds.
+    /// Takes a DeleteKeep chunk, within the server's bounds: paths per
+    /// request, and the session's share of the server's memory, taken
+    /// before the set grows.
     pub(crate) fn keep(&mut self, paths: Vec<Vec<u8>>) -> Result<(), String> {
-        let bytes: usize = paths.iter().map(|p| p.len()).sum();
         if self.keep.len().saturating_add(paths.len()) > self.max_paths {
             return Err(format!(
                 "--delete refused: the source has more than {} paths, this server's limit for one --delete",
                 self.max_paths
             ));
         }
-        if self.bytes.saturating_add(bytes) > MAX_KEEP_BYTES {
-            return Err(format!(
-                "--delete refused: the source's paths exceed {} bytes, this server's limit for one --delete",
-                MAX_KEEP_BYTES
-            ));
+        if let Some(memory) = &self.memory {
+            let cost = paths.len() as u64 * KEEP_PATH_COST;
+            let held = memory.try_take(cost).map_err(|r| {
+                format!(
+                    "--delete refused: server busy: a keep list of {} paths would take more of its memory than this client may hold now ({} MiB held of {} MiB, {} MiB guaranteed to each client); try again later",
+                    self.keep.len() + paths.len(),
+                    r.holds >> 20,
+                    r.total >> 20,
+                    r.share >> 20
+                )
+            })?;
+            self.held.push(held);
         }
-        self.bytes += bytes;
-        self.keep.extend(paths);
+        for p in &paths {
+            self.keep.insert(p);
+        }
         Ok(())
     }
 

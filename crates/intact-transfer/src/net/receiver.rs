@@ -438,7 +438,7 @@ pub struct ReceiveOptions {
 }
 
 /// How long a frame may wait for its session's share of the server's
-/// frame memory before its stream ends ("server busy").
+/// memory for what clients send before its stream ends ("server busy").
 const FRAME_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Runs the receiving side of a session that passed its handshake.
@@ -458,8 +458,11 @@ pub fn receive(
         .clone()
         .unwrap_or_else(|| Shares::alone(&opts.limits));
     let mut conn = conn;
-    if let Some(frames) = &shares.frames {
-        conn.set_budget(frames.clone(), FRAME_WAIT);
+    // The reader's own handle on the session's memory: stopped when this
+    // stream ends, so a reader waiting for its share ends with it.
+    let reader_memory = shares.memory.as_ref().map(|m| m.handle());
+    if let Some(memory) = &reader_memory {
+        conn.set_budget(memory.clone(), FRAME_WAIT);
     }
     // Each half carries its own direction's sealing state.
     let (conn, mut out) = conn.split(clone(&stream)?);
@@ -511,6 +514,9 @@ pub fn receive(
     // Stop the helpers: the reader is unblocked by the shutdown (or by
     // the credits going away), the verifier by its queue closing.
     let _ = stream.shutdown(std::net::Shutdown::Both);
+    if let Some(memory) = &reader_memory {
+        memory.stop();
+    }
     drop(credits);
     drop(events);
     let _ = reader.join();
@@ -654,7 +660,14 @@ impl Session<'_> {
                 scopes,
                 rules,
             } => {
-                let p = Pending::start(dry_run, base, scopes, rules, self.opts.max_delete_paths);
+                let p = Pending::start(
+                    dry_run,
+                    base,
+                    scopes,
+                    rules,
+                    self.opts.max_delete_paths,
+                    self.shares.memory.clone(),
+                );
                 self.pending_delete = Some(self.refuse_unless(p)?);
             }
             Message::DeleteKeep { paths } => {

@@ -52,10 +52,11 @@ pub struct ServerConfig {
     /// read ends then too. A connection not yet authenticated gets this or
     /// [`HANDSHAKE_TIMEOUT`], whichever is shorter, for its whole handshake.
     pub idle_timeout: Duration,
-    /// Bytes the frames of all sessions may hold in memory at once (read
-    /// and not yet written); each of `max_sessions` sessions is guaranteed
-    /// 1/(2 × max_sessions) of it, and raised to hold at least two of the
-    /// largest frames each.
+    /// Bytes all sessions may hold at once for what their clients sent:
+    /// frames read and not yet written (with what their lists decode
+    /// into) and `--delete` keep lists; each of `max_sessions` sessions is
+    /// guaranteed 1/(2 × max_sessions) of it, and raised to hold at least
+    /// two of the largest frames each.
     pub frame_memory: u64,
     /// Log a line per stream and per refused connection too, not only one
     /// per session.

@@ -36,7 +36,7 @@ impl Session<'_> {
             Ok(n) => n,
             Err(why) => return Ok(Err(why)),
         };
-        match bounds::take_slot(limits, &self.in_use, &self.shares.blocks, blocks, e.size) {
+        match bounds::take_slot(limits, &self.in_use, &self.shares, blocks, e.size) {
             Ok(slot) => return Ok(Ok(Some(slot))),
             Err(_) if !self.ready.is_empty() => {}
             Err(refused) => return Ok(Err(refused.reason().to_string())),
@@ -44,7 +44,7 @@ impl Session<'_> {
         self.commit()?;
         let limits = &self.opts.limits;
         Ok(
-            bounds::take_slot(limits, &self.in_use, &self.shares.blocks, blocks, e.size)
+            bounds::take_slot(limits, &self.in_use, &self.shares, blocks, e.size)
                 .map(Some)
                 .map_err(|r: Refusal| r.reason().to_string()),
         )
