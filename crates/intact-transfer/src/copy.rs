@@ -48,10 +48,32 @@ pub struct CopyOptions {
     pub read_path: ReadPath,
     /// A file that cannot reach this level fails instead of being committed.
     pub require_level: Option<VerifyLevel>,
-    /// Fault injection on the link (tests and the fault lab only).
+    /// Fault injection on the link (tests and the fault lab only: built
+    /// with the `fault-hooks` feature, never in the `intact` binary).
+    #[cfg(feature = "fault-hooks")]
     pub link_fault: Option<LinkFault>,
-    /// Fault injection after a block is written (tests and the fault lab only).
+    /// Fault injection after a block is written (tests and the fault lab
+    /// only, as `link_fault`).
+    #[cfg(feature = "fault-hooks")]
     pub after_write: Option<WriteHook>,
+}
+
+impl CopyOptions {
+    /// The link fault, in a build that has hooks.
+    fn link_fault(&self) -> Option<&LinkFault> {
+        #[cfg(feature = "fault-hooks")]
+        return self.link_fault.as_ref();
+        #[cfg(not(feature = "fault-hooks"))]
+        None
+    }
+
+    /// The after-write hook, in a build that has hooks.
+    fn after_write(&self) -> Option<&WriteHook> {
+        #[cfg(feature = "fault-hooks")]
+        return self.after_write.as_ref();
+        #[cfg(not(feature = "fault-hooks"))]
+        None
+    }
 }
 
 impl Default for CopyOptions {
@@ -63,7 +85,9 @@ impl Default for CopyOptions {
             retries: 3,
             read_path: ReadPath::default(),
             require_level: None,
+            #[cfg(feature = "fault-hooks")]
             link_fault: None,
+            #[cfg(feature = "fault-hooks")]
             after_write: None,
         }
     }
@@ -437,8 +461,7 @@ impl<'a, 'ctx> Stream<'a, 'ctx> {
             dev: (mode == VerifyMode::Riva).then(|| AlignedBuf::new(ctx.opts.block_size)),
             wire: ctx
                 .opts
-                .link_fault
-                .as_ref()
+                .link_fault()
                 .map(|_| AlignedBuf::new(ctx.opts.block_size)),
             jobs,
             done,
@@ -577,7 +600,7 @@ impl<'a, 'ctx> Stream<'a, 'ctx> {
                 };
                 checksum += t.elapsed();
                 // The link: what the receiver gets may differ from what was sent.
-                let received: &[u8] = match (&opts.link_fault, &mut self.wire) {
+                let received: &[u8] = match (opts.link_fault(), &mut self.wire) {
                     (Some(fault), Some(wire)) => {
                         wire[..len].copy_from_slice(data);
                         fault(&path, index, &mut wire[..len]);
@@ -598,7 +621,7 @@ impl<'a, 'ctx> Stream<'a, 'ctx> {
                         .file()
                         .write_all_at(received, offset)
                         .map_err(|err| fail(&report, dest_err(err)))?;
-                    if let Some(hook) = &opts.after_write {
+                    if let Some(hook) = opts.after_write() {
                         hook(partial.file(), &path, index, offset, len);
                     }
                     if let Some(w) = whole.as_mut() {
@@ -1060,12 +1083,12 @@ fn resend_block(
         .map_err(|e| source_read_error(&w.entry, e))?;
         ctx.sent.fetch_add(len as u64, Ordering::Relaxed);
         let want = hash(defaults::BLOCK_ALGORITHM, &buf[..len]);
-        if let Some(fault) = &ctx.opts.link_fault {
+        if let Some(fault) = ctx.opts.link_fault() {
             fault(&path, index, &mut buf[..len]);
         }
         let file = w.partial.file();
         file.write_all_at(&buf[..len], offset).map_err(dest_err)?;
-        if let Some(hook) = &ctx.opts.after_write {
+        if let Some(hook) = ctx.opts.after_write() {
             hook(file, &path, index, offset, len);
         }
         match w.riva.as_mut() {

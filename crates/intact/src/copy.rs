@@ -60,8 +60,7 @@ pub fn run(args: &CopyArgs) -> anyhow::Result<ExitCode> {
         retries: p.retries,
         read_path: p.read_path,
         require_level: p.require_level,
-        link_fault: None,
-        after_write: None,
+        ..CopyOptions::default()
     };
     let report = copy_scanned(scanned, &plan.root, &opts, &|sent| {
         pb.set_position(sent);

@@ -44,7 +44,6 @@ use intact_proto::{
     MAX_STATUS_BLOCKS,
 };
 
-use crate::copy::WriteHook;
 use crate::dest::{CreatedDirs, Destination, Mtime, PartialFile};
 use crate::journal::{unix_now, BlockRecord, DoneFile, Journal, VerifiedAt};
 use crate::net::bounds::{self, InUse, ReceiveLimits, Shares, Slot};
@@ -58,6 +57,7 @@ use crate::TransferError;
 
 mod admit;
 mod digests;
+mod hooks;
 
 use digests::BlockDigests;
 
@@ -393,15 +393,19 @@ fn verifier(jobs: mpsc::Receiver<Check>, events: mpsc::Sender<Event>) {
 #[derive(Clone, Default)]
 pub struct ReceiveOptions {
     /// Called after each block is written, before it is verified (tests
-    /// and the fault lab only).
-    pub after_write: Option<WriteHook>,
+    /// and the fault lab only: built with the `fault-hooks` feature, never
+    /// in the `intact` binary).
+    #[cfg(feature = "fault-hooks")]
+    pub after_write: Option<crate::copy::WriteHook>,
     /// Called on each received block's bytes after their digest was
     /// checked and before they are written: a memory fault in the window
     /// the Z²FS paper calls t0–t1 (tests and the fault lab only).
+    #[cfg(feature = "fault-hooks")]
     pub after_check: Option<crate::copy::LinkFault>,
     /// Negative control for the fault lab: `riva` re-reads through the
     /// page cache instead of after eviction (as a broken riva would), so
     /// the lab can prove its device-write cells are able to fail.
+    #[cfg(feature = "fault-hooks")]
     pub reread_through_cache: bool,
     /// Most paths one `send --delete` may keep (None: [`MAX_KEEP_PATHS`]).
     ///
@@ -1404,7 +1408,7 @@ fn open_reader(
     if !matches!(mode, VerifyMode::Riva | VerifyMode::Block) {
         return Ok(None);
     }
-    let path = if mode == VerifyMode::Block || opts.reread_through_cache {
+    let path = if mode == VerifyMode::Block || opts.reread_through_cache() {
         ReadPath::Cached
     } else if inc.entry.flags & Entry::DIRECT != 0 {
         ReadPath::Direct
@@ -1681,7 +1685,7 @@ fn accept_block(
             return Ok(Verdict::Done(false));
         }
     }
-    if let Some(hook) = &opts.after_check {
+    if let Some(hook) = opts.after_check() {
         hook(&f.entry.path.to_string(), index, data);
     }
     let path = f.entry.path.to_string();
@@ -1694,7 +1698,7 @@ fn accept_block(
         .file()
         .write_all_at(data, offset)
         .map_err(dest_err)?;
-    if let Some(hook) = &opts.after_write {
+    if let Some(hook) = opts.after_write() {
         hook(partial.file(), &path, index, offset, want_len);
     }
     // The bytes written are the block's part of the whole-file digest.
