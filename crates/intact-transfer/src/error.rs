@@ -75,6 +75,18 @@ pub enum TransferError {
         #[source]
         source: std::io::Error,
     },
+    /// A stream held open files and sent no data for them (no Block, no
+    /// FileEnd) within its deadline: it ends, and its files' places go
+    /// back to the server.
+    #[error(
+        "ended: {files} files open and no data sent for {secs} s (the server's --idle-timeout)"
+    )]
+    NoData {
+        /// Files the stream held open.
+        files: usize,
+        /// The deadline, in seconds.
+        secs: u64,
+    },
     /// What the server reported (`send --delete`), as it said it.
     #[error("{0}")]
     Remote(String),

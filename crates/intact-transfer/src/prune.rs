@@ -9,7 +9,6 @@
 //! of the root (`.intact/`) and the hidden partial data of files the
 //! source still has (`.intact-partial-*`).
 
-use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
@@ -50,13 +49,19 @@ pub fn prune(
     filter: &Filter,
     dry_run: bool,
 ) -> PruneReport {
-    prune_under(root, b"", scopes, keep, filter, dry_run)
+    prune_under(root, b"", scopes, keep, filter, dry_run, &mut |_| true)
 }
 
 /// [`prune`] below `base`, a directory under `root` reached without
 /// following any symlink (empty: the root itself); `scopes`, `keep`, the
 /// filter and the report are relative to `base` (`send --delete` to
 /// `HOST:PORT:/subdir`). A `base` that is not there has nothing to prune.
+/// A scope inside another is walked once, as part of the outer one.
+///
+/// `allow(n)` is asked before each line of `n` bytes goes into the report
+/// (a server charges them to the client's memory share); when it says no,
+/// pruning stops there, removes nothing more, and the report's last error
+/// says so.
 pub fn prune_under(
     root: &Path,
     base: &[u8],
@@ -64,12 +69,15 @@ pub fn prune_under(
     keep: &dyn Keeps,
     filter: &Filter,
     dry_run: bool,
+    allow: &mut dyn FnMut(usize) -> bool,
 ) -> PruneReport {
     let mut p = Pruner {
         keep,
         filter,
         dry_run,
         report: PruneReport::default(),
+        allow,
+        stopped: false,
     };
     let top = match rfs::open(
         root,
@@ -92,10 +100,9 @@ pub fn prune_under(
             return p.report;
         }
     };
-    let mut seen = HashSet::new();
-    for scope in scopes {
-        if !seen.insert(scope.clone()) {
-            continue;
+    for scope in outermost(scopes) {
+        if p.stopped {
+            break;
         }
         match open_under(&root_fd, scope) {
             Ok(Some(fd)) => p.walk(&fd, scope),
@@ -104,6 +111,25 @@ pub fn prune_under(
         }
     }
     p.report
+}
+
+/// The scopes no other scope contains (component-wise; the empty scope,
+/// the base itself, contains all), each once, in order.
+fn outermost(scopes: &[Vec<u8>]) -> Vec<&[u8]> {
+    let mut sorted: Vec<&[u8]> = scopes.iter().map(|s| s.as_slice()).collect();
+    sorted.sort();
+    sorted.dedup();
+    let mut out: Vec<&[u8]> = Vec::new();
+    for s in sorted {
+        // Sorted, so an ancestor comes before its descendants.
+        let inside = out
+            .iter()
+            .any(|o| o.is_empty() || (s.starts_with(o) && s.get(o.len()) == Some(&b'/')));
+        if !inside {
+            out.push(s);
+        }
+    }
+    out
 }
 
 /// Opens the directory at `rel` under `root` without following any
@@ -148,14 +174,36 @@ struct Pruner<'a> {
     filter: &'a Filter,
     dry_run: bool,
     report: PruneReport,
+    allow: &'a mut dyn FnMut(usize) -> bool,
+    /// `allow` said no: nothing more is removed or reported.
+    stopped: bool,
 }
 
 impl Pruner<'_> {
     fn err(&mut self, path: &str, e: Errno) {
-        self.report.errors.push(TransferError::Destination {
-            path: path.to_string(),
-            source: e.into(),
-        });
+        if self.room(path.len()) {
+            self.report.errors.push(TransferError::Destination {
+                path: path.to_string(),
+                source: e.into(),
+            });
+        }
+    }
+
+    /// Whether a report line of `n` bytes may be kept; the first refusal
+    /// stops the pruning and says so in the report.
+    fn room(&mut self, n: usize) -> bool {
+        if self.stopped {
+            return false;
+        }
+        if (self.allow)(n) {
+            return true;
+        }
+        self.stopped = true;
+        self.report.errors.push(TransferError::Remote(format!(
+            "--delete stopped after {} entries: its report outgrew what the server lets this client hold; nothing after them was removed",
+            self.report.deleted.len()
+        )));
+        false
     }
 
     /// The names in `dir` (without "." and ".."), each with whether it is
@@ -199,6 +247,9 @@ impl Pruner<'_> {
     /// Looks through a directory the source has.
     fn walk(&mut self, dir: &OwnedFd, rel: &[u8]) {
         for (name, is_dir) in self.list(dir, rel) {
+            if self.stopped {
+                return;
+            }
             let child = join(rel, &name);
             let reserved = (rel.is_empty() && name == crate::journal::STATE_DIR.as_bytes())
                 || name.starts_with(b".intact-partial-");
@@ -222,6 +273,9 @@ impl Pruner<'_> {
     fn remove(&mut self, dir: &OwnedFd, name: &[u8], rel: &[u8], is_dir: bool) -> bool {
         let os = OsStr::from_bytes(name);
         let shown = String::from_utf8_lossy(rel).into_owned();
+        if !self.room(shown.len() + 1) {
+            return false;
+        }
         if !is_dir {
             if !self.dry_run {
                 if let Err(e) = rfs::unlinkat(dir, os, AtFlags::empty()) {
@@ -241,6 +295,9 @@ impl Pruner<'_> {
         };
         let mut emptied = true;
         for (n, d) in self.list(&fd, rel) {
+            if self.stopped {
+                return false;
+            }
             let child = join(rel, &n);
             if !self.filter.takes(&child, d) {
                 emptied = false;
@@ -267,6 +324,7 @@ impl Pruner<'_> {
 mod tests {
     use super::*;
     use crate::select::{Rule, RuleKind};
+    use std::collections::HashSet;
     use std::fs;
 
     #[test]

@@ -10,14 +10,13 @@
 mod common;
 
 use std::io::Write;
-use std::net::TcpStream;
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::wire::*;
 use common::Server;
-use intact_proto::{client_handshake_in, Connection, Message, SessionSecret};
+use intact_proto::{Message, SessionSecret};
 use intact_transfer::VerifyMode;
 
 /// Stop attacking past this RSS (kB): the machine is shared.
@@ -30,16 +29,6 @@ fn server(root: &std::path::Path, args: &[&str]) -> Server {
         .arg(root)
         .args(args);
     Server::spawn(cmd)
-}
-
-fn stream_of(server: &Server, secret: &SessionSecret) -> Conn {
-    let stream = TcpStream::connect(server.addr()).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(60)))
-        .unwrap();
-    let mut conn = Connection::new(stream);
-    client_handshake_in(&mut conn, None, secret).unwrap();
-    conn
 }
 
 /// One plain DeleteKeep frame of `n` distinct 4-byte paths (tagged by

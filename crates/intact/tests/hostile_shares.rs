@@ -8,24 +8,12 @@
 mod common;
 
 use std::io::Write;
-use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use common::wire::*;
 use common::Server;
-use intact_proto::{client_handshake_in, Connection, FileStatus, Message, SessionSecret};
+use intact_proto::{FileStatus, Message, SessionSecret};
 use intact_transfer::VerifyMode;
-
-/// A stream of the session `secret` (keyless, loopback).
-fn stream_of(server: &Server, secret: &SessionSecret) -> Conn {
-    let stream = TcpStream::connect(server.addr()).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(60)))
-        .unwrap();
-    let mut conn = Connection::new(stream);
-    client_handshake_in(&mut conn, None, secret).unwrap();
-    conn
-}
 
 /// F2: one session, two streams, announces files of 2^20 blocks until the
 /// server refuses; before the fix its two streams took the whole server's
@@ -157,4 +145,73 @@ fn stalled_streams_hold_no_more_frame_memory_than_the_server_allows() {
         "peak RSS {hwm} kB (from {rss_before} kB) for a 256 MiB frame budget"
     );
     drop((conns, a));
+}
+
+/// The review's F2 kept its hold with a Dir entry every 1.5 s: the
+/// watchdog counts an answered message as progress. A stream that holds
+/// open files must now send data for them (a Block or a FileEnd) within
+/// the idle timeout, or it ends and gives back its places. Here a stream
+/// holds one 2^20-block file and sends a Dir entry every second, reading
+/// each answer; with `--idle-timeout 3` the server ends it, says why, and
+/// the file is free again for another client.
+#[test]
+fn files_held_without_data_are_given_back_however_chatty_the_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    // 2 sessions: 2^20 blocks guaranteed to each, at most 2^21 + 2^20 to one.
+    let mut server =
+        Server::start_with(&root, &["--idle-timeout", "3", "--max-sessions", "2"], &[]);
+    let big = |id: u64| file_entry(id, &format!("big{id}"), 4 << 30, 4096, VerifyMode::Riva);
+    let secret = SessionSecret::random().unwrap();
+    let mut hog = stream_of(&server, &secret);
+    hog.send(&Message::Entry(big(1))).unwrap();
+    status_of(&mut hog, 1);
+    let t0 = Instant::now();
+    let mut dirs = 0u64;
+    let ended = loop {
+        std::thread::sleep(Duration::from_secs(1));
+        let sent = hog.send(&Message::Entry(dir_entry(
+            100 + dirs,
+            &format!("d{dirs}"),
+            0o755,
+        )));
+        if sent.is_err() {
+            break true;
+        }
+        match hog.read_message() {
+            Ok(Some(Message::FileResult(r))) if r.file == 100 + dirs => dirs += 1,
+            _ => break true,
+        }
+        if t0.elapsed() > Duration::from_secs(40) {
+            break false;
+        }
+    };
+    eprintln!(
+        "the chatty stream ended: {ended} after {:.1} s and {dirs} answered Dir entries",
+        t0.elapsed().as_secs_f64()
+    );
+    assert!(
+        ended,
+        "a stream holding a file kept it for 40 s on Dir entries alone"
+    );
+    assert!(
+        dirs >= 2,
+        "the Dir entries were answered ({dirs}) before the end"
+    );
+    let why = (0..200)
+        .filter_map(|_| server.log.recv_timeout(Duration::from_millis(100)).ok())
+        .find(|l| l.contains("no data sent"));
+    assert!(
+        why.is_some(),
+        "the server did not say why it ended the stream"
+    );
+    // Its file is given back: another client announcing the same path
+    // gets it at once (a path still held would make it wait 5 s and fail
+    // "being received by another session").
+    let mut other = stream_of(&server, &SessionSecret::random().unwrap());
+    let t = Instant::now();
+    other.send(&Message::Entry(big(1))).unwrap();
+    status_of(&mut other, 1);
+    assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
+    alive(&mut server);
 }

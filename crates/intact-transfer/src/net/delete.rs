@@ -10,7 +10,10 @@
 
 use std::path::Path;
 
-use intact_proto::{Connection, Held, Message, Party, ProtoError, WirePath, DELETE_CHUNK_BYTES};
+use intact_proto::{
+    Connection, Held, Message, Party, ProtoError, Refused, WirePath, DELETE_CHUNK_BYTES,
+    LIST_ITEM_COST,
+};
 
 use crate::journal::STATE_DIR;
 use crate::keep_set::{KeepSet, KEEP_PATH_COST};
@@ -20,6 +23,15 @@ use crate::TransferError;
 
 /// Most keep paths a server accepts in one request, unless configured.
 pub const MAX_KEEP_PATHS: usize = 10_000_000;
+/// Most bytes of include/exclude patterns one request may carry (an
+/// honest send has a few short ones): matching costs the pattern's length
+/// for every byte of every path pruned.
+pub const MAX_RULE_BYTES: usize = 16 << 10;
+/// What a request's scopes and rules may hold in memory per byte of them
+/// and per item, charged to the client's share: a rule keeps its text
+/// twice and its compiled form (up to 40 bytes per pattern byte).
+const REQUEST_BYTE_COST: u64 = 48;
+const REQUEST_ITEM_COST: u64 = 128;
 
 /// What `send --delete` asks of the server (paths relative to `base`).
 #[derive(Debug, Clone, Default)]
@@ -47,6 +59,16 @@ pub(crate) struct Pending {
     memory: Option<Party>,
     /// What the keep list holds of it.
     held: Vec<Held>,
+}
+
+/// Why `what` was refused a part of the client's memory share.
+fn busy(what: &str, r: &Refused) -> String {
+    format!(
+        "--delete refused: server busy: {what} would take more of its memory than this client may hold now ({} MiB held of {} MiB, {} MiB guaranteed to each client); try again later",
+        r.holds >> 20,
+        r.total >> 20,
+        r.share >> 20
+    )
 }
 
 /// Empty, or a path from the wire that stays inside and does not name
@@ -81,6 +103,23 @@ impl Pending {
         for s in &scopes {
             checked("scope", s, base.is_empty())?;
         }
+        let rule_bytes: usize = rules.iter().map(|(_, p)| p.len()).sum();
+        if rule_bytes > MAX_RULE_BYTES {
+            return Err(format!(
+                "--delete refused: its include/exclude patterns take {rule_bytes} bytes, more than this server's {MAX_RULE_BYTES}"
+            ));
+        }
+        let mut held = Vec::new();
+        if let Some(memory) = &memory {
+            let bytes = base.len() + scopes.iter().map(|s| s.len()).sum::<usize>() + rule_bytes;
+            let items = scopes.len() + rules.len() + 1;
+            let cost = bytes as u64 * REQUEST_BYTE_COST + items as u64 * REQUEST_ITEM_COST;
+            held.push(
+                memory
+                    .try_take(cost)
+                    .map_err(|r| busy("its scopes and rules", &r))?,
+            );
+        }
         let filter = Filter::new(
             rules
                 .iter()
@@ -102,7 +141,7 @@ impl Pending {
             keep: KeepSet::default(),
             max_paths: max_paths.unwrap_or(MAX_KEEP_PATHS),
             memory,
-            held: Vec::new(),
+            held,
         })
     }
 
@@ -118,15 +157,8 @@ impl Pending {
         }
         if let Some(memory) = &self.memory {
             let cost = paths.len() as u64 * KEEP_PATH_COST;
-            let held = memory.try_take(cost).map_err(|r| {
-                format!(
-                    "--delete refused: server busy: a keep list of {} paths would take more of its memory than this client may hold now ({} MiB held of {} MiB, {} MiB guaranteed to each client); try again later",
-                    self.keep.len() + paths.len(),
-                    r.holds >> 20,
-                    r.total >> 20,
-                    r.share >> 20
-                )
-            })?;
+            let what = format!("a keep list of {} paths", self.keep.len() + paths.len());
+            let held = memory.try_take(cost).map_err(|r| busy(&what, &r))?;
             self.held.push(held);
         }
         for p in &paths {
@@ -136,11 +168,25 @@ impl Pending {
     }
 
     /// Prunes (or lists) and sends the report in chunks, then DeleteDone.
+    /// The report's lines are charged to the client's memory share as
+    /// they are made; past it the pruning stops (and says so).
     pub(crate) fn run<S: std::io::Read + std::io::Write>(
-        self,
+        mut self,
         root: &Path,
         out: &mut Connection<S>,
     ) -> Result<PruneReport, ProtoError> {
+        let memory = self.memory.take();
+        let mut lines = Vec::new();
+        let mut allow = |n: usize| match &memory {
+            Some(m) => match m.try_take(n as u64 + LIST_ITEM_COST) {
+                Ok(h) => {
+                    lines.push(h);
+                    true
+                }
+                Err(_) => false,
+            },
+            None => true,
+        };
         let report = prune_under(
             root,
             &self.base,
@@ -148,6 +194,7 @@ impl Pending {
             &self.keep,
             &self.filter,
             self.dry_run,
+            &mut allow,
         );
         let errors: Vec<String> = report.errors.iter().map(|e| e.to_string()).collect();
         let mut chunk = (Vec::new(), Vec::new(), Vec::new());

@@ -56,9 +56,11 @@ use crate::verify::{DeviceStats, Reached, VerifyLevel, VerifyMode};
 use crate::TransferError;
 
 mod admit;
+mod data_clock;
 mod digests;
 mod hooks;
 
+use data_clock::DataClock;
 use digests::BlockDigests;
 
 /// Messages the reader thread may hold ahead of the session thread.
@@ -439,6 +441,11 @@ pub struct ReceiveOptions {
     /// server per stream; without them a stream has the block budget of
     /// `limits` to itself and its frames are not budgeted.
     pub shares: Option<Shares>,
+    /// A stream that holds open files must send data (a Block or a
+    /// FileEnd) at least this often, or it ends and gives back what it
+    /// holds: answered Dir entries alone keep a connection alive for the
+    /// watchdog, not its files. None: no such deadline.
+    pub data_timeout: Option<std::time::Duration>,
 }
 
 /// How long a frame may wait for its session's share of the server's
@@ -506,6 +513,7 @@ pub fn receive(
         ready: &mut ready,
         dirs: Vec::new(),
         dir_bytes: 0,
+        dir_held: None,
         created: opts.session_dirs.join(opts.session),
         in_use: InUse::default(),
         shares,
@@ -549,6 +557,8 @@ struct Session<'a> {
     /// bytes of their paths.
     dirs: Vec<(WirePath, u32, Mtime)>,
     dir_bytes: usize,
+    /// What `dirs` holds of the client's memory share.
+    dir_held: Option<intact_proto::Held>,
     /// Every directory the session (all its streams) created.
     created: Arc<CreatedDirs>,
     /// What this stream's open files hold of its limits.
@@ -569,15 +579,36 @@ impl Session<'_> {
         credits: &mpsc::Receiver<()>,
     ) -> Result<SessionSummary, TransferError> {
         self.dest.record_created_dirs(Arc::clone(&self.created));
+        let mut data = DataClock::new(self.opts.data_timeout);
         loop {
             let ev = match events.try_recv() {
                 Ok(ev) => ev,
                 Err(_) => {
                     // Nothing more to do without waiting: send the replies.
                     self.out.flush()?;
-                    events.recv().map_err(|_| ProtoError::Closed)?
+                    let t = std::time::Instant::now();
+                    let got = events.recv_timeout(data.tick());
+                    data.waited(t.elapsed());
+                    match got {
+                        Ok(ev) => ev,
+                        Err(mpsc::RecvTimeoutError::Timeout) => {
+                            data.check(self.files.len())?;
+                            continue;
+                        }
+                        Err(mpsc::RecvTimeoutError::Disconnected) => {
+                            return Err(ProtoError::Closed.into())
+                        }
+                    }
                 }
             };
+            if matches!(
+                &ev,
+                Event::Checked(_)
+                    | Event::Msg(Ok(Some(Message::Block(_) | Message::FileEnd { .. })), _)
+            ) {
+                data.moved();
+            }
+            data.check(self.files.len())?;
             match ev {
                 Event::Checked(c) => self.checked(c)?,
                 Event::Msg(m, _held) => {

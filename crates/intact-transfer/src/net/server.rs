@@ -372,6 +372,7 @@ fn connection(
             session: Some(session.id()),
             working: watch.working(),
             shares: Some(session.shares().clone()),
+            data_timeout: Some(cfg.idle_timeout),
             ..cfg.receive.clone()
         };
         receive(conn, &to.dest, &to.root, &to.journal, &opts)

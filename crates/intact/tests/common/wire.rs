@@ -28,6 +28,17 @@ pub fn connect(server: &Server) -> Conn {
     conn
 }
 
+/// A stream of the session `secret` (keyless, loopback).
+pub fn stream_of(server: &Server, secret: &intact_proto::SessionSecret) -> Conn {
+    let stream = TcpStream::connect(server.addr()).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let mut conn = Connection::new(stream);
+    intact_proto::client_handshake_in(&mut conn, None, secret).unwrap();
+    conn
+}
+
 pub fn file_entry(id: u64, path: &str, size: u64, block_size: u32, mode: VerifyMode) -> Entry {
     Entry {
         file: id,

@@ -50,6 +50,25 @@ impl Session<'_> {
         )
     }
 
+    /// Charges a directory kept for the session's end (`len` bytes of
+    /// path) to the client's memory share; false when the share is spent
+    /// (the directory is then finished at once).
+    fn hold_dir(&mut self, len: usize) -> bool {
+        let Some(memory) = &self.shares.memory else {
+            return true;
+        };
+        match memory.try_take(len as u64 + intact_proto::LIST_ITEM_COST) {
+            Ok(h) => {
+                match &mut self.dir_held {
+                    Some(all) => all.absorb(h),
+                    None => self.dir_held = Some(h),
+                }
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
     /// A directory entry: made if missing. Its mode and time are set at
     /// the session's end, and only if this session created it (an
     /// existing directory keeps its own); past [`MAX_PENDING_DIR_BYTES`]
@@ -71,7 +90,7 @@ impl Session<'_> {
             nsec: e.mtime_nsec,
         };
         let len = e.path.as_bytes().len();
-        if self.dir_bytes + len > MAX_PENDING_DIR_BYTES {
+        if self.dir_bytes + len > MAX_PENDING_DIR_BYTES || !self.hold_dir(len) {
             return match self
                 .dest
                 .finish_created_dir(&e.path, e.mode, mtime, &self.created)
