@@ -27,6 +27,7 @@ mod sum_parse;
 mod summary;
 mod throttle;
 mod tree_args;
+mod unwinder;
 mod verify_help;
 
 use std::process::ExitCode;
