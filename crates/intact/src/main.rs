@@ -24,6 +24,7 @@ mod serve;
 mod stdout;
 mod sum;
 mod sum_parse;
+mod sum_plain;
 mod summary;
 mod throttle;
 mod tree_args;
