@@ -17,6 +17,7 @@ mod generate;
 mod hashing;
 mod interrupt;
 mod keygen;
+mod libm_symbols;
 mod ordered;
 mod reliability;
 mod resolve;
