@@ -4,7 +4,7 @@
 //! build, match and turn into `SumArgs`: more than `xxhsum -H3` spends on
 //! a whole 4 KiB file (149k; callgrind). Scripts run `intact sum --algo
 //! xxh3 FILE` once per file, so a command line made only of paths,
-//! `--algo NAME` and `--jobs N` is read here, into the `SumArgs` clap
+//! `--algo NAME`, `--jobs N` and `--no-mmap` or `--mmap` is read here, into the `SumArgs` clap
 //! would give. Anything else, including every line clap would refuse, goes
 //! to clap (`None`): help, usage and every error stay clap's text, and
 //! nothing here can accept what clap refuses (the tests compare both on
@@ -48,6 +48,18 @@ pub fn parse(argv: &[OsString]) -> Option<SumArgs> {
         if is_path(arg) {
             args.paths.push(PathBuf::from(arg));
             continue;
+        }
+        // The read-strategy flags (the benchmark's), each once, not both.
+        match arg.to_str()? {
+            "--no-mmap" if !args.no_mmap && !args.mmap => {
+                args.no_mmap = true;
+                continue;
+            }
+            "--mmap" if !args.mmap && !args.no_mmap => {
+                args.mmap = true;
+                continue;
+            }
+            _ => {}
         }
         // Options, each at most once, with their value in the next argument.
         let value = rest.next()?.to_str()?;
@@ -101,6 +113,12 @@ mod tests {
         assert_eq!(format!("{ours:?}"), format!("{:?}", clap(&line).unwrap()));
         assert_eq!(ours.jobs, Some(1));
         assert_eq!(ours.paths, [PathBuf::from("f")]);
+        for flag in ["--no-mmap", "--mmap"] {
+            let line = argv(&["intact", "sum", "-a", "xxh3", flag, "f"]);
+            let ours = parse(&line).expect("plain line");
+            assert_eq!(format!("{ours:?}"), format!("{:?}", clap(&line).unwrap()));
+            assert!(ours.no_mmap != ours.mmap, "{flag}");
+        }
     }
 
     #[test]
@@ -117,6 +135,9 @@ mod tests {
             &["intact", "sum", "--", "f"],
             &["intact", "sum", ""],
             &["intact", "sum", "-c", "f"],
+            &["intact", "sum", "--mmap", "--no-mmap", "f"],
+            &["intact", "sum", "--mmap", "--mmap", "f"],
+            &["intact", "sum", "--no-mmap", "--no-mmap", "f"],
             &["intact", "copy", "a", "b"],
             &["intact"],
         ] {
@@ -159,6 +180,9 @@ mod tests {
             "-j2",
             "a b",
             "--no-mmap",
+            "--mmap",
+            "--no-mmap",
+            "--mmap",
         ];
         let mut x = 0x2545_f491_4f6c_dd1du64;
         let mut next = move || {
