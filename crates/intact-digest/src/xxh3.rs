@@ -24,7 +24,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// So the fixed path can cost at most what SSE2 loses to AVX2 on this many
 /// bytes, once per process, against one detection saved. Chosen by
 /// whole-process CPU time of `intact sum --algo xxh3 --jobs 1` per file
-/// size (README, "intact sum on files of 1 MiB and less").
+/// size, builds with budgets of 0, 1 MiB and 64 MiB, 100–200 interleaved
+/// runs each (README, "intact sum on files of 1 MiB and less"): the fixed
+/// path saved 0.06–0.08 ms from 4 KiB to 1 MiB, was level at 4 MiB and
+/// 0.18 ms slower at 16 MiB.
 pub const FIXED_SIMD_MAX_LEN: u64 = 1 << 20;
 
 /// What is left of [`FIXED_SIMD_MAX_LEN`] in this process.
