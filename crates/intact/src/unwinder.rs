@@ -4,7 +4,7 @@
 //! links as the shared libgcc_s.so.1 unless glibc itself is static. Every
 //! start then maps one more library and resolves its symbols, and every
 //! symbol intact imports from libc is looked up in one more object first:
-//! 34k of the ~580k instructions of `intact sum` on a 4 KiB file, and
+//! ~35k of the ~580k instructions of `intact sum` on a 4 KiB file, and
 //! ~0.15 ms of its ~1.5 ms CPU (callgrind; whole-process CPU medians,
 //! README "intact sum on files of 1 MiB and less").
 //!
@@ -13,8 +13,8 @@
 //! here puts it on the link line before std's `-lgcc_s`, so the linker
 //! takes the `_Unwind_*` functions from it and `--as-needed` (rustc's
 //! default) drops libgcc_s.so.1. Unwinding is the same code, found the
-//! same way (PT_GNU_EH_FRAME through dl_iterate_phdr); panics still end
-//! the process with status 101 (tests/sum_start.rs makes one happen).
+//! same way (PT_GNU_EH_FRAME through dl_iterate_phdr); the test below
+//! unwinds a panic and walks the stack in a binary linked this way.
 
 #[cfg(all(
     target_os = "linux",
