@@ -18,7 +18,9 @@
 //!
 //! The results are those of FreeBSD's msun, within 1 ulp of glibc's; the
 //! test below compares each with glibc's own (loaded by `dlopen`) on
-//! 200,000 inputs and the special values. A math function not defined
+//! 200,000 inputs and the special values. Output printed at full f64
+//! precision can differ in its last digit from a glibc-libm build (e.g.
+//! the switching time of `intact reliability --json --solve-switch`). A math function not defined
 //! here that code starts to call brings libm.so.6 back (and fails the
 //! test), it does not break the build. The static build (`cargo
 //! static-release`) keeps glibc's static libm.
