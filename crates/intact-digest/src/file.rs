@@ -129,8 +129,12 @@ impl DigestPlan {
         }
     }
 
-    fn granular(&self) -> Result<Granular, DigestError> {
+    /// The digests to compute, for an input of `len` bytes if known.
+    fn granular(&self, len: Option<u64>) -> Result<Granular, DigestError> {
         let mut g = Granular::new(self.algorithm, self.parallel);
+        if let Some(len) = len {
+            g = g.expecting(len);
+        }
         if let Some(bs) = self.block_size {
             g = g.with_blocks(bs)?;
         }
@@ -212,7 +216,7 @@ fn digest_mapped(
     len: u64,
     plan: &DigestPlan,
 ) -> Result<Option<GranularDigests>, DigestError> {
-    let mut g = plan.granular()?;
+    let mut g = plan.granular(Some(len))?;
     if plan.splits_across_threads() {
         // SAFETY: the map is only read. If another process truncates the
         // file meanwhile, reads past the new end fault (SIGBUS); that is
@@ -347,7 +351,7 @@ fn read_all(
     plan: &DigestPlan,
 ) -> io::Result<GranularDigests> {
     let mut g = plan
-        .granular()
+        .granular(size_hint)
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     let mut len = plan.read_len();
     if let Some(hint) = size_hint {

@@ -181,6 +181,15 @@ impl Granular {
         }
     }
 
+    /// Tells the whole-stream hasher that about `len` bytes will follow
+    /// (see [`Hasher::expecting`]); no effect once bytes have been fed.
+    pub fn expecting(mut self, len: u64) -> Granular {
+        if self.len == 0 {
+            self.whole = Hasher::expecting(self.whole.algorithm(), len);
+        }
+        self
+    }
+
     /// Also computes per-block digests with blocks of `block_size` bytes.
     pub fn with_blocks(mut self, block_size: usize) -> Result<Granular, DigestError> {
         if block_size == 0 {

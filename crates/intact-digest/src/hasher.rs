@@ -1,10 +1,9 @@
 //! The streaming hasher behind every digest intact computes.
 
-use std::hash::Hasher as _;
-
 use md5::Digest as _;
 use rayon::prelude::*;
 
+use crate::xxh3::{Xxh3_128, Xxh3_64};
 use crate::{Algorithm, Digest};
 
 /// Inputs shorter than this are hashed on one thread even when parallelism
@@ -25,8 +24,8 @@ pub struct Hasher {
 enum State {
     Crc32c(u32),
     Adler32(u32),
-    Xxh3_64(Box<twox_hash::XxHash3_64>),
-    Xxh3_128(Box<twox_hash::XxHash3_128>),
+    Xxh3_64(Xxh3_64),
+    Xxh3_128(Xxh3_128),
     Blake3(Box<blake3::Hasher>),
     Sha256(sha2::Sha256),
     Sha512(Box<sha2::Sha512>),
@@ -37,11 +36,24 @@ enum State {
 impl Hasher {
     /// A fresh hasher for `algorithm`.
     pub fn new(algorithm: Algorithm) -> Hasher {
+        Hasher::with_state(algorithm, None)
+    }
+
+    /// A fresh hasher for `algorithm` that will be fed about `len` bytes.
+    ///
+    /// The length only picks the implementation (XXH3 of small inputs
+    /// skips CPU feature detection, see [`crate::FIXED_SIMD_MAX_LEN`]); feeding
+    /// more or fewer bytes still gives the right digest.
+    pub fn expecting(algorithm: Algorithm, len: u64) -> Hasher {
+        Hasher::with_state(algorithm, Some(len))
+    }
+
+    fn with_state(algorithm: Algorithm, expected_len: Option<u64>) -> Hasher {
         let state = match algorithm {
             Algorithm::Crc32c => State::Crc32c(0),
             Algorithm::Adler32 => State::Adler32(1),
-            Algorithm::Xxh3_64 => State::Xxh3_64(Box::default()),
-            Algorithm::Xxh3_128 => State::Xxh3_128(Box::default()),
+            Algorithm::Xxh3_64 => State::Xxh3_64(Xxh3_64::new(expected_len)),
+            Algorithm::Xxh3_128 => State::Xxh3_128(Xxh3_128::new(expected_len)),
             Algorithm::Blake3 => State::Blake3(Box::new(blake3::Hasher::new())),
             Algorithm::Sha256 => State::Sha256(sha2::Sha256::new()),
             Algorithm::Sha512 => State::Sha512(Box::default()),
@@ -61,8 +73,8 @@ impl Hasher {
         match &mut self.state {
             State::Crc32c(c) => *c = crc32c::crc32c_append(*c, data),
             State::Adler32(a) => *a = adler32_append(*a, data),
-            State::Xxh3_64(h) => h.write(data),
-            State::Xxh3_128(h) => h.write(data),
+            State::Xxh3_64(h) => h.update(data),
+            State::Xxh3_128(h) => h.update(data),
             State::Blake3(h) => {
                 h.update(data);
             }
@@ -102,7 +114,7 @@ impl Hasher {
             State::Crc32c(c) => Digest::from_raw(alg, &c.to_be_bytes()),
             State::Adler32(a) => Digest::from_raw(alg, &a.to_be_bytes()),
             State::Xxh3_64(h) => Digest::from_raw(alg, &h.finish().to_be_bytes()),
-            State::Xxh3_128(h) => Digest::from_raw(alg, &h.finish_128().to_be_bytes()),
+            State::Xxh3_128(h) => Digest::from_raw(alg, &h.finish().to_be_bytes()),
             State::Blake3(h) => Digest::from_raw(alg, h.finalize().as_bytes()),
             State::Sha256(h) => Digest::from_raw(alg, &h.finalize()),
             State::Sha512(h) => Digest::from_raw(alg, &h.finalize()),

@@ -22,6 +22,7 @@ mod file;
 mod granular;
 mod hasher;
 pub mod manifest;
+mod xxh3;
 
 pub use algorithm::Algorithm;
 pub use blake3_blocks::Blake3Blocks;
@@ -33,3 +34,4 @@ pub use file::{
 };
 pub use granular::{block_digests, page_crcs, Granular, GranularDigests, PAGE_SIZE};
 pub use hasher::{hash, hash_parallel, Hasher, MIN_PARALLEL_LEN};
+pub use xxh3::FIXED_SIMD_MAX_LEN;

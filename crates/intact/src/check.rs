@@ -113,7 +113,7 @@ pub fn run(args: &SumArgs) -> anyhow::Result<ExitCode> {
     }
     summary.malformed_lines = malformed.len() as u64;
 
-    let pb = hashing::progress_bar(expected.iter().map(|e| e.input.size()).sum());
+    let pb = hashing::Progress::new(expected.iter().map(|e| e.input.size()).sum());
     let mut files = Vec::new();
     let mut failed_as = Vec::new();
     let mut done = 0;
@@ -124,7 +124,7 @@ pub fn run(args: &SumArgs) -> anyhow::Result<ExitCode> {
         |e| plan(args, e.digest.algorithm()),
         |e, outcome| {
             done += 1;
-            hashing::advance(&pb, &e.input, done);
+            pb.advance(&e.input, done);
             let checked = judge(e, outcome);
             let word = match (&checked.status, &checked.error) {
                 (Status::Ok, _) => {
@@ -137,7 +137,7 @@ pub fn run(args: &SumArgs) -> anyhow::Result<ExitCode> {
                 }
                 (Status::Unreadable, err) => {
                     summary.unreadable += 1;
-                    hashing::print_err(&pb, err.as_deref().unwrap_or("unreadable"));
+                    pb.print_err(err.as_deref().unwrap_or("unreadable"));
                     "FAILED open or read"
                 }
             };
@@ -154,7 +154,7 @@ pub fn run(args: &SumArgs) -> anyhow::Result<ExitCode> {
                 line.extend_from_slice(word.as_bytes());
                 line.push(b'\n');
                 // A closed stdout shows up again at exit; checking goes on.
-                let _ = hashing::print_out(&pb, &line);
+                let _ = pb.print_out(&line);
             }
             if matches!(checked.status, Status::Mismatch) {
                 failed_as.push((e.digest.algorithm(), e.untagged));
@@ -164,7 +164,7 @@ pub fn run(args: &SumArgs) -> anyhow::Result<ExitCode> {
             }
         },
     )?;
-    pb.finish_and_clear();
+    pb.finish();
     summary.seconds = hashing::secs(start.elapsed());
     if !args.status {
         warn(

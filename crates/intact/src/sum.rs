@@ -36,7 +36,7 @@ pub fn run(args: &SumArgs) -> anyhow::Result<ExitCode> {
     let algorithm = args.algo.unwrap_or(DEFAULT_ALGORITHM);
     let plan = plan(args, algorithm);
     let inputs = gather(&args.paths, args.recursive);
-    let pb = hashing::progress_bar(inputs.iter().map(Input::size).sum());
+    let pb = hashing::Progress::new(inputs.iter().map(Input::size).sum());
 
     let mut report = SumReport {
         algorithm,
@@ -56,25 +56,25 @@ pub fn run(args: &SumArgs) -> anyhow::Result<ExitCode> {
         |_| plan,
         |input, outcome| {
             done += 1;
-            hashing::advance(&pb, input, done);
+            pb.advance(input, done);
             let entry = FileEntry::new(input.name(), &outcome);
             report.summary.add(&entry);
             match outcome {
                 Ok((d, _)) if !args.json => {
                     let line = manifest::format_line_as(&d.digests.whole, input.name(), style);
-                    if let Err(e) = hashing::print_out(&pb, &line) {
+                    if let Err(e) = pb.print_out(&line) {
                         write_failed.get_or_insert(e);
                     }
                 }
                 Ok(_) => {}
-                Err(msg) => hashing::print_err(&pb, &msg),
+                Err(msg) => pb.print_err(&msg),
             }
             if args.json {
                 report.files.push(entry);
             }
         },
     )?;
-    pb.finish_and_clear();
+    pb.finish();
     if let Some(e) = write_failed {
         anyhow::bail!("writing the digests failed: {e}");
     }

@@ -32,6 +32,9 @@ pub fn command(bin: &str) -> Command {
 /// names that one differently): parse the whole `Cli` then.
 pub fn parse() -> Option<SumArgs> {
     let argv: Vec<OsString> = std::env::args_os().collect();
+    if let Some(plain) = crate::sum_plain::parse(&argv) {
+        return Some(plain);
+    }
     let parsed = parse_from(&argv)?;
     Some(parsed.unwrap_or_else(|e| e.exit()))
 }
