@@ -206,7 +206,8 @@ pub fn digest_file(path: &Path, plan: &DigestPlan) -> Result<FileDigests, Digest
 ///   the file and pre-faults it (MADV_POPULATE_READ, one call per window)
 ///   while the current one is hashed, so faulting and hashing overlap;
 ///   each window is unmapped once hashed, so the process never holds more
-///   than three windows (48 MiB) of the file, whatever its size;
+///   than three windows (48 MiB) of the file, whatever its size; a file
+///   of one window is pre-faulted and hashed on the calling thread;
 /// - several: one mapping of the whole file, every worker faults its own
 ///   pieces, so faulting runs in parallel too (b3sum's way, and its
 ///   resident size).
@@ -232,6 +233,14 @@ fn digest_mapped(
     let Ok(first) = map_window(file, 0, len) else {
         return Ok(None);
     };
+    if len <= MMAP_WINDOW as u64 {
+        // One window: fault it in and hash it here, without a thread to
+        // fault the next one (for small files the thread cost more than
+        // it overlapped).
+        prefault(&first);
+        g.update(&first);
+        return Ok(Some(g.finish()));
+    }
     let (ready, windows_ready) = std::sync::mpsc::sync_channel(1);
     let mut done = 0u64;
     let complete = std::thread::scope(|s| {

@@ -17,7 +17,6 @@ mod generate;
 mod hashing;
 mod interrupt;
 mod keygen;
-mod libm_symbols;
 mod ordered;
 mod reliability;
 mod resolve;
