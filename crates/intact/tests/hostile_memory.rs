@@ -145,17 +145,8 @@ fn decoded_messages_outgrow_the_frame_budget() {
     let mut server = server(&root, &["--frame-memory", "256MiB", "--max-sessions", "3"]);
     let pid = server.child.id();
     let rss_before = proc_kb(pid, "VmRSS:");
-    let holder = SessionSecret::random().unwrap();
-    let mut a = stream_of(&server, &holder);
     let e = file_entry(1, "held", 1 << 30, 16 << 20, VerifyMode::None);
-    a.send(&Message::Entry(e.clone())).unwrap();
-    loop {
-        match a.read_message().unwrap().expect("answered") {
-            Message::Status { file: 1, .. } => break,
-            Message::FileResult(r) => panic!("the holder's file failed: {}", r.message),
-            _ => {}
-        }
-    }
+    let a = hold_path(&server, &e);
     let attacker = SessionSecret::random().unwrap();
     let streams = 4u32;
     let t0 = Instant::now();

@@ -90,17 +90,8 @@ fn stalled_streams_hold_no_more_frame_memory_than_the_server_allows() {
     let rss_before = proc_kb(pid, "VmRSS:");
     let bs: u32 = 16 << 20;
     // Session A holds the path open.
-    let holder = SessionSecret::random().unwrap();
-    let mut a = stream_of(&server, &holder);
     let e = file_entry(1, "held", 1 << 30, bs, VerifyMode::None);
-    a.send(&Message::Entry(e.clone())).unwrap();
-    loop {
-        match a.read_message().unwrap().expect("answered") {
-            Message::Status { file: 1, .. } => break,
-            Message::FileResult(r) => panic!("the holder's file failed: {}", r.message),
-            _ => {}
-        }
-    }
+    let a = hold_path(&server, &e);
     // Session B: 16 streams, each an Entry on that path, then 6 Blocks of
     // 16 MiB (one frame, encoded once, written six times).
     let mut frame = Vec::new();

@@ -39,6 +39,20 @@ pub fn stream_of(server: &Server, secret: &intact_proto::SessionSecret) -> Conn 
     conn
 }
 
+/// A session that announces `e` (file id 1) and holds its path open, so
+/// that another session's Entry on that path waits for it.
+pub fn hold_path(server: &Server, e: &Entry) -> Conn {
+    let mut a = stream_of(server, &intact_proto::SessionSecret::random().unwrap());
+    a.send(&Message::Entry(e.clone())).unwrap();
+    loop {
+        match a.read_message().unwrap().expect("answered") {
+            Message::Status { file: 1, .. } => return a,
+            Message::FileResult(r) => panic!("the holder's file failed: {}", r.message),
+            _ => {}
+        }
+    }
+}
+
 pub fn file_entry(id: u64, path: &str, size: u64, block_size: u32, mode: VerifyMode) -> Entry {
     Entry {
         file: id,
