@@ -87,7 +87,7 @@ fn settle(pid: u32, max: Duration) -> u64 {
 /// set of hashes charged to the session's share of `--frame-memory`
 /// (256 MiB here): peak RSS stays near the budget.
 #[test]
-fn keep_lists_are_held_outside_every_budget() {
+fn keep_lists_are_charged_to_the_session_share() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("root");
     let mut server = server(&root, &["--frame-memory", "256MiB", "--max-sessions", "3"]);
@@ -139,7 +139,7 @@ fn keep_lists_are_held_outside_every_budget() {
 /// frames of 2M 4-byte paths (16 MiB on the wire, ~112 MB decoded:
 /// 2M Vec<u8> of 24 + 32 bytes). Frame budget 256 MiB.
 #[test]
-fn decoded_messages_outgrow_the_frame_budget() {
+fn decoded_lists_are_charged_before_they_are_decoded() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("root");
     let mut server = server(&root, &["--frame-memory", "256MiB", "--max-sessions", "3"]);
