@@ -352,8 +352,10 @@ fn a_session_trickled_a_byte_at_a_time_is_ended_and_its_place_freed() {
 /// and then sends thousands of entries without ever reading a reply (its
 /// receive buffer made small, so the server's replies back up at once).
 /// The server's writes block; its session must end within the idle
-/// timeout (2 s, asserted within 40 s), its place and its file freed: a
-/// normal send of that same file then works.
+/// timeout (2 s, asserted within 15 s of the server's last read), its
+/// place and its file freed: a normal send of that same file then works.
+/// (Two deadlines may end it: its replies unread, or its open file
+/// without data; either is a right answer.)
 #[test]
 fn a_client_that_never_reads_its_replies_is_ended_and_its_place_freed() {
     let dir = tempfile::tempdir().unwrap();
@@ -411,15 +413,17 @@ fn a_client_that_never_reads_its_replies_is_ended_and_its_place_freed() {
             );
         }
     });
-    // The server's line that it ended the session, and when it came.
+    // The server's line that it ended the session, and when it came: the
+    // watchdog's (its replies unread), or the data deadline's (a file
+    // held open while only entries came), whichever ran out first.
     let mut seen = Vec::new();
-    let line = server.wait_log(
-        "did not read its replies",
-        Duration::from_secs(120),
-        &mut seen,
-    );
+    let line = server.wait_log("--idle-timeout", Duration::from_secs(120), &mut seen);
     let ended = Instant::now();
-    assert!(line.is_some(), "no line says the session ended: {seen:?}");
+    assert!(
+        line.as_deref()
+            .is_some_and(|l| l.contains("did not read its replies") || l.contains("no data sent")),
+        "no line says the session ended: {seen:?}"
+    );
     let stalled =
         start + Duration::from_millis(last_taken.load(std::sync::atomic::Ordering::SeqCst));
     let past_stall = ended.saturating_duration_since(stalled);
