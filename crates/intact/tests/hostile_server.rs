@@ -452,12 +452,13 @@ fn a_client_that_never_reads_its_replies_is_ended_and_its_place_freed() {
 /// Attack: 72 connections abort (closed at once, garbage, half a Hello)
 /// while another session stays open across them and an honest send runs:
 /// the open session must still be answered, the honest send must finish
-/// intact, and no place may leak. With --max-sessions 4 the bystander,
-/// the honest send, the short session of this round and the one of the
-/// round before (whose place comes back a moment after its socket
-/// closes) always fit, so the honest send is never refused for a place
-/// that is merely late; two leaked places would make the short sessions'
-/// admission fail for good. Sessions that panic inside the server
+/// intact, and no place may leak. The honest send is admitted before the
+/// aborts begin (CI once saw it refused while places of short sessions
+/// that had just closed were still on their way back); with
+/// --max-sessions 4, the bystander and the honest send leave two places
+/// to the short sessions, which wait for one (a place comes back a moment
+/// after its socket closes); two leaked places would make their admission
+/// fail for good. Sessions that panic inside the server
 /// are tested in the crate's own unit tests (a seam that exists only
 /// there: intact-transfer src/net/seam.rs), not through this binary.
 #[test]
@@ -490,6 +491,21 @@ fn aborted_connections_give_their_places_back() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    // The honest send holds its place before the aborts begin (its data
+    // has started to arrive): the short sessions below wait for a place,
+    // an honest send refused at its start would not.
+    let started = Instant::now();
+    while !fs::read_dir(&root).unwrap().flatten().any(|e| {
+        let n = e.file_name();
+        let n = n.to_string_lossy();
+        n.starts_with(".intact-partial-") || n == "honest.bin"
+    }) {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the honest send never started"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     for i in 0..72u32 {
         match i % 3 {
             0 => drop(connect(&server)),
