@@ -181,6 +181,17 @@ impl Party {
         })
     }
 
+    /// [`Party::try_take`] into `held`: what is taken joins what `held`
+    /// already holds (one grant for a growing structure).
+    pub fn try_add(&self, held: &mut Option<Held>, amount: u64) -> Result<(), Refused> {
+        let more = self.try_take(amount)?;
+        match held {
+            Some(h) => h.absorb(more),
+            None => *held = Some(more),
+        }
+        Ok(())
+    }
+
     /// Takes `amount`, waiting up to `wait` while the rule does not allow
     /// it (other sessions, or this one's other streams, hold too much);
     /// then fails with [`ProtoError::Busy`] (or at once with

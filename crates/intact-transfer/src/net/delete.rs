@@ -58,7 +58,7 @@ pub(crate) struct Pending {
     /// which the keep list is charged to (None: not budgeted).
     memory: Option<Party>,
     /// What the keep list holds of it.
-    held: Vec<Held>,
+    held: Option<Held>,
 }
 
 /// Why `what` was refused a part of the client's memory share.
@@ -109,16 +109,14 @@ impl Pending {
                 "--delete refused: its include/exclude patterns take {rule_bytes} bytes, more than this server's {MAX_RULE_BYTES}"
             ));
         }
-        let mut held = Vec::new();
+        let mut held = None;
         if let Some(memory) = &memory {
             let bytes = base.len() + scopes.iter().map(|s| s.len()).sum::<usize>() + rule_bytes;
             let items = scopes.len() + rules.len() + 1;
             let cost = bytes as u64 * REQUEST_BYTE_COST + items as u64 * REQUEST_ITEM_COST;
-            held.push(
-                memory
-                    .try_take(cost)
-                    .map_err(|r| busy("its scopes and rules", &r))?,
-            );
+            memory
+                .try_add(&mut held, cost)
+                .map_err(|r| busy("its scopes and rules", &r))?;
         }
         let filter = Filter::new(
             rules
@@ -158,8 +156,9 @@ impl Pending {
         if let Some(memory) = &self.memory {
             let cost = paths.len() as u64 * KEEP_PATH_COST;
             let what = format!("a keep list of {} paths", self.keep.len() + paths.len());
-            let held = memory.try_take(cost).map_err(|r| busy(&what, &r))?;
-            self.held.push(held);
+            memory
+                .try_add(&mut self.held, cost)
+                .map_err(|r| busy(&what, &r))?;
         }
         for p in &paths {
             self.keep.insert(p);
@@ -176,15 +175,9 @@ impl Pending {
         out: &mut Connection<S>,
     ) -> Result<PruneReport, ProtoError> {
         let memory = self.memory.take();
-        let mut lines = Vec::new();
+        let mut lines = None;
         let mut allow = |n: usize| match &memory {
-            Some(m) => match m.try_take(n as u64 + LIST_ITEM_COST) {
-                Ok(h) => {
-                    lines.push(h);
-                    true
-                }
-                Err(_) => false,
-            },
+            Some(m) => m.try_add(&mut lines, n as u64 + LIST_ITEM_COST).is_ok(),
             None => true,
         };
         let report = prune_under(

@@ -57,16 +57,12 @@ impl Session<'_> {
         let Some(memory) = &self.shares.memory else {
             return true;
         };
-        match memory.try_take(len as u64 + intact_proto::LIST_ITEM_COST) {
-            Ok(h) => {
-                match &mut self.dir_held {
-                    Some(all) => all.absorb(h),
-                    None => self.dir_held = Some(h),
-                }
-                true
-            }
-            Err(_) => false,
-        }
+        memory
+            .try_add(
+                &mut self.dir_held,
+                len as u64 + intact_proto::LIST_ITEM_COST,
+            )
+            .is_ok()
     }
 
     /// A directory entry: made if missing. Its mode and time are set at
