@@ -6,12 +6,13 @@
 //! file is written under a hidden partial name and gets its final name
 //! only through [`Destination::commit_batch`] (fsync or syncfs, rename,
 //! directory fsync).
-//! [`copy`] runs the block pipeline between a local source and a local
-//! destination with any [`VerifyMode`] and reports, per file, the
-//! [`VerifyLevel`] it really reached.
-//!
-//! [`serve`] and [`send`] run the same pipeline across TCP (intact-proto),
-//! several streams at once.
+//! One block pipeline, in two halves: a sender half (read, digest, send,
+//! resend) and a receiver half (check, write, verify, commit, journal),
+//! joined by a link. [`send`] and [`serve`] run them across TCP
+//! (intact-proto), several streams at once; [`copy`] runs the same two
+//! halves in process, messages handed over without serialising. Every
+//! [`VerifyMode`] works on both, and each file reports the [`VerifyLevel`]
+//! it really reached.
 //!
 //! Device-level verification (`riva`) evicts and re-reads through
 //! intact-cache and reports the level each file really reached.
@@ -19,21 +20,24 @@
 mod copy;
 mod dest;
 mod error;
+mod hooks;
 mod journal;
 mod keep_set;
 mod limits;
+mod link;
 mod model;
 mod net;
 mod prune;
+mod report;
 mod recheck;
 mod select;
 mod source;
 mod source_cache;
 mod verify;
 
-pub use copy::{
-    copy, copy_scanned, CopyOptions, CopyReport, FileReport, LinkFault, Progress, WriteHook,
-};
+pub use copy::{copy, copy_scanned, CopyOptions};
+pub use hooks::{LinkFault, WriteHook};
+pub use report::{CopyReport, FileReport, Progress};
 pub use dest::{partial_name, Destination, Mtime, PartialFile};
 pub use error::TransferError;
 pub use intact_cache::ReadPath;

@@ -14,7 +14,7 @@
 //! With several streams each works through its share of the blocks, so
 //! n is the number of blocks per stream.
 
-use crate::copy::CopyReport;
+use crate::report::CopyReport;
 use crate::verify::VerifyMode;
 
 /// The model's inputs, its prediction and its error against the run.

@@ -1,6 +1,6 @@
 //! The sending side's view of the tree: what to send, in what order.
 
-use std::fs;
+use std::fs::{self, File};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -145,6 +145,9 @@ pub fn scan_with(sources: &[SourceSpec], opts: &ScanOptions) -> Scan {
                 if item.depth() == 0 && contents {
                     return true;
                 }
+                if item.depth() > 0 && is_intact_state(item) {
+                    return false;
+                }
                 let rel = rel_of(item.path());
                 filter.is_empty()
                     || filter.takes(rel.as_os_str().as_bytes(), item.file_type().is_dir())
@@ -182,6 +185,19 @@ pub fn scan_with(sources: &[SourceSpec], opts: &ScanOptions) -> Scan {
         }
     }
     out
+}
+
+/// A directory that holds intact's own state (a copy's or a server's
+/// journal and lock, `ROOT/.intact`) inside a tree being scanned: never a
+/// source, so that a copy's destination can be copied on. (Named on the
+/// command line itself it is scanned, and refused by the receiver: the
+/// name is reserved.)
+fn is_intact_state(item: &walkdir::DirEntry) -> bool {
+    item.file_type().is_dir()
+        && item.file_name() == crate::journal::STATE_DIR
+        && ["journal.sqlite", "lock"]
+            .iter()
+            .any(|f| item.path().join(f).exists())
 }
 
 fn base_name(src: &Path) -> Result<PathBuf, TransferError> {
@@ -244,4 +260,40 @@ fn entry(abs: &Path, rel: &Path, follow: bool) -> Result<Option<SourceEntry>, Tr
             nsec: meta.mtime_nsec() as u32,
         },
     }))
+}
+
+/// The error of a failed read of `e`: a short read means it shrank.
+pub(crate) fn source_read_error(e: &SourceEntry, err: std::io::Error) -> TransferError {
+    if err.kind() == std::io::ErrorKind::UnexpectedEof {
+        TransferError::SourceChanged {
+            path: e.abs.clone(),
+            what: "it shrank",
+        }
+    } else {
+        TransferError::Source {
+            path: e.abs.clone(),
+            source: err,
+        }
+    }
+}
+
+/// Fails if `e` changed (its size or mtime) since it was scanned.
+pub(crate) fn check_unchanged(source: &File, e: &SourceEntry) -> Result<(), TransferError> {
+    let m = source.metadata().map_err(|err| TransferError::Source {
+        path: e.abs.clone(),
+        source: err,
+    })?;
+    if m.len() != e.size {
+        return Err(TransferError::SourceChanged {
+            path: e.abs.clone(),
+            what: "its size changed",
+        });
+    }
+    if m.mtime() != e.mtime.sec || m.mtime_nsec() as u32 != e.mtime.nsec {
+        return Err(TransferError::SourceChanged {
+            path: e.abs.clone(),
+            what: "it was modified",
+        });
+    }
+    Ok(())
 }

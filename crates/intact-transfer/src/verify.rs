@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use intact_cache::{Backing, ReadOutcome};
 
+use crate::TransferError;
+
 /// How a transfer is verified (PRODUCT.md, capability 3). All modes run
 /// through the same pipeline so that they can be compared on the same data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -313,6 +315,26 @@ pub(crate) fn check_reachable(
             "--verify {mode} reaches at most level {}, so --require-level {want} cannot be met (use --verify riva)",
             mode.level()
         ))),
+        _ => Ok(()),
+    }
+}
+
+/// Fails a file whose verification stopped below the level asked for.
+pub(crate) fn require_level(
+    required: Option<VerifyLevel>,
+    reached: Option<VerifyLevel>,
+    path: &str,
+) -> Result<(), TransferError> {
+    match (required, reached) {
+        (Some(want), got) if got.unwrap_or(VerifyLevel::None) < want => {
+            Err(TransferError::Verification {
+                path: path.to_string(),
+                what: format!(
+                    "reached level {}, but --require-level {want} was asked for",
+                    got.unwrap_or(VerifyLevel::None)
+                ),
+            })
+        }
         _ => Ok(()),
     }
 }

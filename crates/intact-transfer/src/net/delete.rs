@@ -15,6 +15,7 @@ use intact_proto::{
     LIST_ITEM_COST,
 };
 
+use crate::link::Outbound;
 use crate::journal::STATE_DIR;
 use crate::keep_set::{KeepSet, KEEP_PATH_COST};
 use crate::prune::{prune_under, PruneReport};
@@ -169,10 +170,10 @@ impl Pending {
     /// Prunes (or lists) and sends the report in chunks, then DeleteDone.
     /// The report's lines are charged to the client's memory share as
     /// they are made; past it the pruning stops (and says so).
-    pub(crate) fn run<S: std::io::Read + std::io::Write>(
+    pub(crate) fn run(
         mut self,
         root: &Path,
-        out: &mut Connection<S>,
+        out: &mut dyn Outbound,
     ) -> Result<PruneReport, ProtoError> {
         let memory = self.memory.take();
         let mut lines = None;
@@ -211,23 +212,19 @@ impl Pending {
             }
         }
         send_chunk(out, &mut chunk)?;
-        out.write_message(&Message::DeleteDone)?;
-        out.flush()?;
+        out.send(Message::DeleteDone)?;
         Ok(report)
     }
 }
 
 type Chunk = (Vec<String>, Vec<String>, Vec<String>);
 
-fn send_chunk<S: std::io::Read + std::io::Write>(
-    out: &mut Connection<S>,
-    chunk: &mut Chunk,
-) -> Result<(), ProtoError> {
+fn send_chunk(out: &mut dyn Outbound, chunk: &mut Chunk) -> Result<(), ProtoError> {
     let (deleted, kept, errors) = std::mem::take(chunk);
     if deleted.is_empty() && kept.is_empty() && errors.is_empty() {
         return Ok(());
     }
-    out.write_message(&Message::DeleteReport {
+    out.put(Message::DeleteReport {
         deleted,
         kept,
         errors,

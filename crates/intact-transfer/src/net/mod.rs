@@ -1,17 +1,17 @@
 //! The network path: a receiving server and a sending client over
 //! intact-proto.
 
-mod bounds;
+pub(crate) mod bounds;
 mod confine;
 mod delete;
 mod handshakes;
 pub(crate) mod private;
 mod ratelimit;
-mod receiver;
+pub(crate) mod receiver;
 mod root;
 #[cfg(test)]
 mod seam;
-mod sender;
+pub(crate) mod sender;
 mod server;
 mod session_dirs;
 mod sessions;

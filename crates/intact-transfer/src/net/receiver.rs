@@ -44,6 +44,7 @@ use intact_proto::{
     MAX_STATUS_BLOCKS,
 };
 
+use crate::link::{LocalOut, Outbound};
 use crate::dest::{CreatedDirs, Destination, Mtime, PartialFile};
 use crate::journal::{unix_now, BlockRecord, DoneFile, Journal, VerifiedAt};
 use crate::net::bounds::{self, InUse, ReceiveLimits, Shares, Slot};
@@ -398,12 +399,12 @@ pub struct ReceiveOptions {
     /// and the fault lab only: built with the `fault-hooks` feature, never
     /// in the `intact` binary).
     #[cfg(feature = "fault-hooks")]
-    pub after_write: Option<crate::copy::WriteHook>,
+    pub after_write: Option<crate::hooks::WriteHook>,
     /// Called on each received block's bytes after their digest was
     /// checked and before they are written: a memory fault in the window
     /// the Z²FS paper calls t0–t1 (tests and the fault lab only).
     #[cfg(feature = "fault-hooks")]
-    pub after_check: Option<crate::copy::LinkFault>,
+    pub after_check: Option<crate::hooks::LinkFault>,
     /// Negative control for the fault lab: `riva` re-reads through the
     /// page cache instead of after eviction (as a broken riva would), so
     /// the lab can prove its device-write cells are able to fail.
@@ -477,12 +478,8 @@ pub fn receive(
     }
     // Each half carries its own direction's sealing state.
     let (conn, mut out) = conn.split(clone(&stream)?);
-    let (tx, events) = mpsc::channel::<Event>();
-    // The reader takes a credit before it hands over a message and the
-    // session thread gives one back as it takes the message: at most
-    // READ_AHEAD messages wait in memory.
-    let (credit_tx, credits) = mpsc::sync_channel::<()>(READ_AHEAD);
-    let reader_tx = tx.clone();
+    let inbox = Inbox::new();
+    let (reader_tx, credit_tx) = (inbox.tx.clone(), inbox.credit_tx.clone());
     let reader = std::thread::spawn(move || {
         let mut conn = conn;
         loop {
@@ -496,55 +493,118 @@ pub fn receive(
             }
         }
     });
-    let (jobs, jobs_rx) = mpsc::sync_channel::<Check>(VERIFY_QUEUE);
-    let verifier_tx = tx;
-    let checker = std::thread::spawn(move || verifier(jobs_rx, verifier_tx));
-    let mut files: HashMap<u64, Incoming> = HashMap::new();
-    let mut ready: Vec<(u64, Incoming)> = Vec::new();
-    let mut sess = Session {
-        out: &mut out,
-        dest,
-        root,
-        pending_delete: None,
-        journal,
-        opts,
-        jobs,
-        files: &mut files,
-        ready: &mut ready,
-        dirs: Vec::new(),
-        dir_bytes: 0,
-        dir_held: None,
-        created: opts.session_dirs.join(opts.session),
-        in_use: InUse::default(),
-        shares,
-        at_verifier: HashMap::new(),
-        summary: SessionSummary::default(),
-        buf: AlignedBuf::new(0),
-    };
-    let result = sess.run(&events, &credits);
-    drop(sess);
-    // Stop the helpers: the reader is unblocked by the shutdown (or by
-    // the credits going away), the verifier by its queue closing.
-    let _ = stream.shutdown(std::net::Shutdown::Both);
-    if let Some(memory) = &reader_memory {
-        memory.stop();
-    }
-    drop(credits);
-    drop(events);
+    let result = inbox.run(&mut out, shares, dest, root, journal, opts, || {
+        // The reader is unblocked by the shutdown (or by the credits
+        // going away).
+        let _ = stream.shutdown(std::net::Shutdown::Both);
+        if let Some(memory) = &reader_memory {
+            memory.stop();
+        }
+    });
     let _ = reader.join();
-    let _ = checker.join();
-    // However the session ended, keep what verified for the next attempt
-    // (files still waiting for the group commit included: they stay
-    // partial, every block journaled, and the next send only ends them).
-    files.extend(ready);
-    for f in files.values_mut() {
-        let _ = f.journal(journal);
-    }
     result
 }
 
+/// A receiver half's event queue: the messages its link delivers (at most
+/// [`READ_AHEAD`] ahead of the session thread) and its verifier's verdicts.
+pub(crate) struct Inbox {
+    tx: mpsc::Sender<Event>,
+    events: mpsc::Receiver<Event>,
+    credit_tx: mpsc::SyncSender<()>,
+    credits: mpsc::Receiver<()>,
+}
+
+impl Inbox {
+    pub(crate) fn new() -> Inbox {
+        let (tx, events) = mpsc::channel::<Event>();
+        // The link takes a credit before it hands over a message and the
+        // session thread gives one back as it takes the message: at most
+        // READ_AHEAD messages wait in memory.
+        let (credit_tx, credits) = mpsc::sync_channel::<()>(READ_AHEAD);
+        Inbox {
+            tx,
+            events,
+            credit_tx,
+            credits,
+        }
+    }
+
+    /// The in-process link into this half: a sender half's messages, moved.
+    pub(crate) fn local_link(&self) -> Box<dyn Outbound + Send> {
+        Box::new(LocalOut::new(
+            self.tx.clone(),
+            Some(self.credit_tx.clone()),
+            |m| Event::Msg(m, None),
+        ))
+    }
+
+    /// Runs the session on this queue, answering through `out`, until the
+    /// sender says Bye or its link closes; then `stop_link` (which must end
+    /// whatever feeds the queue) and the verifier are stopped, and what
+    /// verified is journaled for the next attempt.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn run(
+        self,
+        out: &mut dyn Outbound,
+        shares: Shares,
+        dest: &Destination,
+        root: &std::path::Path,
+        journal: &Journal,
+        opts: &ReceiveOptions,
+        stop_link: impl FnOnce(),
+    ) -> Result<SessionSummary, TransferError> {
+        let Inbox {
+            tx,
+            events,
+            credit_tx,
+            credits,
+        } = self;
+        drop(credit_tx);
+        let (jobs, jobs_rx) = mpsc::sync_channel::<Check>(VERIFY_QUEUE);
+        let checker = std::thread::spawn(move || verifier(jobs_rx, tx));
+        let mut files: HashMap<u64, Incoming> = HashMap::new();
+        let mut ready: Vec<(u64, Incoming)> = Vec::new();
+        let mut sess = Session {
+            out,
+            dest,
+            root,
+            pending_delete: None,
+            journal,
+            opts,
+            jobs,
+            files: &mut files,
+            ready: &mut ready,
+            dirs: Vec::new(),
+            dir_bytes: 0,
+            dir_held: None,
+            created: opts.session_dirs.join(opts.session),
+            in_use: InUse::default(),
+            shares,
+            at_verifier: HashMap::new(),
+            summary: SessionSummary::default(),
+            buf: AlignedBuf::new(0),
+        };
+        let result = sess.run(&events, &credits);
+        drop(sess);
+        stop_link();
+        // The verifier stops as its queue closes.
+        drop(credits);
+        drop(events);
+        let _ = checker.join();
+        // However the session ended, keep what verified for the next
+        // attempt (files still waiting for the group commit included: they
+        // stay partial, every block journaled, and the next send only ends
+        // them).
+        files.extend(ready);
+        for f in files.values_mut() {
+            let _ = f.journal(journal);
+        }
+        result
+    }
+}
+
 struct Session<'a> {
-    out: &'a mut Connection<TcpStream>,
+    out: &'a mut dyn Outbound,
     dest: &'a Destination,
     root: &'a std::path::Path,
     pending_delete: Option<Pending>,
@@ -670,7 +730,7 @@ impl Session<'_> {
                         FileStatus::Verified => self.summary.verified += u64::from(r.unchanged),
                     }
                 }
-                self.out.write_message(&reply)?;
+                self.out.put(reply)?;
             }
             Message::Block(b) => self.block(b)?,
             Message::FileEnd {
@@ -753,7 +813,7 @@ impl Session<'_> {
             Ok(v) => Ok(v),
             Err(reason) => {
                 self.pending_delete = None;
-                self.out.send(&Message::Refused {
+                self.out.send(Message::Refused {
                     reason: reason.clone(),
                 })?;
                 Err(TransferError::Remote(reason))
@@ -775,7 +835,7 @@ impl Session<'_> {
                 .dest
                 .finish_created_dir(path, *mode, *mtime, &self.created);
         }
-        self.out.send(&Message::Bye)?;
+        self.out.send(Message::Bye)?;
         Ok(())
     }
 
@@ -799,7 +859,7 @@ impl Session<'_> {
             path = f.entry.path.to_string();
         }
         self.summary.fail(&path, why);
-        self.out.write_message(&failed(file, why))?;
+        self.out.put(failed(file, why))?;
         Ok(())
     }
 
@@ -867,8 +927,7 @@ impl Session<'_> {
             }
         }
         self.summary.blocks_rejected += u64::from(!ok);
-        self.out
-            .write_message(&Message::BlockResult { file, index, ok })?;
+        self.out.put(Message::BlockResult { file, index, ok })?;
         Ok(())
     }
 
@@ -925,7 +984,7 @@ impl Session<'_> {
             f.journal(self.journal)?;
             let why = "the sender abandoned the file";
             self.summary.fail(&f.entry.path.to_string(), why);
-            self.out.write_message(&failed(file, why))?;
+            self.out.put(failed(file, why))?;
             return Ok(());
         }
         let ended = {
@@ -938,7 +997,7 @@ impl Session<'_> {
                 for index in bad {
                     f.verified.set(index as usize, None);
                     self.summary.blocks_rejected += 1;
-                    self.out.write_message(&Message::BlockResult {
+                    self.out.put(Message::BlockResult {
                         file,
                         index,
                         ok: false,
@@ -949,13 +1008,13 @@ impl Session<'_> {
             Ok(bad) if !bad.is_empty() => {
                 let why = format!("block {} never verified", bad[0]);
                 self.summary.fail(&f.entry.path.to_string(), &why);
-                self.out.write_message(&failed(file, &why))?;
+                self.out.put(failed(file, &why))?;
             }
             Ok(_) => {
                 if let Err(why) = whole_digest_matches(&mut f, &mut self.buf) {
                     let _ = f.journal(self.journal);
                     self.summary.fail(&f.entry.path.to_string(), &why);
-                    self.out.write_message(&failed(file, &why))?;
+                    self.out.put(failed(file, &why))?;
                     return Ok(());
                 }
                 let reached = f.reached();
@@ -964,7 +1023,7 @@ impl Session<'_> {
                     let _ = f.journal(self.journal);
                     let msg = below_required(&reached);
                     self.summary.fail(&f.entry.path.to_string(), &msg);
-                    self.out.write_message(&failed(file, &msg))?;
+                    self.out.put(failed(file, &msg))?;
                     return Ok(());
                 }
                 self.ready.push((file, f));
@@ -974,7 +1033,7 @@ impl Session<'_> {
             }
             Err(e) => {
                 self.summary.fail(&f.entry.path.to_string(), &e.to_string());
-                self.out.write_message(&failed(file, &e.to_string()))?;
+                self.out.put(failed(file, &e.to_string()))?;
             }
         }
         Ok(())
@@ -1011,7 +1070,7 @@ impl Session<'_> {
         };
         if let Err(why) = checked {
             self.summary.fail(&path, &why);
-            self.out.write_message(&failed(file, &why))?;
+            self.out.put(failed(file, &why))?;
             return Ok(());
         }
         let Some(v) = held.trusted else {
@@ -1024,7 +1083,7 @@ impl Session<'_> {
         };
         // Trusted at the level its record says, no higher; nothing to record.
         self.summary.verified += 1;
-        self.out.write_message(&Message::FileResult(FileResult {
+        self.out.put(Message::FileResult(FileResult {
             unchanged: true,
             trusted: f.entry.size,
             trusted_level: v.level.wire_id(),
@@ -1067,8 +1126,8 @@ fn whole_digest_matches(f: &mut Incoming, buf: &mut AlignedBuf) -> Result<(), St
 
 /// Commits the ready files as one group and sends their results. A file
 /// held whole under its final name needs no rename: only its new record.
-fn commit_ready<S: std::io::Read + std::io::Write>(
-    conn: &mut Connection<S>,
+fn commit_ready(
+    out: &mut dyn Outbound,
     dest: &Destination,
     journal: &Journal,
     ready: &mut Vec<(u64, Incoming)>,
@@ -1104,7 +1163,7 @@ fn commit_ready<S: std::io::Read + std::io::Write>(
             // Only a file whose digest was compared is ever made ready.
             let why = "the whole-file digest was not compared: not committed";
             summary.fail(&f.entry.path.to_string(), why);
-            conn.write_message(&failed(id, why))?;
+            out.put(failed(id, why))?;
             continue;
         };
         let record = DoneFile {
@@ -1131,7 +1190,7 @@ fn commit_ready<S: std::io::Read + std::io::Write>(
         });
     for (id, path, _, _, _) in moved {
         summary.fail(&path.to_string(), CHANGED_MEANWHILE);
-        conn.write_message(&failed(id, CHANGED_MEANWHILE))?;
+        out.put(failed(id, CHANGED_MEANWHILE))?;
     }
     let in_place: Vec<_> = in_place
         .into_iter()
@@ -1167,7 +1226,7 @@ fn commit_ready<S: std::io::Read + std::io::Write>(
                 failed(id, &e.to_string())
             }
         };
-        conn.write_message(&msg)?;
+        out.put(msg)?;
     }
     Ok(())
 }

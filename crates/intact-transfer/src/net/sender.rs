@@ -24,10 +24,9 @@ use intact_proto::{
     Holding, Key, Message, ProtoError, Security, SessionSecret, WirePath,
 };
 
-use crate::copy::{
-    check_unchanged, simple_report, source_read_error, CopyReport, FileReport, Progress,
-};
-use crate::source::{scan, Scan, SourceEntry, SourceKind};
+use crate::report::{simple_report, CopyReport, FileReport, Progress};
+use crate::link::{Arrival, Outbound};
+use crate::source::{check_unchanged, scan, source_read_error, Scan, SourceEntry, SourceKind};
 use crate::source_cache::{SourceCache, SourceCacheSetting, SourceDigest, SourceKey};
 use crate::verify::{DeviceStats, Reached, VerifyLevel, VerifyMode};
 use crate::TransferError;
@@ -151,14 +150,77 @@ pub fn send_scanned(
     // Every stream is connected and authenticated before any data moves,
     // so a wrong key or an unreachable server fails the whole run at once.
     let session = SessionSecret::random()?;
-    let mut conns = Vec::new();
+    let mut links = Vec::new();
     let mut security = None;
     for _ in 0..opts.streams.max(1) {
         let (conn, s) = connect(addr, opts.key.as_ref(), &session)?;
         security = Some(s);
-        conns.push(conn);
+        links.push(SenderLink::tcp(conn)?);
     }
+    let mut report = run_sender(&scanned, opts, links, progress, start);
+    report.frames = security.map(|s| s.to_string());
+    Ok(report)
+}
+
+/// One stream's link as the sender half sees it: where it writes, the
+/// queue its answers arrive on, and, over TCP, the socket and its reader
+/// thread to stop at the end.
+pub(crate) struct SenderLink<'a> {
+    pub(crate) out: Box<dyn Outbound + Send + 'a>,
+    pub(crate) events: mpsc::Receiver<Arrival>,
+    tcp: Option<(TcpStream, std::thread::JoinHandle<()>)>,
+}
+
+impl SenderLink<'_> {
+    /// A link over an authenticated TCP connection.
+    fn tcp(conn: Connection<TcpStream>) -> Result<SenderLink<'static>, TransferError> {
+        let socket = conn.get_ref().try_clone().map_err(conn_err)?;
+        let write_half = socket.try_clone().map_err(conn_err)?;
+        // Each half carries its own direction's sealing state.
+        let (read_half, conn) = conn.split(write_half);
+        let (tx, events) = mpsc::channel();
+        let reader = std::thread::spawn(move || {
+            let mut r = read_half;
+            loop {
+                let m = r.read_message();
+                let stop = !matches!(m, Ok(Some(ref msg)) if *msg != Message::Bye);
+                if tx.send(m).is_err() || stop {
+                    return;
+                }
+            }
+        });
+        Ok(SenderLink {
+            out: Box::new(conn),
+            events,
+            tcp: Some((socket, reader)),
+        })
+    }
+
+    /// An in-process link: `out` reaches the receiver half, whose answers
+    /// arrive on `events`.
+    pub(crate) fn local(
+        out: Box<dyn Outbound + Send + '_>,
+        events: mpsc::Receiver<Arrival>,
+    ) -> SenderLink<'_> {
+        SenderLink {
+            out,
+            events,
+            tcp: None,
+        }
+    }
+}
+
+/// The sender half: sends every entry of `scanned` over `links` (one
+/// stream each) and reports what the receiver half answered, per entry.
+pub(crate) fn run_sender(
+    scanned: &Scan,
+    opts: &SendOptions,
+    links: Vec<SenderLink<'_>>,
+    progress: Progress<'_>,
+    start: Instant,
+) -> CopyReport {
     let entries = &scanned.entries;
+    let streams = links.len();
     let (first, dirs): (Vec<usize>, Vec<usize>) =
         (0..entries.len()).partition(|&i| entries[i].kind != SourceKind::Dir);
     let next = AtomicUsize::new(0);
@@ -174,21 +236,21 @@ pub fn send_scanned(
         reports: &reports,
     };
 
-    std::thread::scope(|s| -> Result<(), TransferError> {
+    std::thread::scope(|s| {
         let mut handles = Vec::new();
-        for (n, conn) in conns.into_iter().enumerate() {
+        for (n, link) in links.into_iter().enumerate() {
             let (ctx, first, next) = (&ctx, &first, &next);
             handles.push(s.spawn(move || {
-                let mut stream = Stream::start(conn, ctx)?;
+                let mut stream = Stream::new(link, ctx);
                 stream.run(|| first.get(next.fetch_add(1, Ordering::Relaxed)).copied());
                 // Directories once all files are in: stream 0 after the others.
-                Ok::<_, TransferError>((n, stream))
+                (n, stream)
             }));
         }
-        let mut streams = Vec::new();
-        for h in handles {
-            streams.push(h.join().expect("stream thread panicked")?);
-        }
+        let mut streams: Vec<_> = handles
+            .into_iter()
+            .map(|h| h.join().expect("stream thread panicked"))
+            .collect();
         streams.sort_by_key(|(n, _)| *n);
         if let Some((_, s0)) = streams.first_mut() {
             let mut it = dirs.iter().copied();
@@ -197,8 +259,7 @@ pub fn send_scanned(
         for (_, st) in streams {
             st.finish();
         }
-        Ok(())
-    })?;
+    });
 
     let mut files: Vec<FileReport> = Vec::with_capacity(entries.len());
     for (i, r) in reports
@@ -213,22 +274,20 @@ pub fn send_scanned(
                 opts.verify,
                 Some(TransferError::Verification {
                     path: entries[i].rel.to_string(),
-                    what: "no result from the server (connection lost)".into(),
+                    what: "no result from the receiver (link lost)".into(),
                 }),
             );
             r.level = None;
             r
         }));
     }
-    let mut report = CopyReport::new(
+    CopyReport::new(
         files,
-        &scanned,
+        scanned,
         sent.load(Ordering::Relaxed),
         start,
-        opts.streams.max(1),
-    );
-    report.frames = security.map(|s| s.to_string());
-    Ok(report)
+        streams.max(1),
+    )
 }
 
 /// The flags of an Entry under these options.
@@ -310,9 +369,9 @@ struct Outgoing {
 
 struct Stream<'a> {
     ctx: &'a Ctx<'a>,
-    conn: Connection<TcpStream>,
-    events: mpsc::Receiver<Result<Message, ProtoError>>,
-    reader: std::thread::JoinHandle<()>,
+    conn: Box<dyn Outbound + Send + 'a>,
+    events: mpsc::Receiver<Arrival>,
+    tcp: Option<(TcpStream, std::thread::JoinHandle<()>)>,
     out: HashMap<u64, Outgoing>,
     in_flight: u64,
     buf: AlignedBuf,
@@ -324,31 +383,13 @@ struct Stream<'a> {
 }
 
 impl<'a> Stream<'a> {
-    fn start(conn: Connection<TcpStream>, ctx: &'a Ctx<'a>) -> Result<Stream<'a>, TransferError> {
-        let write_half = conn.get_ref().try_clone().map_err(conn_err)?;
-        // Each half carries its own direction's sealing state.
-        let (read_half, conn) = conn.split(write_half);
-        let (tx, rx) = mpsc::channel();
-        let reader = std::thread::spawn(move || {
-            let mut r = read_half;
-            loop {
-                let m = r.read_message();
-                let stop = !matches!(m, Ok(Some(ref msg)) if *msg != Message::Bye);
-                let ev = match m {
-                    Ok(Some(msg)) => Ok(msg),
-                    Ok(None) => Err(ProtoError::Closed),
-                    Err(e) => Err(e),
-                };
-                if tx.send(ev).is_err() || stop {
-                    return;
-                }
-            }
-        });
-        Ok(Stream {
+    fn new(link: SenderLink<'a>, ctx: &'a Ctx<'a>) -> Stream<'a> {
+        let SenderLink { out, events, tcp } = link;
+        Stream {
             ctx,
-            conn,
-            events: rx,
-            reader,
+            conn: out,
+            events,
+            tcp,
             out: HashMap::new(),
             in_flight: 0,
             buf: AlignedBuf::new(ctx.opts.block_size),
@@ -359,7 +400,7 @@ impl<'a> Stream<'a> {
             }),
             last_read_device: false,
             broken: None,
-        })
+        }
     }
 
     /// Sends every entry `next` yields and waits for all their results.
@@ -395,7 +436,7 @@ impl<'a> Stream<'a> {
         // (While files await their Status or block results, the receiver
         // answers those anyway; a Waiting then would only shrink its group.)
         if wait && self.out.values().all(|o| o.ended) {
-            if let Err(e) = self.conn.write_message(&Message::Waiting) {
+            if let Err(e) = self.conn.put(Message::Waiting) {
                 self.broken = Some(e.to_string());
                 return;
             }
@@ -414,7 +455,7 @@ impl<'a> Stream<'a> {
         };
         let mut ev = first;
         while let Some(e) = ev {
-            match e {
+            match e.and_then(|m| m.ok_or(ProtoError::Closed)) {
                 Ok(msg) => self.handle(msg),
                 Err(e) => {
                     self.broken = Some(e.to_string());
@@ -474,7 +515,7 @@ impl<'a> Stream<'a> {
             verify: opts.verify.wire_id(),
             flags: entry_flags(opts),
         };
-        if let Err(err) = self.conn.write_message(&Message::Entry(entry)) {
+        if let Err(err) = self.conn.put(Message::Entry(entry)) {
             self.broken = Some(err.to_string());
             return;
         }
@@ -813,7 +854,7 @@ impl<'a> Stream<'a> {
             digest,
             data: data.to_vec(),
         });
-        self.conn.write_message(&msg).map_err(TransferError::Path)?;
+        self.conn.put(msg).map_err(TransferError::Path)?;
         o.report.transfer_stage_seconds += stage.elapsed().as_secs_f64();
         o.pending += 1;
         o.report.bytes_sent += len as u64;
@@ -857,7 +898,7 @@ impl<'a> Stream<'a> {
             source_level: self.source_level(o).level.wire_id(),
             digest,
         };
-        if let Err(err) = self.conn.write_message(&msg) {
+        if let Err(err) = self.conn.put(msg) {
             self.broken = Some(err.to_string());
         }
         o.ended = true;
@@ -986,7 +1027,7 @@ impl<'a> Stream<'a> {
             c.put(src, k, o.opened_at, d);
         }
         if let Err(err) =
-            crate::copy::require_level(self.ctx.opts.require_level, o.report.level, &o.report.path)
+            crate::verify::require_level(self.ctx.opts.require_level, o.report.level, &o.report.path)
         {
             // Committed at the receiver, but below the level asked for:
             // the run must say so, resumed and unchanged files included.
@@ -1014,14 +1055,16 @@ impl<'a> Stream<'a> {
 
     /// Says Bye and waits for the server's Bye, so its last writes are done.
     fn finish(mut self) {
-        if self.broken.is_none() && self.conn.send(&Message::Bye).is_ok() {
-            while let Ok(Ok(m)) = self.events.recv() {
+        if self.broken.is_none() && self.conn.send(Message::Bye).is_ok() {
+            while let Ok(Ok(Some(m))) = self.events.recv() {
                 if m == Message::Bye {
                     break;
                 }
             }
         }
-        let _ = self.conn.get_ref().shutdown(std::net::Shutdown::Both);
-        let _ = self.reader.join();
+        if let Some((socket, reader)) = self.tcp.take() {
+            let _ = socket.shutdown(std::net::Shutdown::Both);
+            let _ = reader.join();
+        }
     }
 }

@@ -52,11 +52,14 @@ pub fn data(root: &Path) -> PathBuf {
     d
 }
 
-/// Every path under `root`, relative, sorted.
+/// Every path under `root`, relative, sorted, leaving out intact's own
+/// state at the top (`.intact/`: the journal and lock a copy or a server
+/// keeps in its destination root).
 pub fn listing(root: &Path) -> Vec<String> {
     let mut v: Vec<String> = walkdir::WalkDir::new(root)
         .min_depth(1)
         .into_iter()
+        .filter_entry(|e| !(e.depth() == 1 && e.file_name() == ".intact"))
         .map(|e| {
             e.unwrap()
                 .path()

@@ -4,7 +4,7 @@
 //! compiler folds away.
 
 use super::ReceiveOptions;
-use crate::copy::{LinkFault, WriteHook};
+use crate::hooks::{LinkFault, WriteHook};
 
 impl ReceiveOptions {
     /// Called after each block is written.

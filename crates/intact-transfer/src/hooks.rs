@@ -1,0 +1,15 @@
+//! The fault seams of the pipeline, for tests and the fault lab: they are
+//! set only in a build with the `fault-hooks` feature (the `intact` binary
+//! has none).
+
+use std::fs::File;
+use std::sync::Arc;
+
+/// Corrupts a block on the link: (file's destination path, block index, bytes).
+pub type LinkFault = Arc<dyn Fn(&str, u64, &mut [u8]) + Send + Sync>;
+
+/// Called right after a block was written at the destination and before
+/// anything verifies it: (the destination file, its path, block index,
+/// offset, length). Tests and the fault lab change the device under the
+/// block here.
+pub type WriteHook = Arc<dyn Fn(&File, &str, u64, u64, usize) + Send + Sync>;

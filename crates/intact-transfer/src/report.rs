@@ -1,0 +1,207 @@
+//! What a run reports: one [`FileReport`] per entry and the run's
+//! [`CopyReport`], the same for `intact copy` and `intact send` (both run
+//! the one sender half, which builds them from the receiver's answers).
+
+use std::time::Instant;
+
+use intact_cache::ReadPath;
+
+use crate::source::{SourceEntry, SourceKind};
+use crate::verify::{VerifyLevel, VerifyMode};
+use crate::TransferError;
+
+/// What happened to one entry.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct FileReport {
+    /// Destination path, relative to the root.
+    pub path: String,
+    /// "file", "dir" or "symlink".
+    pub kind: &'static str,
+    /// Bytes.
+    pub size: u64,
+    /// BLAKE3 of the file as read for the transfer (`copy`: not with
+    /// `--verify none`; `send`: in every mode, the digest the receiver
+    /// compared with the bytes it holds).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+    /// `send`: how the source's whole-file digest was obtained (this run's
+    /// reads, read now to compare with a file the server held whole, or
+    /// the source-digest cache and when it was recorded).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source_digest: Option<crate::SourceDigest>,
+    /// Blocks the file was cut into.
+    pub blocks: u64,
+    /// Blocks sent again after failing verification.
+    pub blocks_resent: u64,
+    /// Blocks not sent because the receiver already held them verified
+    /// (resume after an interruption).
+    pub blocks_skipped: u64,
+    /// Bytes in those blocks.
+    pub bytes_skipped: u64,
+    /// The receiver already held the file whole and unchanged; nothing was sent.
+    pub unchanged: bool,
+    /// Bytes of this file read and sent, resends included.
+    pub bytes_sent: u64,
+    /// Bytes the receiver held from an earlier run and re-verified in place
+    /// in this one (not sent), at the level of this run's checks.
+    pub bytes_reverified: u64,
+    /// Bytes the receiver held and trusted from its journal (not sent, not
+    /// re-read beyond a check through the cache): they count at the level
+    /// recorded when they were verified.
+    pub bytes_trusted: u64,
+    /// The lowest level recorded for the trusted bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trusted_level: Option<VerifyLevel>,
+    /// When the oldest trusted byte was verified, seconds since the epoch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trusted_since: Option<i64>,
+    /// The verification mode.
+    pub verify: VerifyMode,
+    /// The level really reached (files only; absent when the file failed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub level: Option<VerifyLevel>,
+    /// Seconds spent reading, sending and writing.
+    pub transfer_seconds: f64,
+    /// Seconds spent computing and comparing checksums.
+    pub checksum_seconds: f64,
+    /// Device-level modes: how verification reads reached the device.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub read_path: Option<ReadPath>,
+    /// Device-level modes: pages found still resident after eviction, at
+    /// both ends (each one keeps its block at level `cache`).
+    pub pages_resident: u64,
+    /// Device-level modes: seconds spent flushing and evicting.
+    pub evict_seconds: f64,
+    /// Riva: seconds the transfer stage spent on this file's blocks (read,
+    /// source re-read, digest, send, write), waits for the verifier excluded.
+    pub transfer_stage_seconds: f64,
+    /// Riva: seconds the destination's verifier spent re-reading and
+    /// hashing this file's blocks (eviction excluded).
+    pub verify_stage_seconds: f64,
+    /// Why the level is below what the mode aims at.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    /// Why it failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The whole copy.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CopyReport {
+    /// One entry per file, directory and symlink, in scan order.
+    pub files: Vec<FileReport>,
+    /// Sources that could not be scanned.
+    pub errors: Vec<String>,
+    /// Special files skipped.
+    pub skipped: Vec<String>,
+    /// Bytes of regular files.
+    pub bytes: u64,
+    /// Bytes read and sent, resends included.
+    pub bytes_sent: u64,
+    /// Bytes held by the receiver and re-verified in place in this run.
+    pub bytes_reverified: u64,
+    /// Bytes held by the receiver and trusted from its journal, at the
+    /// level recorded for them (see each file's `trusted_level`).
+    pub bytes_trusted: u64,
+    /// Entries that failed.
+    pub failed: u64,
+    /// Wall-clock seconds.
+    pub seconds: f64,
+    /// Riva: the RIVA paper's execution-time model (Eq. 1) from the
+    /// measured per-block stage times, beside the measured time (Eq. 2).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<crate::model::RivaModel>,
+    /// `send`: how the frames were protected on the wire (`encrypted,
+    /// AES-256-GCM`, `authenticated, not encrypted, …`, or `plain (no
+    /// key)`), as the handshake settled it; None for a local copy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub frames: Option<String>,
+}
+
+/// Progress callback: bytes sent so far.
+pub type Progress<'a> = &'a (dyn Fn(u64) + Sync);
+
+impl CopyReport {
+    /// The report of a run: per-entry reports in scan order, the scan's
+    /// own errors and skips, bytes read and sent, and the time since `start`.
+    pub(crate) fn new(
+        files: Vec<FileReport>,
+        scanned: &crate::source::Scan,
+        bytes_sent: u64,
+        start: Instant,
+        streams: usize,
+    ) -> CopyReport {
+        let failed = files.iter().filter(|f| f.error.is_some()).count() + scanned.errors.len();
+        CopyReport {
+            bytes: scanned.entries.iter().map(|e| e.size).sum(),
+            bytes_sent,
+            bytes_reverified: files.iter().map(|f| f.bytes_reverified).sum(),
+            bytes_trusted: files.iter().map(|f| f.bytes_trusted).sum(),
+            failed: failed as u64,
+            files,
+            errors: scanned.errors.iter().map(|e| e.to_string()).collect(),
+            skipped: scanned
+                .skipped
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect(),
+            seconds: start.elapsed().as_secs_f64(),
+            model: None,
+            frames: None,
+        }
+        .with_model(streams)
+    }
+
+    /// Counts a receiver half that ended in error (a local copy: there is
+    /// no server log to say why, so the report does).
+    pub(crate) fn receiver_failed(&mut self, why: String) {
+        self.errors.push(format!("receiver: {why}"));
+        self.failed += 1;
+    }
+
+    fn with_model(mut self, streams: usize) -> CopyReport {
+        self.model = crate::model::RivaModel::of(&self, streams);
+        self
+    }
+}
+
+pub(crate) fn simple_report(
+    e: &SourceEntry,
+    verify: VerifyMode,
+    err: Option<TransferError>,
+) -> FileReport {
+    FileReport {
+        path: e.rel.to_string(),
+        kind: match e.kind {
+            SourceKind::File => "file",
+            SourceKind::Dir => "dir",
+            SourceKind::Symlink(_) => "symlink",
+        },
+        size: e.size,
+        digest: None,
+        source_digest: None,
+        blocks: 0,
+        blocks_resent: 0,
+        blocks_skipped: 0,
+        bytes_skipped: 0,
+        unchanged: false,
+        bytes_sent: 0,
+        bytes_reverified: 0,
+        bytes_trusted: 0,
+        trusted_level: None,
+        trusted_since: None,
+        verify,
+        level: (err.is_none() && e.kind == SourceKind::File).then_some(verify.level()),
+        transfer_seconds: 0.0,
+        checksum_seconds: 0.0,
+        read_path: None,
+        pages_resident: 0,
+        evict_seconds: 0.0,
+        transfer_stage_seconds: 0.0,
+        verify_stage_seconds: 0.0,
+        note: None,
+        error: err.map(|e| e.to_string()),
+    }
+}
+
