@@ -7,7 +7,9 @@
 //! writeback as intact and the raw pipe are for their fsyncs. Wall time
 //! and CPU time (user + system of the tool's processes) are both kept;
 //! the tables quote CPU per GiB or per 1,000 files, and every tool's
-//! medians against rsync over ssh, cp -r and the raw pipe. `--warm` runs
+//! medians against rsync over ssh, cp -r and the raw pipe. After each run
+//! (untimed) the destination must hold the dataset's files and bytes, so a
+//! tool that left files out is an error, not a fast row. `--warm` runs
 //! the per-file comparison with the source in the page cache instead
 //! ([`warm`]).
 
@@ -175,7 +177,11 @@ pub fn run(a: &TransferArgs) -> anyhow::Result<()> {
         let samples = interleaved(tools.len(), a.runs, |i| {
             fresh(&dst)?;
             drop_caches();
-            (tools[i].1)().with_context(|| tools[i].0.clone())
+            let sample = (tools[i].1)().with_context(|| tools[i].0.clone())?;
+            shape
+                .check_copy(&dst.join("data"))
+                .with_context(|| tools[i].0.clone())?;
+            Ok(sample)
         })?;
         fresh(&dst)?;
         let rows: Vec<Row> = tools
@@ -204,7 +210,7 @@ pub fn run(a: &TransferArgs) -> anyhow::Result<()> {
 
 /// The notes under the last table.
 fn footer(runs: usize, extra: &str) {
-    println!("\nwall and CPU: min / median / max seconds of {runs} runs; CPU = user + system seconds of the tool's processes (an sshd's sessions included; kernel writeback threads are nobody's).");
+    println!("\nwall and CPU: min / median / max seconds of {runs} runs; CPU = user + system seconds of the tool's processes (intact serve's included, and for rsync over ssh the sshd's sessions; kernel writeback threads are nobody's).");
     println!("CPU s per GiB (large, medium) or per 1,000 files (small, dirs, mixed): the median CPU seconds over the dataset's GiB or thousands of files.");
     println!("ratio = the other tool's median / this tool's median (> 1: this tool is faster or cheaper).");
     println!("{extra}");

@@ -6,6 +6,8 @@
 
 use std::path::{Path, PathBuf};
 
+use anyhow::Context;
+
 pub(crate) const MIB: u64 = 1 << 20;
 pub(crate) const GIB: u64 = 1 << 30;
 const KIB: u64 = 1 << 10;
@@ -127,7 +129,13 @@ impl Shape {
             .iter()
             .map(|g| format!("{} × {}", g.files, size_words(g.size)))
             .collect();
-        format!("{} in {} directories", parts.join(", "), self.dirs())
+        let dirs = self.dirs();
+        let noun = if dirs == 1 {
+            "directory"
+        } else {
+            "directories"
+        };
+        format!("{} in {dirs} {noun}", parts.join(", "))
     }
 
     /// Writes the dataset under `src` unless the marker beside it says it
@@ -154,12 +162,53 @@ impl Shape {
         Ok(())
     }
 
+    /// An error unless `copy` holds as many regular files and bytes as
+    /// this dataset: a run that left files out is not timed as a transfer.
+    pub fn check_copy(&self, copy: &Path) -> anyhow::Result<()> {
+        let (mut files, mut bytes) = (0u64, 0u64);
+        walk_files(copy, |_, m| {
+            files += 1;
+            bytes += m.len();
+            Ok(())
+        })?;
+        if (files, bytes) != (self.files(), self.bytes()) {
+            anyhow::bail!(
+                "{} holds {files} files, {bytes} bytes; the dataset has {} files, {} bytes",
+                copy.display(),
+                self.files(),
+                self.bytes()
+            );
+        }
+        Ok(())
+    }
+
     fn marker(&self) -> String {
         self.groups
             .iter()
             .map(|g| format!("{}:{}x{}/{}\n", g.dir, g.files, g.size, g.dirs))
             .collect()
     }
+}
+
+/// Calls `f` with every regular file under `dir` (symlinks not followed).
+pub fn walk_files(
+    dir: &Path,
+    mut f: impl FnMut(&Path, &std::fs::Metadata) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let entries = std::fs::read_dir(&d).with_context(|| d.display().to_string())?;
+        for e in entries {
+            let e = e?;
+            let kind = e.file_type()?;
+            if kind.is_dir() {
+                stack.push(e.path());
+            } else if kind.is_file() {
+                f(&e.path(), &e.metadata()?)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Bytes in the largest unit that divides them: "1 MiB", "16 KiB", "1 B".
@@ -279,23 +328,19 @@ mod tests {
         let src = tmp.path().join("data");
         shape.make(&src).unwrap();
         let (mut files, mut bytes, mut dirs) = (0, 0, std::collections::BTreeSet::new());
-        let mut stack = vec![src.clone()];
-        while let Some(d) = stack.pop() {
-            for e in std::fs::read_dir(&d).unwrap() {
-                let e = e.unwrap();
-                let m = e.metadata().unwrap();
-                if m.is_dir() {
-                    stack.push(e.path());
-                } else {
-                    files += 1;
-                    bytes += m.len();
-                    dirs.insert(d.clone());
-                }
-            }
-        }
+        walk_files(&src, |p, m| {
+            files += 1;
+            bytes += m.len();
+            dirs.insert(p.parent().unwrap().to_path_buf());
+            Ok(())
+        })
+        .unwrap();
         assert_eq!((files, bytes), (shape.files(), shape.bytes()));
         assert_eq!((files, bytes, dirs.len() as u64), (10, 22, shape.dirs()));
         assert_eq!(shape.dirs(), 3 + 2 + 1);
+        shape.check_copy(&src).unwrap();
+        std::fs::remove_file(src.join("e/d001/f00001")).unwrap();
+        assert!(shape.check_copy(&src).is_err(), "an empty file left out");
         // Made once: a second call finds the marker and leaves the tree.
         let before = std::fs::metadata(src.join("a/b/d000/f00000"))
             .unwrap()

@@ -15,7 +15,7 @@ use anyhow::Context;
 
 use crate::runner::{interleaved, Sample};
 
-use super::datasets::Shape;
+use super::datasets::{walk_files, Shape};
 use super::fresh;
 use super::table::{render, Baseline, Row, Style, Work};
 use super::tools::{self, Paths};
@@ -47,7 +47,11 @@ pub(super) fn run_dataset(
         if coldest.total == 0 || r.fraction() < coldest.fraction() {
             coldest = r;
         }
-        (tools[i].1)().with_context(|| tools[i].0.clone())
+        let sample = (tools[i].1)().with_context(|| tools[i].0.clone())?;
+        shape
+            .check_copy(&p.dst.join("data"))
+            .with_context(|| tools[i].0.clone())?;
+        Ok(sample)
     })?;
     fresh(p.dst)?;
     let rows: Vec<Row> = tools
@@ -98,28 +102,20 @@ pub(super) fn read_through(dir: &Path) -> anyhow::Result<Residency> {
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
     let mut buf = vec![0u8; 1 << 20];
     let mut r = Residency::default();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).with_context(|| d.display().to_string())? {
-            let e = e?;
-            let kind = e.file_type()?;
-            if kind.is_dir() {
-                stack.push(e.path());
-            } else if kind.is_file() {
-                let mut f = File::open(e.path())?;
-                let mut len = 0u64;
-                loop {
-                    let n = f.read(&mut buf)?;
-                    if n == 0 {
-                        break;
-                    }
-                    len += n as u64;
-                }
-                r.total += len.div_ceil(page);
-                r.resident += intact_cache::resident(&f, 0, len)?;
+    walk_files(dir, |path, _| {
+        let mut f = File::open(path)?;
+        let mut len = 0u64;
+        loop {
+            let n = f.read(&mut buf)?;
+            if n == 0 {
+                break;
             }
+            len += n as u64;
         }
-    }
+        r.total += len.div_ceil(page);
+        r.resident += intact_cache::resident(&f, 0, len)?;
+        Ok(())
+    })?;
     Ok(r)
 }
 
