@@ -19,8 +19,8 @@ pub const NAMES: [&str; 5] = ["large", "medium", "small", "dirs", "mixed"];
 /// where per-file overhead is what is measured.
 pub const WARM_DEFAULT: [&str; 3] = ["small", "dirs", "mixed"];
 
-/// A uniform dataset: `files` files of `file_size` bytes, 1,000 per
-/// directory (the `verify` and `model` benchmarks' parts).
+/// A uniform dataset: `files` files of `file_size` bytes, at most 1,000
+/// per directory (the `verify` and `model` benchmarks' parts).
 pub(crate) struct Dataset {
     pub name: &'static str,
     pub files: u64,
@@ -89,8 +89,9 @@ pub struct Shape {
 }
 
 impl Shape {
-    /// One group of 1,000 files per directory at the top (the layout the
-    /// uniform datasets have always had).
+    /// One group at the top, over as many directories as 1,000 files per
+    /// directory need, spread evenly (for a multiple of 1,000 files, the
+    /// layout the uniform datasets have always had).
     pub fn uniform(name: &'static str, unit: Unit, files: u64, size: u64) -> Shape {
         Shape {
             name,
