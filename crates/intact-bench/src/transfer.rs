@@ -5,32 +5,53 @@
 //! the page cache dropped before every run. Each timed run ends with
 //! `sync`, so tools that do not fsync (cp, rsync) are charged for their
 //! writeback as intact and the raw pipe are for their fsyncs. Wall time
-//! and CPU time (user + system of the tool's processes) are both kept.
+//! and CPU time (user + system of the tool's processes) are both kept;
+//! the tables quote CPU per GiB or per 1,000 files, and every tool's
+//! medians against rsync over ssh, cp -r and the raw pipe. After each run
+//! (untimed) the destination must hold the dataset's files and bytes, so a
+//! tool that left files out is an error, not a fast row. `--warm` runs
+//! the per-file comparison with the source in the page cache instead
+//! ([`warm`]).
+
+mod datasets;
+mod sshd;
+mod table;
+mod tools;
+mod warm;
 
 use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use anyhow::{bail, Context};
 
+pub(crate) use datasets::{make_dataset, Dataset};
+
 use crate::ramdisk::RamExt4;
-use crate::runner::{
-    command_line, have, intact_binary, interleaved, stop_on_signals, Meter, Sample, Spread,
-};
+use crate::runner::{command_line, have, intact_binary, interleaved, stop_on_signals};
+use datasets::{Shape, MIB};
+use sshd::Sshd;
+use table::{render, Baseline, Row, Style, Work};
+use tools::Paths;
 
 #[derive(clap::Args)]
 pub struct TransferArgs {
     /// Directory for datasets and destinations (on a real disk, not tmpfs).
     #[arg(long, default_value = "/var/tmp/intact-bench")]
     dir: PathBuf,
-    /// Runs per tool, interleaved (min, median and max are reported).
+    /// Runs per tool, interleaved in alternating order (min, median and
+    /// max are reported).
     #[arg(long, default_value_t = 7)]
     runs: usize,
-    /// Scale of the datasets: 1.0 = one 4 GiB file, 2000 × 1 MiB, 20,000 × 16 KiB.
+    /// Scale of the datasets' file counts and large sizes (1.0: full size;
+    /// every group keeps at least one file).
     #[arg(long, default_value_t = 1.0)]
     scale: f64,
-    /// Only these datasets (large, medium, small).
+    /// Only these datasets, comma-separated: large (one 4 GiB file),
+    /// medium (2,000 × 1 MiB), small (20,000 × 16 KiB), dirs (5,000 ×
+    /// 16 KiB in 50 directories), mixed (a 1 GiB file, 200 × 1 MiB,
+    /// 5,000 × 16 KiB, 50 empty and 5 one-byte files, in nested
+    /// directories). Default: all five; with --warm: small, dirs, mixed.
     #[arg(long, value_delimiter = ',')]
     datasets: Vec<String>,
     /// Leave out rsync over ssh.
@@ -45,85 +66,84 @@ pub struct TransferArgs {
     /// what sealing costs against the keyless (plain) run.
     #[arg(long)]
     keyed: bool,
+    /// Warm cache instead: the source is read through before every run and
+    /// the cache never dropped; intact copy and send with --verify none
+    /// against cp -r and rsync -a (local), in files per second. Isolates
+    /// the tools' own per-file cost from the disk (use with --ram-ext4 to
+    /// take the destination's device out too).
+    #[arg(long, conflicts_with = "keyed")]
+    warm: bool,
 }
 
-pub(crate) struct Dataset {
-    pub name: &'static str,
-    pub files: u64,
-    pub file_size: u64,
-}
-
-const MIB: u64 = 1 << 20;
-
-/// What every table says about encryption.
-pub(crate) const ENCRYPTION_NOTE: &str =
-    "rsync over ssh encrypts; intact send encrypts only with a key \
+/// What every cold table says about encryption.
+const ENCRYPTION_NOTE: &str = "rsync over ssh encrypts; intact send encrypts only with a key \
      (rows marked \"key\"; the others are keyless: plain frames); the raw pipe does not";
 
-/// How an `intact send` run is keyed.
-#[derive(Clone, Copy)]
-enum Keying<'a> {
-    /// No key: plain frames.
-    None,
-    /// A key: sealed frames, encrypted or (false) authenticated only.
-    Key(&'a Path, bool),
-}
-
-/// A named tool: one timed run from the dataset into a fresh destination.
-type Tool<'a> = (String, Box<dyn Fn() -> anyhow::Result<Sample> + 'a>);
+/// The cold tables' ratio columns.
+const BASELINES: [Baseline; 3] = [
+    Baseline {
+        label: "rsync over ssh",
+        prefix: "rsync -a -e ssh (",
+    },
+    Baseline {
+        label: "cp -r",
+        prefix: "cp -r",
+    },
+    Baseline {
+        label: "raw pipe",
+        prefix: "raw pipe",
+    },
+];
 
 pub fn run(a: &TransferArgs) -> anyhow::Result<()> {
     stop_on_signals();
+    if a.runs == 0 {
+        bail!("--runs must be at least 1");
+    }
+    let all = datasets::standard(a.scale);
+    let chosen = choose(&all, &a.datasets, a.warm)?;
     let intact = intact_binary()?;
     for need in ["cp", "rsync"] {
         if !have(need) {
             bail!("{need} is not installed: run scripts/setup --bench");
         }
     }
-    let all = [
-        Dataset {
-            name: "large",
-            files: 1,
-            file_size: ((4096.0 * a.scale) as u64).max(1) * MIB,
-        },
-        Dataset {
-            name: "medium",
-            files: ((2000.0 * a.scale) as u64).max(1),
-            file_size: MIB,
-        },
-        Dataset {
-            name: "small",
-            files: ((20000.0 * a.scale) as u64).max(1),
-            file_size: 16 * 1024,
-        },
-    ];
-    let chosen: Vec<&Dataset> = all
-        .iter()
-        .filter(|d| a.datasets.is_empty() || a.datasets.iter().any(|n| n == d.name))
-        .collect();
     let ram = if a.ram_ext4 {
-        // Sources, one destination as large as the largest, and room for
-        // ext4's metadata (an inode and a block for each small file).
-        let bytes: u64 = chosen.iter().map(|d| d.files * d.file_size).sum();
-        let largest = chosen
-            .iter()
-            .map(|d| d.files * d.file_size)
-            .max()
-            .unwrap_or(0);
-        let files: u64 = chosen.iter().map(|d| d.files).sum();
-        let mib = (bytes + largest) / MIB + files * 2 * 8 / 1024 + 512;
-        Some(RamExt4::create(mib)?)
+        Some(RamExt4::create(ram_mib(&chosen))?)
     } else {
         None
     };
     let dir = ram
         .as_ref()
         .map_or(a.dir.clone(), |r| r.mount.join("bench"));
+    std::fs::create_dir_all(&dir)?;
     let storage = match &ram {
         Some(_) => "a RAM-backed ext4 (loop device over /dev/shm)".to_string(),
-        None => format!("the disk ({})", a.dir.display()),
+        None => format!("the disk ({}, {})", a.dir.display(), fs_type(&dir)),
     };
-    std::fs::create_dir_all(&dir)?;
+    let dst = dir.join("dst");
+    if a.warm {
+        println!(
+            "intact-bench transfer --warm: on {storage}, scale {}, {} interleaved runs per tool (alternating order), \
+             source read through before each run, page cache never dropped, each run ends with sync",
+            a.scale, a.runs
+        );
+        for shape in chosen {
+            let src = dir.join(format!("src-{}", shape.name)).join("data");
+            shape.make(&src)?;
+            let p = Paths {
+                intact: &intact,
+                src: &src,
+                dst: &dst,
+            };
+            warm::run_dataset(p, shape, a.runs, &storage)?;
+        }
+        footer(
+            a.runs,
+            "files/s = files / wall seconds (min from the slowest run, max from the fastest).",
+        );
+        return Ok(());
+    }
     // The sshd's own files stay on the disk: only the data moves to RAM.
     let ssh = if a.no_ssh {
         None
@@ -140,161 +160,104 @@ pub fn run(a: &TransferArgs) -> anyhow::Result<()> {
     };
     let can_drop = drop_caches();
     println!(
-        "intact-bench transfer: on {storage}, scale {}, {} interleaved runs per tool, page cache {}, each run ends with sync",
+        "intact-bench transfer: on {storage}, scale {}, {} interleaved runs per tool (alternating order), page cache {}, each run ends with sync",
         a.scale,
         a.runs,
         if can_drop { "dropped before each run" } else { "NOT dropped (not root)" }
     );
-    for d in chosen {
-        let src_parent = dir.join(format!("src-{}", d.name));
-        let src = src_parent.join("data");
-        make_dataset(&src, d)?;
-        let bytes = d.files * d.file_size;
-        let dst = dir.join("dst");
-        let mut tools: Vec<Tool<'_>> = Vec::new();
-        for mode in ["none", "fiver", "riva"] {
-            let (bin, src, dst) = (&intact, &src, &dst);
-            tools.push((
-                format!("intact send --verify {mode}"),
-                Box::new(move || intact_send(bin, src, dst, mode, Keying::None)),
-            ));
-        }
-        if let Some(key) = &key {
-            for encrypt in [true, false] {
-                let (bin, src, dst) = (&intact, &src, &dst);
-                tools.push((
-                    format!(
-                        "intact send --verify none, key{}",
-                        if encrypt {
-                            ", encrypted"
-                        } else {
-                            ", serve --no-encrypt"
-                        }
-                    ),
-                    Box::new(move || intact_send(bin, src, dst, "none", Keying::Key(key, encrypt))),
-                ));
-            }
-        }
-        tools.push((
-            "intact copy --verify none".into(),
-            Box::new(|| {
-                timed(|| {
-                    run_cmd(
-                        Command::new(&intact)
-                            .args(["copy", "--verify", "none"])
-                            .arg(&src)
-                            .arg(&dst),
-                    )
-                })
-            }),
-        ));
-        tools.push((
-            "raw pipe (sendfile | socket | write+fsync)".into(),
-            Box::new(|| crate::pipe::timed(&src, &dst)),
-        ));
-        tools.push((
-            "cp -r".into(),
-            Box::new(|| timed(|| run_cmd(Command::new("cp").arg("-r").arg(&src).arg(&dst)))),
-        ));
-        tools.push((
-            "rsync -a".into(),
-            Box::new(|| {
-                timed(|| {
-                    run_cmd(
-                        Command::new("rsync")
-                            .arg("-a")
-                            .arg(&src)
-                            .arg(format!("{}/", dst.display())),
-                    )
-                })
-            }),
-        ));
-        if let Some(s) = &ssh {
-            tools.push((
-                format!("rsync -a -e ssh ({}, default)", s.default_cipher),
-                Box::new(|| s.timed_rsync(&src, &dst, None)),
-            ));
-            tools.push((
-                "rsync -a -e \"ssh -c aes128-gcm@openssh.com\"".into(),
-                Box::new(|| s.timed_rsync(&src, &dst, Some("aes128-gcm@openssh.com"))),
-            ));
-        }
+    for shape in chosen {
+        let src = dir.join(format!("src-{}", shape.name)).join("data");
+        shape.make(&src)?;
+        let p = Paths {
+            intact: &intact,
+            src: &src,
+            dst: &dst,
+        };
+        let tools = tools::cold(p, key.as_deref(), ssh.as_ref());
         let samples = interleaved(tools.len(), a.runs, |i| {
             fresh(&dst)?;
             drop_caches();
-            (tools[i].1)().with_context(|| tools[i].0.clone())
+            let sample = (tools[i].1)().with_context(|| tools[i].0.clone())?;
+            shape
+                .check_copy(&dst.join("data"))
+                .with_context(|| tools[i].0.clone())?;
+            Ok(sample)
         })?;
         fresh(&dst)?;
+        let rows: Vec<Row> = tools
+            .iter()
+            .zip(&samples)
+            .map(|(t, s)| Row::of(&t.0, s))
+            .collect();
         println!(
-            "\n{}: {} file(s) of {} KiB, {:.0} MiB; on {storage}\n",
-            d.name,
-            d.files,
-            d.file_size / 1024,
-            bytes as f64 / MIB as f64
+            "\n{}: {}, {:.0} MiB; on {storage}\n",
+            shape.name,
+            shape.describe(),
+            shape.bytes() as f64 / MIB as f64
         );
-        print_table(&tools, &samples, bytes);
+        print!(
+            "{}",
+            render(&rows, &Work::of(shape), &BASELINES, Style::Cold)
+        );
         println!("\n{ENCRYPTION_NOTE}.");
     }
-    println!("\nwall and CPU: min / median / max seconds of {} runs; CPU = user + system seconds of the tool's processes (an sshd's sessions included; kernel writeback threads are nobody's).", a.runs);
+    footer(
+        a.runs,
+        "MiB/s and files/s at the median wall time; \"vs rsync over ssh\" is ssh's default cipher.",
+    );
+    Ok(())
+}
+
+/// The notes under the last table.
+fn footer(runs: usize, extra: &str) {
+    println!("\nwall and CPU: min / median / max seconds of {runs} runs; CPU = user + system seconds of the tool's processes (intact serve's included, and for rsync over ssh the sshd's sessions; kernel writeback threads are nobody's).");
+    println!("CPU s per GiB (large, medium) or per 1,000 files (small, dirs, mixed): the median CPU seconds over the dataset's GiB or thousands of files.");
     println!("ratio = the other tool's median / this tool's median (> 1: this tool is faster or cheaper).");
+    println!("{extra}");
     println!("command: {}", command_line());
-    Ok(())
 }
 
-fn print_table(tools: &[Tool<'_>], samples: &[Vec<Sample>], bytes: u64) {
-    let stats: Vec<(Spread, Spread)> = samples
+/// The datasets named (all, or the warm default, when none are), in
+/// their standard order; an unknown name is an error.
+fn choose<'a>(all: &'a [Shape], names: &[String], warm: bool) -> anyhow::Result<Vec<&'a Shape>> {
+    for n in names {
+        if !all.iter().any(|s| s.name == n) {
+            bail!(
+                "unknown dataset {n:?} (known: {})",
+                datasets::NAMES.join(", ")
+            );
+        }
+    }
+    Ok(all
         .iter()
-        .map(|v| {
-            let wall: Vec<f64> = v.iter().map(|s| s.wall).collect();
-            let cpu: Vec<f64> = v.iter().map(|s| s.cpu).collect();
-            (Spread::of(&wall), Spread::of(&cpu))
+        .filter(|s| match names.is_empty() {
+            true if warm => datasets::WARM_DEFAULT.contains(&s.name),
+            true => true,
+            false => names.iter().any(|n| n == s.name),
         })
-        .collect();
-    let find = |prefix: &str| {
-        tools
-            .iter()
-            .position(|t| t.0.starts_with(prefix))
-            .map(|i| stats[i])
-    };
-    let pipe = find("raw pipe");
-    let ssh = find("rsync -a -e ssh (");
-    println!("| tool | wall s (min / median / max) | MiB/s | CPU s (min / median / max) | vs raw pipe: wall | CPU | vs rsync over ssh: wall | CPU |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
-    for ((name, _), (wall, cpu)) in tools.iter().zip(&stats) {
-        let r = |other: Option<(Spread, Spread)>, pick: fn(&(Spread, Spread)) -> f64, this: f64| {
-            other.map_or("–".into(), |o| format!("{:.2}", pick(&o) / this))
-        };
-        let w = |s: &(Spread, Spread)| s.0.median;
-        let c = |s: &(Spread, Spread)| s.1.median;
-        println!(
-            "| {} | {wall} | {:.0} | {cpu} | {} | {} | {} | {} |",
-            name.replace('|', "\\|"),
-            bytes as f64 / MIB as f64 / wall.median,
-            r(pipe, w, wall.median),
-            r(pipe, c, cpu.median),
-            r(ssh, w, wall.median),
-            r(ssh, c, cpu.median),
-        );
-    }
+        .collect())
 }
 
-pub(crate) fn make_dataset(src: &Path, d: &Dataset) -> anyhow::Result<()> {
-    // The marker names the shape, so a dataset made at another scale is
-    // made again rather than measured under the wrong name.
-    let marker = src.with_extension("complete");
-    let shape = format!("{} x {}\n", d.files, d.file_size);
-    if std::fs::read_to_string(&marker).is_ok_and(|m| m == shape) {
-        return Ok(());
-    }
-    let _ = std::fs::remove_dir_all(src);
-    let mut stream = intact_sample::SampleBytes::new(7);
-    for i in 0..d.files {
-        let dir = src.join(format!("d{:03}", i / 1000));
-        std::fs::create_dir_all(&dir)?;
-        intact_sample::write_file(&dir.join(format!("f{i:05}")), d.file_size, &mut stream)?;
-    }
-    std::fs::write(marker, shape)?;
-    Ok(())
+/// MiB for a RAM-backed ext4 holding `shapes`' sources, one destination
+/// as large as the largest, and ext4's metadata (an inode and a block
+/// for each file and directory, source and destination).
+fn ram_mib(shapes: &[&Shape]) -> u64 {
+    let bytes: u64 = shapes.iter().map(|s| s.bytes()).sum();
+    let largest = shapes.iter().map(|s| s.bytes()).max().unwrap_or(0);
+    let entries: u64 = shapes.iter().map(|s| s.files() + s.dirs()).sum();
+    (bytes + largest) / MIB + entries * 2 * 8 / 1024 + 512
+}
+
+/// The file system type `dir` is on ("ext4"), or "?".
+fn fs_type(dir: &Path) -> String {
+    Command::new("findmnt")
+        .args(["-n", "-o", "FSTYPE", "-T"])
+        .arg(dir)
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "?".into())
 }
 
 pub(crate) fn fresh(dst: &Path) -> anyhow::Result<()> {
@@ -319,191 +282,6 @@ pub(crate) fn run_cmd(cmd: &mut Command) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Times `f` plus a final sync.
-pub(crate) fn timed(f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<Sample> {
-    let mut m = Meter::start();
-    f()?;
-    run_cmd(&mut Command::new("sync"))?;
-    m.stop();
-    Ok(m.finish(0.0))
-}
-
-/// A fresh server per run (so its journal does not skip anything), timed
-/// from the send's start to the end of the final sync; the server's CPU
-/// is counted.
-fn intact_send(
-    intact: &Path,
-    src: &Path,
-    dst: &Path,
-    verify: &str,
-    keying: Keying<'_>,
-) -> anyhow::Result<Sample> {
-    let mut m = Meter::start();
-    let mut cmd = Command::new(intact);
-    cmd.args(["serve", "--listen", "127.0.0.1:0", "--root"])
-        .arg(dst);
-    let mut send = Command::new(intact);
-    send.args(["send", "--verify", verify]);
-    if let Keying::Key(key, encrypt) = keying {
-        cmd.arg("--key-file").arg(key);
-        if !encrypt {
-            cmd.arg("--no-encrypt");
-        }
-        send.arg("--key-file").arg(key);
-    }
-    let (mut server, addr) = start_server(&mut cmd)?;
-    m.go();
-    let sent = run_cmd(send.arg(src).arg(&addr)).and_then(|()| run_cmd(&mut Command::new("sync")));
-    m.stop();
-    let _ = server.kill();
-    let _ = server.wait();
-    sent?;
-    Ok(m.finish(0.0))
-}
-
-/// An sshd on a free loopback port with its own host and client keys.
-struct Sshd {
-    child: Child,
-    port: u16,
-    key: PathBuf,
-    /// The client's first cipher, used when none is asked for.
-    default_cipher: String,
-}
-
-impl Sshd {
-    fn start(dir: &Path) -> anyhow::Result<Sshd> {
-        let sshd = ["/usr/sbin/sshd", "/usr/bin/sshd"]
-            .into_iter()
-            .find(|p| Path::new(p).exists());
-        let Some(sshd) = sshd else {
-            bail!("sshd is not installed: run scripts/setup --bench (or pass --no-ssh)")
-        };
-        let _ = std::fs::remove_dir_all(dir);
-        std::fs::create_dir_all(dir)?;
-        std::fs::create_dir_all("/run/sshd")?;
-        for name in ["host", "client"] {
-            run_cmd(
-                Command::new("ssh-keygen")
-                    .args(["-q", "-t", "ed25519", "-N", "", "-f"])
-                    .arg(dir.join(name)),
-            )?;
-        }
-        std::fs::copy(dir.join("client.pub"), dir.join("authorized_keys"))?;
-        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let config = dir.join("sshd_config");
-        std::fs::write(
-            &config,
-            format!(
-                "Port {port}\nListenAddress 127.0.0.1\nHostKey {}\nAuthorizedKeysFile {}\nPermitRootLogin prohibit-password\n\
-                 PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nPidFile {}\n",
-                dir.join("host").display(),
-                dir.join("authorized_keys").display(),
-                dir.join("sshd.pid").display()
-            ),
-        )?;
-        let child = Command::new(sshd)
-            .arg("-D")
-            .arg("-e")
-            .arg("-f")
-            .arg(&config)
-            .stderr(Stdio::null())
-            .spawn()?;
-        let mut s = Sshd {
-            child,
-            port,
-            key: dir.join("client"),
-            default_cipher: String::new(),
-        };
-        let config = Command::new("ssh").args(["-G", "127.0.0.1"]).output()?;
-        s.default_cipher = String::from_utf8_lossy(&config.stdout)
-            .lines()
-            .find_map(|l| l.strip_prefix("ciphers "))
-            .and_then(|c| c.split(',').next())
-            .unwrap_or("?")
-            .to_string();
-        // Ready when a command runs through it.
-        for _ in 0..50 {
-            if s.ssh_command()
-                .arg("127.0.0.1")
-                .arg("true")
-                .status()?
-                .success()
-            {
-                return Ok(s);
-            }
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        }
-        bail!("the benchmark's sshd did not come up on port {port}")
-    }
-
-    fn ssh_args(&self) -> String {
-        format!(
-            "ssh -p {} -i {} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o BatchMode=yes -o LogLevel=ERROR",
-            self.port,
-            self.key.display()
-        )
-    }
-
-    fn ssh_command(&self) -> Command {
-        let args = self.ssh_args();
-        let mut parts = args.split(' ');
-        let mut c = Command::new(parts.next().expect("ssh"));
-        c.args(parts).stdout(Stdio::null()).stderr(Stdio::null());
-        c
-    }
-
-    /// One timed rsync over ssh, with `cipher` or ssh's default; its CPU
-    /// includes the sshd sessions (and the remote rsync) it caused.
-    fn timed_rsync(&self, src: &Path, dst: &Path, cipher: Option<&str>) -> anyhow::Result<Sample> {
-        let mut e = self.ssh_args();
-        if let Some(c) = cipher {
-            e.push_str(" -c ");
-            e.push_str(c);
-        }
-        let before = self.sessions_cpu()?;
-        let mut m = Meter::start();
-        run_cmd(
-            Command::new("rsync")
-                .args(["-a", "-e", &e])
-                .arg(src)
-                .arg(format!("127.0.0.1:{}/", dst.display())),
-        )?;
-        run_cmd(&mut Command::new("sync"))?;
-        m.stop();
-        let after = self.sessions_cpu()?;
-        Ok(m.finish(after - before))
-    }
-
-    /// CPU seconds of the sshd's sessions it has reaped so far, once it
-    /// has reaped all of them.
-    fn sessions_cpu(&self) -> anyhow::Result<f64> {
-        let pid = self.child.id();
-        let children = format!("/proc/{pid}/task/{pid}/children");
-        for _ in 0..200 {
-            if std::fs::read_to_string(&children)?.trim().is_empty() {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-        // Fields after the command's closing parenthesis start at field 3;
-        // cutime and cstime are fields 16 and 17.
-        let rest = stat.rsplit_once(')').context("/proc/PID/stat")?.1;
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        let ticks: f64 = f[13].parse::<f64>()? + f[14].parse::<f64>()?;
-        // SAFETY: sysconf has no preconditions.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-        Ok(ticks / hz)
-    }
-}
-
-impl Drop for Sshd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// Starts an `intact serve` command line; returns it and the address it
 /// printed.
 pub(crate) fn start_server(cmd: &mut Command) -> anyhow::Result<(Child, String)> {
@@ -517,4 +295,31 @@ pub(crate) fn start_server(cmd: &mut Command) -> anyhow::Result<(Child, String)>
         .context("no address from intact serve")?
         .to_string();
     Ok((server, addr))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn datasets_default_to_all_or_to_the_warm_set() {
+        let all = datasets::standard(0.01);
+        let names = |v: Vec<&Shape>| v.iter().map(|s| s.name).collect::<Vec<_>>();
+        assert_eq!(names(choose(&all, &[], false).unwrap()), datasets::NAMES);
+        assert_eq!(
+            names(choose(&all, &[], true).unwrap()),
+            datasets::WARM_DEFAULT
+        );
+        let picked = choose(&all, &["mixed".into(), "large".into()], true).unwrap();
+        assert_eq!(names(picked), ["large", "mixed"]);
+        assert!(choose(&all, &["huge".into()], false).is_err());
+    }
+
+    #[test]
+    fn ram_disk_holds_sources_a_destination_and_metadata() {
+        let all = datasets::standard(1.0);
+        let small: Vec<&Shape> = all.iter().filter(|s| s.name == "small").collect();
+        // 312.5 MiB twice, 20,020 entries × 16 KiB twice over, 512 spare.
+        assert_eq!(ram_mib(&small), 625 + 20_020 * 16 / 1024 + 512);
+    }
 }

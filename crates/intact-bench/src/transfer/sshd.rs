@@ -1,0 +1,162 @@
+//! The benchmark's own sshd, for rsync over ssh: on a free loopback port,
+//! with its own host and client keys under the benchmark's directory,
+//! stopped when dropped. Its sessions' CPU (and the remote rsync's) is
+//! charged to the rsync run that caused it.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use anyhow::{bail, Context};
+
+use crate::runner::{Meter, Sample};
+
+use super::run_cmd;
+
+/// An sshd on a free loopback port with its own host and client keys.
+pub(super) struct Sshd {
+    child: Child,
+    port: u16,
+    key: PathBuf,
+    /// The client's first cipher, used when none is asked for.
+    pub(super) default_cipher: String,
+}
+
+impl Sshd {
+    pub(super) fn start(dir: &Path) -> anyhow::Result<Sshd> {
+        let sshd = ["/usr/sbin/sshd", "/usr/bin/sshd"]
+            .into_iter()
+            .find(|p| Path::new(p).exists());
+        let Some(sshd) = sshd else {
+            bail!("sshd is not installed: run scripts/setup --bench (or pass --no-ssh)")
+        };
+        let _ = std::fs::remove_dir_all(dir);
+        std::fs::create_dir_all(dir)?;
+        std::fs::create_dir_all("/run/sshd")?;
+        for name in ["host", "client"] {
+            run_cmd(
+                Command::new("ssh-keygen")
+                    .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+                    .arg(dir.join(name)),
+            )?;
+        }
+        std::fs::copy(dir.join("client.pub"), dir.join("authorized_keys"))?;
+        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let config = dir.join("sshd_config");
+        std::fs::write(
+            &config,
+            format!(
+                "Port {port}\nListenAddress 127.0.0.1\nHostKey {}\nAuthorizedKeysFile {}\nPermitRootLogin prohibit-password\n\
+                 PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nPidFile {}\n",
+                dir.join("host").display(),
+                dir.join("authorized_keys").display(),
+                dir.join("sshd.pid").display()
+            ),
+        )?;
+        let child = Command::new(sshd)
+            .arg("-D")
+            .arg("-e")
+            .arg("-f")
+            .arg(&config)
+            .stderr(Stdio::null())
+            .spawn()?;
+        let mut s = Sshd {
+            child,
+            port,
+            key: dir.join("client"),
+            default_cipher: String::new(),
+        };
+        let config = Command::new("ssh").args(["-G", "127.0.0.1"]).output()?;
+        s.default_cipher = String::from_utf8_lossy(&config.stdout)
+            .lines()
+            .find_map(|l| l.strip_prefix("ciphers "))
+            .and_then(|c| c.split(',').next())
+            .unwrap_or("?")
+            .to_string();
+        // Ready when a command runs through it.
+        for _ in 0..50 {
+            if s.ssh_command()
+                .arg("127.0.0.1")
+                .arg("true")
+                .status()?
+                .success()
+            {
+                return Ok(s);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        bail!("the benchmark's sshd did not come up on port {port}")
+    }
+
+    fn ssh_args(&self) -> String {
+        format!(
+            "ssh -p {} -i {} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o BatchMode=yes -o LogLevel=ERROR",
+            self.port,
+            self.key.display()
+        )
+    }
+
+    fn ssh_command(&self) -> Command {
+        let args = self.ssh_args();
+        let mut parts = args.split(' ');
+        let mut c = Command::new(parts.next().expect("ssh"));
+        c.args(parts).stdout(Stdio::null()).stderr(Stdio::null());
+        c
+    }
+
+    /// One timed rsync over ssh, with `cipher` or ssh's default; its CPU
+    /// includes the sshd sessions (and the remote rsync) it caused.
+    pub(super) fn timed_rsync(
+        &self,
+        src: &Path,
+        dst: &Path,
+        cipher: Option<&str>,
+    ) -> anyhow::Result<Sample> {
+        let mut e = self.ssh_args();
+        if let Some(c) = cipher {
+            e.push_str(" -c ");
+            e.push_str(c);
+        }
+        let before = self.sessions_cpu()?;
+        let mut m = Meter::start();
+        run_cmd(
+            Command::new("rsync")
+                .args(["-a", "-e", &e])
+                .arg(src)
+                .arg(format!("127.0.0.1:{}/", dst.display())),
+        )?;
+        run_cmd(&mut Command::new("sync"))?;
+        m.stop();
+        let after = self.sessions_cpu()?;
+        Ok(m.finish(after - before))
+    }
+
+    /// CPU seconds of the sshd's sessions it has reaped so far, once it
+    /// has reaped all of them.
+    fn sessions_cpu(&self) -> anyhow::Result<f64> {
+        let pid = self.child.id();
+        let children = format!("/proc/{pid}/task/{pid}/children");
+        for _ in 0..200 {
+            if std::fs::read_to_string(&children)?.trim().is_empty() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+        // Fields after the command's closing parenthesis start at field 3;
+        // cutime and cstime are fields 16 and 17.
+        let rest = stat.rsplit_once(')').context("/proc/PID/stat")?.1;
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ticks: f64 = f[13].parse::<f64>()? + f[14].parse::<f64>()?;
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        Ok(ticks / hz)
+    }
+}
+
+impl Drop for Sshd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
