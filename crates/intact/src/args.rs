@@ -335,18 +335,6 @@ pub struct SendArgs {
     #[arg(long, value_name = "F")]
     pub key_file: Option<PathBuf>,
 
-    /// Re-verify files the server already holds, by the --verify mode's
-    /// own means (riva: re-read from the device at both ends), instead of
-    /// trusting its journal's record of them.
-    #[arg(long)]
-    pub reverify: bool,
-
-    /// Do not use the source-digest cache ($XDG_CACHE_HOME/intact, else
-    /// ~/.cache/intact): every source the server holds whole is read to
-    /// compare its digest with the server's. (--reverify never uses it.)
-    #[arg(long)]
-    pub no_source_cache: bool,
-
     /// After everything was sent and verified, have the server remove
     /// what it holds under the sent directories and the sources no longer
     /// have (excluded entries are kept; symlinks are removed as links,
@@ -391,6 +379,19 @@ pub struct PipelineArgs {
     /// Resends of one block before its file fails.
     #[arg(long, value_name = "N", default_value_t = 3)]
     pub retries: u32,
+
+    /// Re-verify files the destination already holds, by the --verify
+    /// mode's own means (riva: re-read from the device at both ends),
+    /// instead of trusting its journal's record of them.
+    #[arg(long)]
+    pub reverify: bool,
+
+    /// Do not use the source-digest cache ($XDG_CACHE_HOME/intact, else
+    /// ~/.cache/intact): every source the destination holds whole is read
+    /// to compare its digest with the destination's. (--reverify never
+    /// uses it.)
+    #[arg(long)]
+    pub no_source_cache: bool,
 
     /// Print one JSON report (per-file size, digest, blocks resent, mode, level, times).
     #[arg(long)]

@@ -32,6 +32,15 @@ fn unreachable_level(p: &PipelineArgs) -> Option<ExitCode> {
     })
 }
 
+/// Where the quick check finds the digests of sources already read.
+fn source_cache(p: &PipelineArgs) -> intact_transfer::SourceCacheSetting {
+    if p.no_source_cache {
+        intact_transfer::SourceCacheSetting::Off
+    } else {
+        intact_transfer::SourceCacheSetting::User
+    }
+}
+
 pub fn run(args: &CopyArgs) -> anyhow::Result<ExitCode> {
     let (dest, sources) = (&args.dest, &args.sources[..]);
     let p = &args.pipeline;
@@ -60,6 +69,8 @@ pub fn run(args: &CopyArgs) -> anyhow::Result<ExitCode> {
         retries: p.retries,
         read_path: p.read_path,
         require_level: p.require_level,
+        reverify: p.reverify,
+        source_cache: source_cache(p),
         ..CopyOptions::default()
     };
     let report = copy_scanned(scanned, &plan.root, &opts, &|sent| {
@@ -109,14 +120,10 @@ pub fn run_send(args: &SendArgs) -> anyhow::Result<ExitCode> {
         retries: p.retries,
         key,
         subdir,
-        reverify: args.reverify,
+        reverify: p.reverify,
         read_path: p.read_path,
         require_level: p.require_level,
-        source_cache: if args.no_source_cache {
-            intact_transfer::SourceCacheSetting::Off
-        } else {
-            intact_transfer::SourceCacheSetting::User
-        },
+        source_cache: source_cache(p),
     };
     if args.tree.dry_run {
         // Nothing is sent; the server says what it would delete against

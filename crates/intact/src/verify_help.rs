@@ -39,6 +39,16 @@ points to), and no destination path is ever resolved through a symlink.
 removes what the source no longer has, only after everything was copied
 and verified; --dry-run shows all of it; --bwlimit caps the rate.
 
+Resume: DST keeps a journal of verified blocks, as a server's root does
+(SQLite, in DST/.intact/, which is never copied on as a source; DST is
+locked while a copy or server writes into it). Running the same copy
+again after it was interrupted (even by SIGKILL) writes only the blocks
+not yet verified, and a file DST already holds whole is not written at all
+if its source has the same digest (size and mtime only pick the
+candidate; the source's digest comes from a cache, see
+--no-source-cache). Held data counts only at the level it was verified
+at; --reverify re-verifies every held file by the mode's own means.
+
 {}
 
 Exit status: 0 if every entry was copied and verified; 1 if any failed
