@@ -23,7 +23,7 @@ use crate::journal::Journal;
 use crate::link::{Arrival, LocalOut, Outbound};
 use crate::net::bounds::Shares;
 use crate::net::receiver::{Inbox, ReceiveOptions};
-use crate::net::sender::{run_sender, SenderLink, SendOptions};
+use crate::net::sender::{run_sender, SendOptions, SenderLink};
 use crate::net::{RootError, RootLock};
 use crate::report::{CopyReport, Progress};
 use crate::source::{scan, Scan};
@@ -116,7 +116,10 @@ impl CopyOptions {
 
     /// The link from a sender stream to its receiver, with the link fault
     /// on it in a build that has hooks.
-    fn link<'a>(&self, to_receiver: Box<dyn Outbound + Send + 'a>) -> Box<dyn Outbound + Send + 'a> {
+    fn link<'a>(
+        &self,
+        to_receiver: Box<dyn Outbound + Send + 'a>,
+    ) -> Box<dyn Outbound + Send + 'a> {
         #[cfg(feature = "fault-hooks")]
         if let Some(fault) = self.link_fault.clone() {
             return Box::new(crate::link::Tampered {

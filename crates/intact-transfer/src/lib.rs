@@ -28,18 +28,17 @@ mod link;
 mod model;
 mod net;
 mod prune;
-mod report;
 mod recheck;
+mod report;
 mod select;
 mod source;
 mod source_cache;
 mod verify;
 
 pub use copy::{copy, copy_scanned, CopyOptions};
-pub use hooks::{LinkFault, WriteHook};
-pub use report::{CopyReport, FileReport, Progress};
 pub use dest::{partial_name, Destination, Mtime, PartialFile};
 pub use error::TransferError;
+pub use hooks::{LinkFault, WriteHook};
 pub use intact_cache::ReadPath;
 pub use journal::{BlockRecord, DoneFile, FileRow, Journal, Owner, VerifiedAt, STATE_DIR};
 pub use keep_set::{KeepSet, Keeps, KEEP_PATH_COST};
@@ -51,6 +50,7 @@ pub use net::{
     Working, WorkingNow, MAX_BYTES_IN_FLIGHT, MAX_FILES_IN_FLIGHT, MAX_KEEP_PATHS,
 };
 pub use prune::{prune, prune_under, PruneReport};
+pub use report::{CopyReport, FileReport, Progress};
 pub use select::{Filter, Rule, RuleKind};
 pub use source::{
     scan, scan_with, Placement, Scan, ScanOptions, SourceEntry, SourceKind, SourceSpec,

@@ -204,4 +204,3 @@ pub(crate) fn simple_report(
         error: err.map(|e| e.to_string()),
     }
 }
-

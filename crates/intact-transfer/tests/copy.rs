@@ -239,8 +239,14 @@ fn a_corrupted_block_is_detected_and_resent_alone() {
     assert_eq!(r.failed, 1);
     assert_eq!(r.files[0].blocks_resent, 0);
     let why = r.files[0].error.clone().unwrap_or_default();
-    assert!(why.contains("BLAKE3") && why.contains("not committed"), "{why}");
-    assert!(!dst.join("big.dat").exists(), "a file that failed keeps no name");
+    assert!(
+        why.contains("BLAKE3") && why.contains("not committed"),
+        "{why}"
+    );
+    assert!(
+        !dst.join("big.dat").exists(),
+        "a file that failed keeps no name"
+    );
 }
 
 #[test]

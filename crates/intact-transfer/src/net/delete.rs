@@ -15,9 +15,9 @@ use intact_proto::{
     LIST_ITEM_COST,
 };
 
-use crate::link::Outbound;
 use crate::journal::STATE_DIR;
 use crate::keep_set::{KeepSet, KEEP_PATH_COST};
+use crate::link::Outbound;
 use crate::prune::{prune_under, PruneReport};
 use crate::select::{Filter, Rule, RuleKind};
 use crate::TransferError;

@@ -44,9 +44,9 @@ use intact_proto::{
     MAX_STATUS_BLOCKS,
 };
 
-use crate::link::{LocalOut, Outbound};
 use crate::dest::{CreatedDirs, Destination, Mtime, PartialFile};
 use crate::journal::{unix_now, BlockRecord, DoneFile, Journal, VerifiedAt};
+use crate::link::{LocalOut, Outbound};
 use crate::net::bounds::{self, InUse, ReceiveLimits, Shares, Slot};
 use crate::net::delete::Pending;
 use crate::net::session_dirs::SessionDirs;

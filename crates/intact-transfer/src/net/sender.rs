@@ -24,8 +24,8 @@ use intact_proto::{
     Holding, Key, Message, ProtoError, Security, SessionSecret, WirePath,
 };
 
-use crate::report::{simple_report, CopyReport, FileReport, Progress};
 use crate::link::{Arrival, Outbound};
+use crate::report::{simple_report, CopyReport, FileReport, Progress};
 use crate::source::{check_unchanged, scan, source_read_error, Scan, SourceEntry, SourceKind};
 use crate::source_cache::{SourceCache, SourceCacheSetting, SourceDigest, SourceKey};
 use crate::verify::{DeviceStats, Reached, VerifyLevel, VerifyMode};
@@ -1026,9 +1026,11 @@ impl<'a> Stream<'a> {
         ) {
             c.put(src, k, o.opened_at, d);
         }
-        if let Err(err) =
-            crate::verify::require_level(self.ctx.opts.require_level, o.report.level, &o.report.path)
-        {
+        if let Err(err) = crate::verify::require_level(
+            self.ctx.opts.require_level,
+            o.report.level,
+            &o.report.path,
+        ) {
             // Committed at the receiver, but below the level asked for:
             // the run must say so, resumed and unchanged files included.
             o.report.error = Some(err.to_string());
