@@ -46,8 +46,8 @@ pub use limits::raise_open_file_limit;
 pub use model::RivaModel;
 pub use net::{
     delete_remote, receive, send, send_scanned, serve, wake, DeleteRequest, LocalServer,
-    ReceiveOptions, RootError, RootLock, SendOptions, Server, ServerConfig, SessionSummary,
-    Working, WorkingNow, MAX_BYTES_IN_FLIGHT, MAX_FILES_IN_FLIGHT, MAX_KEEP_PATHS,
+    ReceiveLimits, ReceiveOptions, RootError, RootLock, SendOptions, Server, ServerConfig,
+    SessionSummary, Working, WorkingNow, MAX_BYTES_IN_FLIGHT, MAX_FILES_IN_FLIGHT, MAX_KEEP_PATHS,
 };
 pub use prune::{prune, prune_under, PruneReport};
 pub use report::{CopyReport, FileReport, Progress};

@@ -76,6 +76,9 @@ fn files_open_are_capped_per_connection_and_across_sessions() {
     l.max_files = 50;
     l.max_blocks_per_stream = 64;
     l.max_blocks_per_file = 40;
+    // Refused at once, not after waiting for places (which this client,
+    // sending no data, never gives back).
+    l.admit_wait = Duration::ZERO;
     let server = LocalServer::start(cfg).unwrap();
     let addr = server.addr();
     let fds_before = fds();

@@ -301,6 +301,14 @@ pub struct ServeArgs {
     #[arg(long, value_name = "SIZE", default_value = "1GiB", value_parser = parse_size)]
     pub frame_memory: usize,
 
+    /// Seconds a file may wait for a place among the files a client may
+    /// hold open before it is refused "server busy" (0: at once). The
+    /// places are mostly the client's own, given back as its streams
+    /// commit: a sender keeps more files in flight than a busy server's
+    /// share for one client.
+    #[arg(long, value_name = "SECS", default_value_t = 30)]
+    pub admit_wait: u64,
+
     /// Keep the setuid, setgid and sticky bits of received files and
     /// directories (by default they are cleared: a client must not be able
     /// to plant a setuid file owned by the server's user). Directories a

@@ -200,8 +200,17 @@ fn one_client_cannot_take_every_open_file_slot() {
     let root = dir.path().join("root");
     let bin = std::env::var("INTACT_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_intact").into());
     let mut cmd = Command::new(bin);
-    cmd.args(["serve", "--listen", "127.0.0.1:0", "--root"])
-        .arg(&root);
+    // Files beyond the share wait 2 s for a place (not the default 30):
+    // this client never gives its places back.
+    cmd.args([
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--admit-wait",
+        "2",
+        "--root",
+    ])
+    .arg(&root);
     // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {
         cmd.pre_exec(|| {

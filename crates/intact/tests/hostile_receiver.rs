@@ -6,6 +6,10 @@
 
 mod common;
 
+/// Files beyond a share wait 2 s for a place (not the default 30): these
+/// clients never give places back, and the tests need the refusals.
+const ADMIT: &[&str] = &["--admit-wait", "2"];
+
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
@@ -20,7 +24,7 @@ use intact_transfer::{partial_name, VerifyMode};
 fn entries_past_the_bounds_fail_alone_and_allocate_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("root");
-    let mut server = Server::start(&root);
+    let mut server = Server::start_with(&root, ADMIT, &[]);
     let pid = server.child.id();
     let rss_before = proc_kb(pid, "VmRSS:");
     let mut conn = connect(&server);
@@ -101,7 +105,7 @@ fn entries_past_the_bounds_fail_alone_and_allocate_nothing() {
 fn a_reused_file_id_ends_that_connection_only_and_leaks_no_slot() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("root");
-    let mut server = Server::start(&root);
+    let mut server = Server::start_with(&root, ADMIT, &[]);
     // More connections than the server has places for (16 sessions, 64
     // handshakes): a leaked place would refuse the honest send below.
     let bs = 64 << 10;
@@ -159,7 +163,7 @@ fn a_reused_file_id_ends_that_connection_only_and_leaks_no_slot() {
 fn a_second_session_on_one_path_fails_and_the_first_commits_its_own_bytes() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("root");
-    let server = Server::start(&root);
+    let server = Server::start_with(&root, ADMIT, &[]);
     let bs = 4096usize;
     let ours = intact_sample::bytes(4 * bs, 11);
     let theirs = b"ATTACKER".repeat(bs / 8);
@@ -230,7 +234,7 @@ fn a_hard_link_planted_at_the_partial_name_is_not_written_through() {
         2,
         "the link is planted"
     );
-    let server = Server::start(&root);
+    let server = Server::start_with(&root, ADMIT, &[]);
     let data = intact_sample::bytes(8192, 5);
     let mut conn = connect(&server);
     let mut e = file_entry(0, "victim.bin", data.len() as u64, 4096, VerifyMode::Riva);
@@ -261,7 +265,7 @@ fn a_hard_link_planted_at_the_partial_name_is_not_written_through() {
 fn special_bits_are_stripped_and_another_sessions_directory_keeps_its_mode() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("root");
-    let server = Server::start(&root);
+    let server = Server::start_with(&root, ADMIT, &[]);
     // Another client's directory, made by an honest send.
     let theirs_src = dir.path().join("theirs");
     fs::create_dir_all(&theirs_src).unwrap();
@@ -327,7 +331,7 @@ fn special_bits_are_stripped_and_another_sessions_directory_keeps_its_mode() {
 fn thousands_of_open_entries_hold_a_bounded_number_of_descriptors() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("root");
-    let mut server = Server::start(&root);
+    let mut server = Server::start_with(&root, ADMIT, &[]);
     let pid = server.child.id();
     let fds_before = open_fds(pid);
     let mut conn = connect(&server);

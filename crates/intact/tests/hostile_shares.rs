@@ -25,7 +25,7 @@ use intact_transfer::VerifyMode;
 fn one_client_cannot_take_the_blocks_another_client_is_guaranteed() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("root");
-    let mut server = Server::start(&root);
+    let mut server = Server::start_with(&root, &["--admit-wait", "2"], &[]);
     let pid = server.child.id();
     let rss_before = proc_kb(pid, "VmRSS:");
     let secret = SessionSecret::random().unwrap();
@@ -83,7 +83,14 @@ fn stalled_streams_hold_no_more_frame_memory_than_the_server_allows() {
     let root = dir.path().join("root");
     let mut server = Server::start_with(
         &root,
-        &["--frame-memory", "256MiB", "--max-sessions", "3"],
+        &[
+            "--frame-memory",
+            "256MiB",
+            "--max-sessions",
+            "3",
+            "--admit-wait",
+            "2",
+        ],
         &[],
     );
     let pid = server.child.id();
@@ -150,8 +157,18 @@ fn files_held_without_data_are_given_back_however_chatty_the_stream() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("root");
     // 2 sessions: 2^20 blocks guaranteed to each, at most 2^21 + 2^20 to one.
-    let mut server =
-        Server::start_with(&root, &["--idle-timeout", "3", "--max-sessions", "2"], &[]);
+    let mut server = Server::start_with(
+        &root,
+        &[
+            "--idle-timeout",
+            "3",
+            "--max-sessions",
+            "2",
+            "--admit-wait",
+            "2",
+        ],
+        &[],
+    );
     let big = |id: u64| file_entry(id, &format!("big{id}"), 4 << 30, 4096, VerifyMode::Riva);
     let secret = SessionSecret::random().unwrap();
     let mut hog = stream_of(&server, &secret);

@@ -55,6 +55,12 @@ pub struct ReceiveLimits {
     pub max_files: u64,
     /// Blocks of all the files open across every session (default 2^22).
     pub max_blocks: u64,
+    /// How long an Entry may wait for a place in its session's share of
+    /// the files and blocks before it is refused "server busy" (default
+    /// 30 s; zero: refused at once). The places it waits for are mostly
+    /// the session's own, held by files its streams are about to commit:
+    /// a sender keeps more files in flight than a share of a busy server.
+    pub admit_wait: std::time::Duration,
     /// What every session of one server holds now. Clones of one
     /// `ReceiveLimits` share it; a server's sessions all use its own.
     pub in_use: InUse,
@@ -70,6 +76,7 @@ impl Default for ReceiveLimits {
             max_announced_bytes_per_stream: 64 << 40,
             max_files: crate::limits::files_within_descriptor_limit() as u64,
             max_blocks: 1 << 22,
+            admit_wait: std::time::Duration::from_secs(30),
             in_use: InUse::default(),
         }
     }

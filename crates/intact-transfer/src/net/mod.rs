@@ -18,6 +18,7 @@ mod sessions;
 mod watchdog;
 mod whole_digest;
 
+pub use bounds::ReceiveLimits;
 pub use delete::{DeleteRequest, MAX_KEEP_PATHS};
 pub use receiver::{receive, ReceiveOptions, SessionSummary};
 pub use root::{RootError, RootLock};

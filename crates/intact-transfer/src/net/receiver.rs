@@ -583,6 +583,7 @@ impl Inbox {
             at_verifier: HashMap::new(),
             summary: SessionSummary::default(),
             buf: AlignedBuf::new(0),
+            deferred: Default::default(),
         };
         let result = sess.run(&events, &credits);
         drop(sess);
@@ -630,6 +631,8 @@ struct Session<'a> {
     at_verifier: HashMap<u64, u32>,
     summary: SessionSummary,
     buf: AlignedBuf,
+    /// Entries waiting for a place in the session's share (in order).
+    deferred: std::collections::VecDeque<admit::Deferred>,
 }
 
 impl Session<'_> {
@@ -641,13 +644,14 @@ impl Session<'_> {
         self.dest.record_created_dirs(Arc::clone(&self.created));
         let mut data = DataClock::new(self.opts.data_timeout);
         loop {
+            self.admit_deferred()?;
             let ev = match events.try_recv() {
                 Ok(ev) => ev,
                 Err(_) => {
                     // Nothing more to do without waiting: send the replies.
                     self.out.flush()?;
                     let t = std::time::Instant::now();
-                    let got = events.recv_timeout(data.tick());
+                    let got = events.recv_timeout(self.tick(data.tick()));
                     data.waited(t.elapsed());
                     match got {
                         Ok(ev) => ev,
@@ -697,40 +701,7 @@ impl Session<'_> {
                     .into());
                 }
                 e.mode = bounds::incoming_mode(e.mode, self.opts.keep_special_bits);
-                let path = e.path.to_string();
-                let reply = match self.admit(&e)? {
-                    Err(why) => Begun::Reply(failed(e.file, &format!("{path}: {why}"))),
-                    Ok(slot) => {
-                        let id = e.file;
-                        // A held file may be read back whole here.
-                        let _working = self.opts.working.now();
-                        let reply = begin(
-                            self.dest,
-                            self.journal,
-                            self.opts,
-                            e,
-                            self.files,
-                            &mut self.buf,
-                        );
-                        if let Some(f) = self.files.get_mut(&id) {
-                            f.slot = slot;
-                        }
-                        reply
-                    }
-                };
-                let reply = match reply {
-                    Begun::Reply(m) => m,
-                    Begun::Dir(e) => self.dir(e),
-                };
-                if let Message::FileResult(r) = &reply {
-                    match r.status {
-                        FileStatus::Failed => self.summary.fail(&path, &r.message),
-                        // Directories and links are answered here too;
-                        // of files, only those held whole and trusted.
-                        FileStatus::Verified => self.summary.verified += u64::from(r.unchanged),
-                    }
-                }
-                self.out.put(reply)?;
+                self.entry(e)?;
             }
             Message::Block(b) => self.block(b)?,
             Message::FileEnd {
