@@ -63,6 +63,10 @@ pub struct CopyOptions {
     /// only, as `link_fault`).
     #[cfg(feature = "fault-hooks")]
     pub after_write: Option<WriteHook>,
+    /// Fault injection on a received block's bytes after their digest was
+    /// checked and before they are written (tests and the fault lab only).
+    #[cfg(feature = "fault-hooks")]
+    pub after_check: Option<LinkFault>,
 }
 
 impl Default for CopyOptions {
@@ -80,6 +84,8 @@ impl Default for CopyOptions {
             link_fault: None,
             #[cfg(feature = "fault-hooks")]
             after_write: None,
+            #[cfg(feature = "fault-hooks")]
+            after_check: None,
         }
     }
 }
@@ -110,6 +116,8 @@ impl CopyOptions {
             session: Some(SessionId([0; 16])),
             #[cfg(feature = "fault-hooks")]
             after_write: self.after_write.clone(),
+            #[cfg(feature = "fault-hooks")]
+            after_check: self.after_check.clone(),
             ..ReceiveOptions::default()
         }
     }

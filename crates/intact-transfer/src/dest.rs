@@ -279,6 +279,12 @@ impl Destination {
         mtime: Mtime,
     ) -> Result<(), TransferError> {
         let (dir, name) = self.parent(path, true)?;
+        // The same link already there: only its time, if that differs,
+        // so that a repeated run leaves its directory's mtime alone.
+        if rfs::readlinkat(&dir, &name, Vec::new()).is_ok_and(|t| t.as_bytes() == target) {
+            return rfs::utimensat(&dir, &name, &mtime.timestamps(), AtFlags::SYMLINK_NOFOLLOW)
+                .map_err(|e| dest_err(path, e));
+        }
         // A name of its own, never a file transfer's partial name (which
         // another session may hold): the partial name, a pid and a count.
         let mut tmp;
