@@ -137,7 +137,16 @@ impl SourceKey {
 /// An open source-digest cache.
 pub struct SourceCache {
     db: Mutex<Connection>,
+    /// Entries not yet written: written [`PUT_BATCH`] at a time, in one
+    /// transaction, and when the cache is closed.
+    pending: Mutex<Vec<Row>>,
 }
+
+/// Entries written together.
+const PUT_BATCH: usize = 256;
+
+/// One entry: its key, its digest and when it was recorded.
+type Row = (SourceKey, [u8; 32], i64);
 
 /// Why a cache could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -205,7 +214,10 @@ impl SourceCache {
         )
         .map_err(|e| err(e.to_string()))?;
         trim(&db);
-        Ok(SourceCache { db: Mutex::new(db) })
+        Ok(SourceCache {
+            db: Mutex::new(db),
+            pending: Mutex::new(Vec::new()),
+        })
     }
 
     /// Opens the cache `setting` names; None when off or unusable (then
@@ -220,21 +232,30 @@ impl SourceCache {
 
     /// The digest recorded for exactly this key, and when it was recorded.
     pub fn get(&self, key: &SourceKey) -> Option<([u8; 32], i64)> {
+        let pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, d, at)) = pending.iter().rev().find(|(k, _, _)| k == key) {
+            return Some((*d, *at));
+        }
+        drop(pending);
         let row: Option<(Vec<u8>, i64)> = self
             .db()
-            .query_row(
+            .prepare_cached(
                 "SELECT digest, recorded_at FROM digests
                  WHERE dev = ?1 AND ino = ?2 AND size = ?3 AND mtime_ns = ?4 AND ctime_ns = ?5",
-                params![
-                    key.dev as i64,
-                    key.ino as i64,
-                    key.size as i64,
-                    &key.mtime_ns.to_be_bytes()[..],
-                    &key.ctime_ns.to_be_bytes()[..]
-                ],
-                |r| Ok((r.get(0)?, r.get(1)?)),
             )
-            .optional()
+            .and_then(|mut st| {
+                st.query_row(
+                    params![
+                        key.dev as i64,
+                        key.ino as i64,
+                        key.size as i64,
+                        &key.mtime_ns.to_be_bytes()[..],
+                        &key.ctime_ns.to_be_bytes()[..]
+                    ],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()
+            })
             .ok()
             .flatten();
         let (d, at) = row?;
@@ -244,7 +265,8 @@ impl SourceCache {
     /// Records `digest` for `file`, read from a read that began at
     /// `read_start` when the file's key was `before`: only if the key is
     /// the same now and its ctime settled before that read. Returns
-    /// whether it was recorded.
+    /// whether it was kept (written with others, at the latest when the
+    /// cache is closed).
     pub fn put(
         &self,
         file: &File,
@@ -256,27 +278,48 @@ impl SourceCache {
         if !same || !before.settled(read_start) {
             return false;
         }
-        let now = crate::journal::unix_now();
-        self.db()
-            .execute(
-                "INSERT OR REPLACE INTO digests (dev, ino, size, mtime_ns, ctime_ns, digest, recorded_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                params![
-                    before.dev as i64,
-                    before.ino as i64,
-                    before.size as i64,
-                    &before.mtime_ns.to_be_bytes()[..],
-                    &before.ctime_ns.to_be_bytes()[..],
+        let row = (*before, *digest, crate::journal::unix_now());
+        let full = {
+            let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+            p.push(row);
+            (p.len() >= PUT_BATCH).then(|| std::mem::take(&mut *p))
+        };
+        if let Some(rows) = full {
+            self.write(&rows);
+        }
+        true
+    }
+
+    /// Writes `rows` in one transaction (a cache: a failure loses them).
+    fn write(&self, rows: &[Row]) {
+        let mut db = self.db();
+        let Ok(tx) = db.transaction() else {
+            return;
+        };
+        if let Ok(mut st) = tx.prepare_cached(
+            "INSERT OR REPLACE INTO digests (dev, ino, size, mtime_ns, ctime_ns, digest, recorded_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        ) {
+            for (key, digest, now) in rows {
+                let _ = st.execute(params![
+                    key.dev as i64,
+                    key.ino as i64,
+                    key.size as i64,
+                    &key.mtime_ns.to_be_bytes()[..],
+                    &key.ctime_ns.to_be_bytes()[..],
                     &digest[..],
                     now
-                ],
-            )
-            .is_ok()
+                ]);
+            }
+        }
+        let _ = tx.commit();
     }
 }
 
 impl Drop for SourceCache {
     fn drop(&mut self) {
+        let rows = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
+        self.write(&rows);
         trim(&self.db());
     }
 }

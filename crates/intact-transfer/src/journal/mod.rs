@@ -25,6 +25,7 @@
 
 use std::path::Path;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use rusqlite::{params, Connection, OptionalExtension};
@@ -138,6 +139,17 @@ pub struct DoneFile {
 /// sleep and retry, which cost seconds per 20,000 small files).
 pub struct Journal {
     db: Mutex<Connection>,
+    /// A write transaction is open: [`Journal::start`] leaves its rows in
+    /// it, and the next write that must be durable commits them too (a
+    /// started row alone needs no commit: lost in a crash, the file is
+    /// started again). One commit per group of files, not one per file.
+    open: AtomicBool,
+}
+
+impl Drop for Journal {
+    fn drop(&mut self) {
+        let _ = self.flush();
+    }
 }
 
 fn db_err(e: rusqlite::Error) -> TransferError {
@@ -251,7 +263,10 @@ impl Journal {
         }
         // Whose a file is (added later again: old rows have no owner).
         Journal::add_owner_columns(&db)?;
-        Ok(Journal { db: Mutex::new(db) })
+        Ok(Journal {
+            db: Mutex::new(db),
+            open: AtomicBool::new(false),
+        })
     }
 
     fn db(&self) -> MutexGuard<'_, Connection> {
@@ -263,10 +278,11 @@ impl Journal {
     /// The row for `path`, if any.
     pub fn lookup(&self, path: &[u8]) -> Result<Option<FileRow>, TransferError> {
         self.db()
-            .query_row(
+            .prepare_cached(
                 "SELECT id, size, mtime_sec, mtime_nsec, block_size, done, mode, level, at, digest FROM files WHERE path = ?1",
-                params![path],
-                |r| {
+            )
+            .map_err(db_err)?
+            .query_row(params![path], |r| {
                     Ok(FileRow {
                         id: r.get(0)?,
                         size: r.get::<_, i64>(1)? as u64,
@@ -279,58 +295,98 @@ impl Journal {
                             .get::<_, Option<Vec<u8>>>(9)?
                             .and_then(|d| <[u8; 32]>::try_from(d).ok()),
                     })
-                },
-            )
+            })
             .optional()
             .map_err(db_err)
     }
 
-    /// Starts `path` afresh (forgetting any blocks recorded for it).
+    /// Starts `path` afresh (forgetting any blocks recorded for it), held
+    /// by `session` (None: a receiver outside any server session) from
+    /// now: one transaction.
     pub fn start(
         &self,
         path: &[u8],
         size: u64,
         mtime: (i64, u32),
         block_size: u32,
+        session: Option<[u8; 16]>,
     ) -> Result<i64, TransferError> {
-        let mut db = self.db();
-        let tx = db.transaction().map_err(db_err)?;
-        tx.execute(
+        let db = self.begun()?;
+        db.prepare_cached(
             "DELETE FROM blocks WHERE file IN (SELECT id FROM files WHERE path = ?1)",
-            params![path],
         )
+        .and_then(|mut st| st.execute(params![path]))
         .map_err(db_err)?;
-        tx.execute(
-            "INSERT INTO files (path, size, mtime_sec, mtime_nsec, block_size, done, level, mode, at, digest)
-             VALUES (?1, ?2, ?3, ?4, ?5, 0, 0, 0, 0, NULL)
+        db.prepare_cached(
+            "INSERT INTO files (path, size, mtime_sec, mtime_nsec, block_size, done, level, mode, at, digest, session, session_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, 0, 0, 0, 0, NULL, ?6, ?7)
              ON CONFLICT(path) DO UPDATE SET size = ?2, mtime_sec = ?3, mtime_nsec = ?4,
-                 block_size = ?5, done = 0, level = 0, mode = 0, at = 0, digest = NULL",
-            params![
-                path,
-                size as i64,
-                mtime.0,
-                i64::from(mtime.1),
-                i64::from(block_size)
-            ],
+                 block_size = ?5, done = 0, level = 0, mode = 0, at = 0, digest = NULL,
+                 session = ?6, session_at = ?7
+             RETURNING id",
         )
-        .map_err(db_err)?;
-        let id = tx
-            .query_row("SELECT id FROM files WHERE path = ?1", params![path], |r| {
-                r.get(0)
-            })
-            .map_err(db_err)?;
-        tx.commit().map_err(db_err)?;
-        Ok(id)
+        .and_then(|mut st| {
+            st.query_row(
+                params![
+                    path,
+                    size as i64,
+                    mtime.0,
+                    i64::from(mtime.1),
+                    i64::from(block_size),
+                    session.map(|s| s.to_vec()),
+                    unix_now()
+                ],
+                |r| r.get(0),
+            )
+        })
+        .map_err(db_err)
+    }
+
+    /// The connection inside the open write transaction (begun now if
+    /// none is).
+    fn begun(&self) -> Result<MutexGuard<'_, Connection>, TransferError> {
+        let db = self.db();
+        if !self.open.load(Ordering::SeqCst) {
+            db.execute_batch("BEGIN IMMEDIATE").map_err(db_err)?;
+            self.open.store(true, Ordering::SeqCst);
+        }
+        Ok(db)
+    }
+
+    /// Runs `f` in the open write transaction (or a new one) and commits
+    /// it, with whatever [`Journal::start`] left in it. A statement that
+    /// failed changed nothing; what the others did is committed anyway.
+    fn commit_with<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, TransferError>,
+    ) -> Result<T, TransferError> {
+        let db = self.begun()?;
+        let r = f(&db);
+        let c = db.execute_batch("COMMIT").map_err(db_err);
+        self.open.store(false, Ordering::SeqCst);
+        let r = r?;
+        c?;
+        Ok(r)
+    }
+
+    /// Commits what [`Journal::start`] left open (a session's end).
+    pub fn flush(&self) -> Result<(), TransferError> {
+        let db = self.db();
+        if self.open.swap(false, Ordering::SeqCst) {
+            db.execute_batch("COMMIT").map_err(db_err)?;
+        }
+        Ok(())
     }
 
     /// Marks the file unfinished again (its recorded blocks stay; its
-    /// whole-file digest goes, as the file's bytes may now change).
-    pub fn reopen(&self, id: i64) -> Result<(), TransferError> {
+    /// whole-file digest goes, as the file's bytes may now change), held
+    /// by `session` from now.
+    pub fn reopen(&self, id: i64, session: Option<[u8; 16]>) -> Result<(), TransferError> {
         self.db()
-            .execute(
-                "UPDATE files SET done = 0, digest = NULL WHERE id = ?1",
-                params![id],
+            .prepare_cached(
+                "UPDATE files SET done = 0, digest = NULL, session = ?2, session_at = ?3 WHERE id = ?1",
             )
+            .and_then(|mut st| st.execute(params![id, session.map(|s| s.to_vec()), unix_now()]))
             .map_err(db_err)?;
         Ok(())
     }
@@ -340,7 +396,9 @@ impl Journal {
     pub fn blocks(&self, id: i64) -> Result<Vec<BlockRecord>, TransferError> {
         let db = self.db();
         let mut st = db
-            .prepare("SELECT idx, digest, mode, level, at FROM blocks WHERE file = ?1 ORDER BY idx")
+            .prepare_cached(
+                "SELECT idx, digest, mode, level, at FROM blocks WHERE file = ?1 ORDER BY idx",
+            )
             .map_err(db_err)?;
         let rows = st
             .query_map(params![id], |r| {
@@ -360,30 +418,25 @@ impl Journal {
         if blocks.is_empty() {
             return Ok(());
         }
-        let mut db = self.db();
-        let tx = db.transaction().map_err(db_err)?;
-        insert_blocks(&tx, id, blocks)?;
-        tx.commit().map_err(db_err)
+        self.commit_with(|db| insert_blocks(db, id, blocks))
     }
 
     /// Records, in one transaction, files that reached their final names
     /// (with the whole-file digest the receiver's own comparison found);
     /// every block of such a file is capped at the file's level.
     pub fn done_batch(&self, files: &[DoneFile]) -> Result<(), TransferError> {
-        let mut db = self.db();
-        let tx = db.transaction().map_err(db_err)?;
-        {
+        self.commit_with(|tx| {
             let mut done = tx
-                .prepare(
+                .prepare_cached(
                     "UPDATE files SET done = 1, mode = ?2, level = ?3, at = ?4, digest = ?5 WHERE id = ?1",
                 )
                 .map_err(db_err)?;
             let mut cap = tx
-                .prepare("UPDATE blocks SET level = MIN(level, ?2) WHERE file = ?1")
+                .prepare_cached("UPDATE blocks SET level = MIN(level, ?2) WHERE file = ?1")
                 .map_err(db_err)?;
             for f in files {
                 let (id, v) = (&f.row, &f.verified);
-                insert_blocks(&tx, *id, &f.blocks)?;
+                insert_blocks(tx, *id, &f.blocks)?;
                 // No block of a file is recorded above the file's level
                 // (which includes what the source's reads reached).
                 cap.execute(params![id, i64::from(v.level.wire_id())])
@@ -397,16 +450,12 @@ impl Journal {
                 ])
                 .map_err(db_err)?;
             }
-        }
-        tx.commit().map_err(db_err)
+            Ok(())
+        })
     }
 }
 
-fn insert_blocks(
-    tx: &rusqlite::Transaction<'_>,
-    id: i64,
-    blocks: &[BlockRecord],
-) -> Result<(), TransferError> {
+fn insert_blocks(tx: &Connection, id: i64, blocks: &[BlockRecord]) -> Result<(), TransferError> {
     let mut st = tx
         .prepare_cached(
             "INSERT OR REPLACE INTO blocks (file, idx, digest, mode, level, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",

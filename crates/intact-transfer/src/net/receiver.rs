@@ -600,6 +600,7 @@ impl Inbox {
         for f in files.values_mut() {
             let _ = f.journal(journal);
         }
+        let _ = journal.flush();
         result
     }
 }
@@ -1361,6 +1362,9 @@ fn begin_file(
     }
     let partial = dest.partial(&e.path, e.size)?;
     let resumed = row.filter(|r| !r.done);
+    // This session holds the partial's lock now: the journal says so
+    // (start, or reopen below, records it).
+    let session = opts.session.map(|s| s.0);
     let row_id = match &resumed {
         Some(r) => r.id,
         None => journal.start(
@@ -1368,12 +1372,12 @@ fn begin_file(
             e.size,
             (e.mtime_sec, e.mtime_nsec),
             e.block_size,
+            session,
         )?,
     };
-    // This session holds the partial's lock now: the journal says so.
-    journal.claim(row_id, opts.session.map(|s| s.0))?;
     let mut inc = Incoming::fresh(e, mode, Some(partial), row_id);
     inc.riva = open_verifier(&inc, opts)?;
+    let resumed_id = resumed.as_ref().map(|r| r.id);
     let holding = match resumed {
         Some(r) => {
             let list = reverify_held(&mut inc, journal.blocks(r.id)?, buf)?;
@@ -1385,7 +1389,9 @@ fn begin_file(
         }
         None => Holding::Nothing,
     };
-    journal.reopen(row_id)?;
+    if resumed_id.is_some() {
+        journal.reopen(row_id, session)?;
+    }
     files.insert(id, inc);
     Ok(Message::Status { file: id, holding })
 }
@@ -1503,8 +1509,8 @@ fn start_anew(
         e.size,
         (e.mtime_sec, e.mtime_nsec),
         e.block_size,
+        opts.session.map(|s| s.0),
     )?;
-    journal.claim(row, opts.session.map(|s| s.0))?;
     let mut inc = Incoming::fresh(e, f.mode, Some(partial), row);
     inc.riva = open_verifier(&inc, opts)?;
     inc.slot = f.slot.take();
