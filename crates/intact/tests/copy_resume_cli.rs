@@ -6,32 +6,14 @@
 
 use std::fs;
 use std::os::unix::process::ExitStatusExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
 
-fn dataset(root: &Path) -> (PathBuf, u64) {
-    let src = root.join("data");
-    fs::create_dir_all(src.join("many")).unwrap();
-    let mut total = 0;
-    for i in 0..24 {
-        let len = 256 * 1024 + i * 1000;
-        fs::write(
-            src.join(format!("many/f{i:02}")),
-            intact_sample::bytes(len as usize, i),
-        )
-        .unwrap();
-        total += len;
-    }
-    fs::write(
-        src.join("large.dat"),
-        intact_sample::bytes(40 * MIB as usize, 99),
-    )
-    .unwrap();
-    (src, total + 40 * MIB)
-}
+mod common;
+use common::{resume_dataset, same_data};
 
 fn copy_cmd(src: &Path, dst: &Path, extra: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_intact"));
@@ -72,21 +54,6 @@ fn largest_partial(dir: &Path) -> u64 {
         .unwrap_or(0)
 }
 
-fn same_data(src: &Path, dst: &Path) {
-    for e in walkdir::WalkDir::new(src)
-        .into_iter()
-        .filter_map(Result::ok)
-        .filter(|e| e.file_type().is_file())
-    {
-        let rel = e.path().strip_prefix(src).unwrap();
-        assert_eq!(
-            fs::read(e.path()).unwrap(),
-            fs::read(dst.join(rel)).unwrap(),
-            "{rel:?}"
-        );
-    }
-}
-
 fn sum(r: &serde_json::Value, f: impl Fn(&serde_json::Value) -> u64) -> u64 {
     r["files"].as_array().unwrap().iter().map(f).sum()
 }
@@ -94,7 +61,7 @@ fn sum(r: &serde_json::Value, f: impl Fn(&serde_json::Value) -> u64) -> u64 {
 #[test]
 fn a_copy_killed_mid_file_resumes_with_only_the_missing_part() {
     let dir = tempfile::tempdir().unwrap();
-    let (src, total) = dataset(dir.path());
+    let (src, total) = resume_dataset(dir.path());
     let dst = dir.path().join("dst");
     // Slowed, so that the kill lands mid-file: at 16 MiB/s the 40 MiB
     // file takes seconds, and by 24 MiB written its first blocks are

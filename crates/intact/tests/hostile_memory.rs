@@ -10,7 +10,6 @@
 mod common;
 
 use std::io::Write;
-use std::os::unix::process::CommandExt;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -211,19 +210,7 @@ fn one_client_cannot_take_every_open_file_slot() {
         "--root",
     ])
     .arg(&root);
-    // SAFETY: only async-signal-safe calls between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            let lim = libc::rlimit {
-                rlim_cur: 2048,
-                rlim_max: 2048,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    common::with_nofile(&mut cmd, 2048);
     let mut server = Server::spawn(cmd);
     let secret = SessionSecret::random().unwrap();
     let mut conn = stream_of(&server, &secret);

@@ -6,7 +6,6 @@
 //! lost ~1,400 files that way, on an otherwise idle server.
 
 use std::fs;
-use std::os::unix::process::CommandExt;
 use std::process::Command;
 
 mod common;
@@ -33,19 +32,7 @@ fn a_session_waits_for_its_own_streams_places_instead_of_failing_files() {
     // 2,048 descriptors: a server budget of a few hundred open files, of
     // which one session of the default 16 may hold about half: far fewer
     // than the 4 × 1,024 a sender keeps in flight.
-    // SAFETY: only async-signal-safe calls between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            let lim = libc::rlimit {
-                rlim_cur: 2048,
-                rlim_max: 2048,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    common::with_nofile(&mut cmd, 2048);
     let server = Server::spawn(cmd);
     let out = Command::new(env!("CARGO_BIN_EXE_intact"))
         .args([

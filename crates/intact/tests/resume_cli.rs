@@ -4,13 +4,13 @@
 
 use std::fs;
 use std::os::unix::process::ExitStatusExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 
 const MIB: u64 = 1 << 20;
 
 mod common;
-use common::Server;
+use common::{resume_dataset, same_data, Server};
 use intact_faults::{FlipProxy, ProxyFault, Victim};
 
 /// Waits until `server` has logged the end of `n` sessions (one line each,
@@ -36,27 +36,6 @@ fn start(root: &Path) -> Server {
 /// binary has no hook for it).
 fn killing_proxy(server: &Server, bytes: u64, victim: &Victim) -> FlipProxy {
     FlipProxy::start(server.addr(), ProxyFault::KillAfter(bytes, victim.clone())).unwrap()
-}
-
-fn dataset(root: &Path) -> (PathBuf, u64) {
-    let src = root.join("data");
-    fs::create_dir_all(src.join("many")).unwrap();
-    let mut total = 0;
-    for i in 0..24 {
-        let len = 256 * 1024 + i * 1000;
-        fs::write(
-            src.join(format!("many/f{i:02}")),
-            intact_sample::bytes(len as usize, i),
-        )
-        .unwrap();
-        total += len;
-    }
-    fs::write(
-        src.join("large.dat"),
-        intact_sample::bytes(40 * MIB as usize, 99),
-    )
-    .unwrap();
-    (src, total + 40 * MIB)
 }
 
 /// `intact send --json` of `src` to `addr`; `victim`, if given, is named
@@ -105,25 +84,10 @@ fn final_names_are_all_verified(src: &Path, recv: &Path) {
     }
 }
 
-fn same_data(src: &Path, dst: &Path) {
-    for e in walkdir::WalkDir::new(src)
-        .into_iter()
-        .filter_map(Result::ok)
-        .filter(|e| e.file_type().is_file())
-    {
-        let rel = e.path().strip_prefix(src).unwrap();
-        assert_eq!(
-            fs::read(e.path()).unwrap(),
-            fs::read(dst.join(rel)).unwrap(),
-            "{rel:?}"
-        );
-    }
-}
-
 #[test]
 fn resume_after_the_sender_is_killed() {
     let dir = tempfile::tempdir().unwrap();
-    let (src, total) = dataset(dir.path());
+    let (src, total) = resume_dataset(dir.path());
     let recv = dir.path().join("recv");
     let server = start(&recv);
 
@@ -168,7 +132,7 @@ fn assert_resumed(r: &serde_json::Value, total: u64) {
 #[test]
 fn resume_after_the_server_is_killed() {
     let dir = tempfile::tempdir().unwrap();
-    let (src, total) = dataset(dir.path());
+    let (src, total) = resume_dataset(dir.path());
     let recv = dir.path().join("recv");
     // The server dies once 30 MiB have reached it over both streams: the
     // 40 MiB file's stream has journaled some of its blocks by then
@@ -198,7 +162,7 @@ fn resume_after_the_server_is_killed() {
 #[test]
 fn a_complete_dataset_is_not_sent_again_unless_reverified() {
     let dir = tempfile::tempdir().unwrap();
-    let (src, total) = dataset(dir.path());
+    let (src, total) = resume_dataset(dir.path());
     let recv = dir.path().join("recv");
     let server = start(&recv);
     let (status, r) = send(&src, &server.addr(), &[], None);

@@ -223,3 +223,62 @@ pub fn connect_from(from: [u8; 4], port: u16) -> std::net::TcpStream {
         s
     }
 }
+
+/// `cmd`, whose process will have an open-file limit of `n` (a server
+/// whose budgets a test reaches).
+pub fn with_nofile(cmd: &mut Command, n: u64) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            let lim = libc::rlimit {
+                rlim_cur: n,
+                rlim_max: n,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// The resume tests' dataset under `root`: 24 files of ~256 KiB in
+/// `data/many` and a 40 MiB `data/large.dat`; its path and total bytes.
+pub fn resume_dataset(root: &Path) -> (PathBuf, u64) {
+    const MIB: u64 = 1 << 20;
+    let src = root.join("data");
+    fs::create_dir_all(src.join("many")).unwrap();
+    let mut total = 0;
+    for i in 0..24 {
+        let len = 256 * 1024 + i * 1000;
+        fs::write(
+            src.join(format!("many/f{i:02}")),
+            intact_sample::bytes(len as usize, i),
+        )
+        .unwrap();
+        total += len;
+    }
+    fs::write(
+        src.join("large.dat"),
+        intact_sample::bytes(40 * MIB as usize, 99),
+    )
+    .unwrap();
+    (src, total + 40 * MIB)
+}
+
+/// Every file under `src` has the same bytes under `dst`.
+pub fn same_data(src: &Path, dst: &Path) {
+    for e in walkdir::WalkDir::new(src)
+        .into_iter()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_file())
+    {
+        let rel = e.path().strip_prefix(src).unwrap();
+        assert_eq!(
+            fs::read(e.path()).unwrap(),
+            fs::read(dst.join(rel)).unwrap(),
+            "{rel:?}"
+        );
+    }
+}
