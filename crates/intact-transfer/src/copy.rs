@@ -5,11 +5,13 @@
 //! half on its own thread, linked by [`crate::link::LocalOut`]: messages
 //! are handed over as values, a block's bytes moved, never serialised.
 //! Everything else is the network pipeline's own: the destination is a
-//! root like a server's (locked while the copy runs, journaled under
-//! `DST/.intact/`), so a copy resumes after a crash, finds files it
-//! already holds unchanged by their recorded digest, and re-verifies them
-//! with `reverify`, exactly as a send to a server would.
+//! root like a server's (locked while the copy runs, journaled in the
+//! user's state directory, see [`copy_state`]), so a copy resumes after a
+//! crash, finds files it already holds unchanged by their recorded digest,
+//! and re-verifies them with `reverify`, exactly as a send would.
 
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Instant;
@@ -180,9 +182,10 @@ pub fn copy_scanned(
     let start = Instant::now();
     crate::verify::check_reachable(opts.verify, opts.require_level)?;
     crate::raise_open_file_limit();
-    let _lock = lock_destination(dest_root)?;
+    let state = copy_state(dest_root)?;
+    let _lock = lock_destination(dest_root, &state)?;
     let dest = Destination::open(dest_root)?;
-    let journal = Journal::open(dest_root)?;
+    let journal = Journal::open_in(&state)?;
     let send_opts = opts.send_options();
     let recv_opts = opts.receive_options();
     let shares = Shares::alone(&recv_opts.limits);
@@ -221,11 +224,95 @@ pub fn copy_scanned(
     })
 }
 
+/// Where a copy into `root` keeps its journal and lock: the user's own
+/// state directory (`$XDG_STATE_HOME/intact/copies/`, else
+/// `~/.local/state/intact/copies/`), one private directory per destination
+/// (named by the BLAKE3 of its canonical path), so a copy leaves nothing
+/// of its own in DST and no other user can hold or plant its state there.
+/// Without a usable home, `root/.intact` as a server's.
+fn copy_state(root: &Path) -> Result<PathBuf, TransferError> {
+    let dest_err = |path: &Path, source| TransferError::Destination {
+        path: path.display().to_string(),
+        source,
+    };
+    if let Ok(m) = std::fs::metadata(root) {
+        if !m.is_dir() {
+            return Err(TransferError::Usage(format!(
+                "{}: not a directory; the destination of a copy is a directory (created if missing)",
+                root.display()
+            )));
+        }
+    }
+    std::fs::create_dir_all(root).map_err(|e| dest_err(root, e))?;
+    let canonical = std::fs::canonicalize(root).map_err(|e| dest_err(root, e))?;
+    let base = std::env::var_os("XDG_STATE_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .map(PathBuf::from)
+                .filter(|p| p.is_absolute())
+                .map(|h| h.join(".local/state"))
+        });
+    let private = |dir: &Path| {
+        crate::net::private::private_dir(dir).map_err(|e| TransferError::Journal(e.to_string()))
+    };
+    let in_home = base.and_then(|base| {
+        let copies = base.join("intact").join("copies");
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&copies)
+            .ok()?;
+        private(&copies).ok()?;
+        forget_gone(&copies);
+        let name = blake3::hash(canonical.as_os_str().as_bytes()).to_hex();
+        let dir = private(&copies.join(&name.as_str()[..32])).ok()?;
+        // Which destination it is for, so that it can go once DST is gone.
+        std::fs::write(dir.join(DESTINATION), canonical.as_os_str().as_bytes()).ok()?;
+        Some(dir)
+    });
+    match in_home {
+        Some(dir) => Ok(dir),
+        // No home of this user's to keep it in (e.g. HOME is another
+        // user's): in DST, as a server keeps its root's.
+        None => crate::net::private::state_dir(&canonical)
+            .map_err(|e| TransferError::Journal(e.to_string())),
+    }
+}
+
+/// The file in a copy's state directory that names its destination.
+const DESTINATION: &str = "destination";
+
+/// Removes the state of copies whose destination no longer exists (and
+/// that no copy holds now): a removed DST leaves nothing behind for long.
+fn forget_gone(copies: &Path) {
+    let Ok(entries) = std::fs::read_dir(copies) else {
+        return;
+    };
+    for dir in entries.flatten().map(|e| e.path()) {
+        let Ok(dest) = std::fs::read(dir.join(DESTINATION)) else {
+            continue;
+        };
+        let dest = Path::new(std::ffi::OsStr::from_bytes(&dest));
+        let gone = matches!(std::fs::symlink_metadata(dest), Err(e) if e.kind() == std::io::ErrorKind::NotFound);
+        if !gone {
+            continue;
+        }
+        let Ok(lock) = std::fs::File::open(dir.join(crate::net::LOCK_FILE)) else {
+            continue;
+        };
+        if rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok() {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+}
+
 /// Locks the destination for this copy, as a server locks its root: two
 /// copies (or a copy and a server) into one destination would race on its
 /// partial files and journal.
-fn lock_destination(root: &Path) -> Result<RootLock, TransferError> {
-    RootLock::acquire(root).map_err(|e| match e {
+fn lock_destination(root: &Path, state: &Path) -> Result<RootLock, TransferError> {
+    RootLock::acquire_with(root, Some(state)).map_err(|e| match e {
         RootError::InUse { root, pid } => TransferError::Destination {
             path: root.display().to_string(),
             source: std::io::Error::other(format!(

@@ -187,17 +187,14 @@ pub fn scan_with(sources: &[SourceSpec], opts: &ScanOptions) -> Scan {
     out
 }
 
-/// A directory that holds intact's own state (a copy's or a server's
-/// journal and lock, `ROOT/.intact`) inside a tree being scanned: never a
-/// source, so that a copy's destination can be copied on. (Named on the
-/// command line itself it is scanned, and refused by the receiver: the
-/// name is reserved.)
+/// A directory that holds a server's own state (`ROOT/.intact`, with its
+/// journal) inside a tree being scanned: never a source, so that a
+/// server's root can be copied on. (Named on the command line itself it
+/// is scanned, and refused by the receiver: the name is reserved.)
 fn is_intact_state(item: &walkdir::DirEntry) -> bool {
     item.file_type().is_dir()
         && item.file_name() == crate::journal::STATE_DIR
-        && ["journal.sqlite", "lock"]
-            .iter()
-            .any(|f| item.path().join(f).exists())
+        && item.path().join("journal.sqlite").is_file()
 }
 
 fn base_name(src: &Path) -> Result<PathBuf, TransferError> {

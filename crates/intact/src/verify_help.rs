@@ -39,9 +39,12 @@ points to), and no destination path is ever resolved through a symlink.
 removes what the source no longer has, only after everything was copied
 and verified; --dry-run shows all of it; --bwlimit caps the rate.
 
-Resume: DST keeps a journal of verified blocks, as a server's root does
-(SQLite, in DST/.intact/, which is never copied on as a source; DST is
-locked while a copy or server writes into it). Running the same copy
+Resume: a copy keeps a journal of the blocks verified in DST, as a server
+does for its root (SQLite, in $XDG_STATE_HOME/intact/copies/, else
+~/.local/state/intact/copies/, one private directory per DST, removed by a
+later copy once DST is gone; DST is locked while a copy writes into it,
+and nothing of intact's stays in DST but partial files of an interrupted
+copy, .intact-partial-*). Running the same copy
 again after it was interrupted (even by SIGKILL) writes only the blocks
 not yet verified, and a file DST already holds whole is not written at all
 if its source has the same digest (size and mtime only pick the

@@ -21,8 +21,9 @@ fn copy_cmd(src: &Path, dst: &Path, extra: &[&str]) -> Command {
         .args(extra)
         .arg(src)
         .arg(dst)
-        // The source-digest cache of this test only.
+        // The source-digest cache and the copy's journal of this test only.
         .env("XDG_CACHE_HOME", dst.with_extension("cache"))
+        .env("XDG_STATE_HOME", dst.with_extension("state"))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     cmd
@@ -155,4 +156,61 @@ fn a_repeated_copy_writes_nothing_and_a_changed_file_is_found_by_its_digest() {
     let re = copy(&src, &dst, &["--reverify"]);
     assert_eq!(re["failed"], 0, "{re}");
     assert_eq!(re["bytes_reverified"], 500_000, "{re}");
+}
+
+#[test]
+fn a_copy_keeps_its_journal_out_of_dst_and_forgets_a_dst_that_is_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("data");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("f"), b"some bytes").unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    // Both copies keep their state in one place: a's.
+    let state = a.with_extension("state");
+    let copy_with_state = |dst: &Path| {
+        let out = Command::new(env!("CARGO_BIN_EXE_intact"))
+            .args(["copy", "-q"])
+            .arg(&src)
+            .arg(dst)
+            .env("XDG_STATE_HOME", &state)
+            .env("XDG_CACHE_HOME", dir.path().join("cache"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    copy_with_state(&a);
+    // Nothing of intact's in the destination.
+    let names: Vec<_> = walkdir::WalkDir::new(&a)
+        .min_depth(1)
+        .into_iter()
+        .map(|e| e.unwrap().path().strip_prefix(&a).unwrap().to_owned())
+        .collect();
+    assert_eq!(names, [Path::new("data"), Path::new("data/f")]);
+    let copies = state.join("intact/copies");
+    let held = |copies: &Path| -> Vec<String> {
+        fs::read_dir(copies)
+            .unwrap()
+            .map(|e| fs::read_to_string(e.unwrap().path().join("destination")).unwrap())
+            .collect()
+    };
+    let a_real = fs::canonicalize(&a).unwrap();
+    assert_eq!(held(&copies), [a_real.to_str().unwrap()]);
+    let journal = fs::read_dir(&copies)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    assert!(fs::read(journal.join("journal.sqlite"))
+        .unwrap()
+        .starts_with(b"SQLite format 3\0"));
+    // a removed: the next copy (into b) forgets a's state.
+    fs::remove_dir_all(&a).unwrap();
+    copy_with_state(&b);
+    let b_real = fs::canonicalize(&b).unwrap();
+    assert_eq!(held(&copies), [b_real.to_str().unwrap()]);
 }

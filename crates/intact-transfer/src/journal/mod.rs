@@ -157,12 +157,19 @@ fn db_err(e: rusqlite::Error) -> TransferError {
 }
 
 impl Journal {
-    /// Opens (creating it if needed) the journal of `root`.
+    /// Opens (creating it if needed) the journal of `root`, in
+    /// `root/.intact`.
     pub fn open(root: &Path) -> Result<Journal, TransferError> {
-        // Private (0700, files 0600): SQLite creates its files from the
-        // database file's mode, so that one is made first.
         let dir = crate::net::private::state_dir(root)
             .map_err(|e| TransferError::Journal(e.to_string()))?;
+        Journal::open_in(&dir)
+    }
+
+    /// Opens (creating it if needed) the journal kept in the private
+    /// directory `dir`.
+    pub fn open_in(dir: &Path) -> Result<Journal, TransferError> {
+        // Private (0700, files 0600): SQLite creates its files from the
+        // database file's mode, so that one is made first.
         let path = dir.join("journal.sqlite");
         let file_err = |p: &Path| {
             let p = p.to_path_buf();
@@ -346,10 +353,12 @@ impl Journal {
     /// none is).
     fn begun(&self) -> Result<MutexGuard<'_, Connection>, TransferError> {
         let db = self.db();
-        if !self.open.load(Ordering::SeqCst) {
+        // SQLite's own state decides (an I/O error may have rolled the
+        // open transaction back; the flag only says one was begun here).
+        if db.is_autocommit() {
             db.execute_batch("BEGIN IMMEDIATE").map_err(db_err)?;
-            self.open.store(true, Ordering::SeqCst);
         }
+        self.open.store(true, Ordering::SeqCst);
         Ok(db)
     }
 
@@ -362,7 +371,7 @@ impl Journal {
     ) -> Result<T, TransferError> {
         let db = self.begun()?;
         let r = f(&db);
-        let c = db.execute_batch("COMMIT").map_err(db_err);
+        let c = end_transaction(&db);
         self.open.store(false, Ordering::SeqCst);
         let r = r?;
         c?;
@@ -372,10 +381,8 @@ impl Journal {
     /// Commits what [`Journal::start`] left open (a session's end).
     pub fn flush(&self) -> Result<(), TransferError> {
         let db = self.db();
-        if self.open.swap(false, Ordering::SeqCst) {
-            db.execute_batch("COMMIT").map_err(db_err)?;
-        }
-        Ok(())
+        self.open.store(false, Ordering::SeqCst);
+        end_transaction(&db)
     }
 
     /// Marks the file unfinished again (its recorded blocks stay; its
@@ -453,6 +460,17 @@ impl Journal {
             Ok(())
         })
     }
+}
+
+/// Commits the transaction open on `db`, if one is; if the commit fails,
+/// rolls it back, so that the next write can begin one again.
+fn end_transaction(db: &Connection) -> Result<(), TransferError> {
+    if db.is_autocommit() {
+        return Ok(());
+    }
+    db.execute_batch("COMMIT").map_err(db_err).inspect_err(|_| {
+        let _ = db.execute_batch("ROLLBACK");
+    })
 }
 
 fn insert_blocks(tx: &Connection, id: i64, blocks: &[BlockRecord]) -> Result<(), TransferError> {

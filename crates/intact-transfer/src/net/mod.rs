@@ -21,7 +21,7 @@ mod whole_digest;
 pub use bounds::ReceiveLimits;
 pub use delete::{DeleteRequest, MAX_KEEP_PATHS};
 pub use receiver::{receive, ReceiveOptions, SessionSummary};
-pub use root::{RootError, RootLock};
+pub use root::{RootError, RootLock, LOCK_FILE};
 pub use sender::{
     delete_remote, send, send_scanned, SendOptions, MAX_BYTES_IN_FLIGHT, MAX_FILES_IN_FLIGHT,
 };

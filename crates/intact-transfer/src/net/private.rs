@@ -37,7 +37,12 @@ impl std::fmt::Display for StateDirError {
 /// umask's mode), made 0700 if not.
 pub(crate) fn state_dir(root: &Path) -> Result<PathBuf, StateDirError> {
     std::fs::create_dir_all(root).map_err(|e| StateDirError::Io(root.to_path_buf(), e))?;
-    let dir = root.join(STATE_DIR);
+    private_dir(&root.join(STATE_DIR))
+}
+
+/// `dir` (its parent existing), created if missing, 0700, not a symlink.
+pub(crate) fn private_dir(dir: &Path) -> Result<PathBuf, StateDirError> {
+    let dir = dir.to_path_buf();
     let io = |e| StateDirError::Io(dir.clone(), e);
     match DirBuilder::new().mode(DIR_MODE).create(&dir) {
         Ok(()) => {}

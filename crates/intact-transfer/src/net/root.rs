@@ -86,6 +86,13 @@ impl RootLock {
     /// Checks `root` (a directory, created if missing), then locks it for
     /// this process and records its PID.
     pub fn acquire(root: &Path) -> Result<RootLock, RootError> {
+        RootLock::acquire_with(root, None)
+    }
+
+    /// [`RootLock::acquire`], the lock kept in the private directory
+    /// `state` instead of `root/.intact` (a local copy's, under the user's
+    /// own state directory).
+    pub fn acquire_with(root: &Path, state: Option<&Path>) -> Result<RootLock, RootError> {
         let unusable = |path: &Path| {
             let path = path.to_path_buf();
             move |source| RootError::Unusable { path, source }
@@ -98,10 +105,13 @@ impl RootLock {
             }
             Err(e) => return Err(unusable(root)(e)),
         }
-        let state = state_dir(root).map_err(|e| match e {
-            StateDirError::NotADirectory(p) => RootError::NotADirectory(p),
-            StateDirError::Io(path, source) => RootError::Unusable { path, source },
-        })?;
+        let state = match state {
+            Some(s) => s.to_path_buf(),
+            None => state_dir(root).map_err(|e| match e {
+                StateDirError::NotADirectory(p) => RootError::NotADirectory(p),
+                StateDirError::Io(path, source) => RootError::Unusable { path, source },
+            })?,
+        };
         let path = state.join(LOCK_FILE);
         let mut file = OpenOptions::new()
             .read(true)

@@ -168,7 +168,24 @@ pub fn send_scanned(
 pub(crate) struct SenderLink<'a> {
     pub(crate) out: Box<dyn Outbound + Send + 'a>,
     pub(crate) events: mpsc::Receiver<Arrival>,
-    tcp: Option<(TcpStream, std::thread::JoinHandle<()>)>,
+    tcp: Option<TcpEnd>,
+}
+
+/// A TCP link's socket and reader thread: ended (shut down, joined) when
+/// dropped, also for a link never used because another stream failed to
+/// connect.
+struct TcpEnd {
+    socket: TcpStream,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for TcpEnd {
+    fn drop(&mut self) {
+        let _ = self.socket.shutdown(std::net::Shutdown::Both);
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+    }
 }
 
 impl SenderLink<'_> {
@@ -192,7 +209,10 @@ impl SenderLink<'_> {
         Ok(SenderLink {
             out: Box::new(conn),
             events,
-            tcp: Some((socket, reader)),
+            tcp: Some(TcpEnd {
+                socket,
+                reader: Some(reader),
+            }),
         })
     }
 
@@ -371,7 +391,7 @@ struct Stream<'a> {
     ctx: &'a Ctx<'a>,
     conn: Box<dyn Outbound + Send + 'a>,
     events: mpsc::Receiver<Arrival>,
-    tcp: Option<(TcpStream, std::thread::JoinHandle<()>)>,
+    tcp: Option<TcpEnd>,
     out: HashMap<u64, Outgoing>,
     in_flight: u64,
     buf: AlignedBuf,
@@ -1064,9 +1084,6 @@ impl<'a> Stream<'a> {
                 }
             }
         }
-        if let Some((socket, reader)) = self.tcp.take() {
-            let _ = socket.shutdown(std::net::Shutdown::Both);
-            let _ = reader.join();
-        }
+        drop(self.tcp.take());
     }
 }
