@@ -25,7 +25,6 @@
 
 use std::path::Path;
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use rusqlite::{params, Connection, OptionalExtension};
@@ -138,12 +137,13 @@ pub struct DoneFile {
 /// (one connection behind a mutex: SQLite's own lock would make sessions
 /// sleep and retry, which cost seconds per 20,000 small files).
 pub struct Journal {
+    /// [`Journal::start`] leaves its rows in an open write transaction,
+    /// and the next write that must be durable commits them too (a started
+    /// row alone needs no commit: lost in a crash, the file is started
+    /// again). One commit per group of files, not one per file. Whether
+    /// one is open is SQLite's to say (`is_autocommit`): an I/O error may
+    /// have rolled it back.
     db: Mutex<Connection>,
-    /// A write transaction is open: [`Journal::start`] leaves its rows in
-    /// it, and the next write that must be durable commits them too (a
-    /// started row alone needs no commit: lost in a crash, the file is
-    /// started again). One commit per group of files, not one per file.
-    open: AtomicBool,
 }
 
 impl Drop for Journal {
@@ -270,10 +270,7 @@ impl Journal {
         }
         // Whose a file is (added later again: old rows have no owner).
         Journal::add_owner_columns(&db)?;
-        Ok(Journal {
-            db: Mutex::new(db),
-            open: AtomicBool::new(false),
-        })
+        Ok(Journal { db: Mutex::new(db) })
     }
 
     fn db(&self) -> MutexGuard<'_, Connection> {
@@ -353,12 +350,9 @@ impl Journal {
     /// none is).
     fn begun(&self) -> Result<MutexGuard<'_, Connection>, TransferError> {
         let db = self.db();
-        // SQLite's own state decides (an I/O error may have rolled the
-        // open transaction back; the flag only says one was begun here).
         if db.is_autocommit() {
             db.execute_batch("BEGIN IMMEDIATE").map_err(db_err)?;
         }
-        self.open.store(true, Ordering::SeqCst);
         Ok(db)
     }
 
@@ -372,7 +366,6 @@ impl Journal {
         let db = self.begun()?;
         let r = f(&db);
         let c = end_transaction(&db);
-        self.open.store(false, Ordering::SeqCst);
         let r = r?;
         c?;
         Ok(r)
@@ -380,9 +373,7 @@ impl Journal {
 
     /// Commits what [`Journal::start`] left open (a session's end).
     pub fn flush(&self) -> Result<(), TransferError> {
-        let db = self.db();
-        self.open.store(false, Ordering::SeqCst);
-        end_transaction(&db)
+        end_transaction(&self.db())
     }
 
     /// Marks the file unfinished again (its recorded blocks stay; its

@@ -25,6 +25,8 @@ const DEFERRED_POLL: Duration = Duration::from_millis(20);
 pub(super) struct Deferred {
     pub(super) entry: Entry,
     since: Instant,
+    /// When a place was last asked for it.
+    tried: Instant,
     /// Its share of the client's memory.
     _held: Option<intact_proto::Held>,
 }
@@ -67,11 +69,18 @@ impl Session<'_> {
     /// Admits the waiting entries that have a place now, in order; one
     /// that waited `limits.admit_wait` is refused ("server busy").
     pub(super) fn admit_deferred(&mut self) -> Result<(), TransferError> {
-        while let Some(d) = self.deferred.pop_front() {
+        while let Some(mut d) = self.deferred.pop_front() {
+            // Not at every message: a try commits this stream's ready
+            // files (a syncfs) to free their places.
+            if d.tried.elapsed() < DEFERRED_POLL {
+                self.deferred.push_front(d);
+                return Ok(());
+            }
             match self.admit(&d.entry)? {
                 Admission::Now(slot) => self.answer(d.entry, slot)?,
                 Admission::Refused(why) => self.refuse(&d.entry, &why)?,
                 Admission::Busy(_) if d.since.elapsed() < self.opts.limits.admit_wait => {
+                    d.tried = Instant::now();
                     self.deferred.push_front(d);
                     return Ok(());
                 }
@@ -113,9 +122,11 @@ impl Session<'_> {
         if self.deferred.len() >= MAX_DEFERRED {
             return self.refuse(&e, &why);
         }
+        let now = Instant::now();
         self.deferred.push_back(Deferred {
             entry: e,
-            since: Instant::now(),
+            since: now,
+            tried: now,
             _held: held,
         });
         Ok(())
