@@ -50,6 +50,9 @@ struct State {
     next: u64,
     /// What each party holding anything holds.
     held: HashMap<u64, u64>,
+    /// Takers waiting for something to be given back: a give-back wakes
+    /// them only if there are any (a wake-up is a system call).
+    waiting: usize,
 }
 
 /// One session's place in a [`Budget`]; its clones (the session's
@@ -216,11 +219,13 @@ impl Party {
                     wait.as_secs()
                 )));
             }
+            s.waiting += 1;
             s = inner
                 .freed
                 .wait_timeout(s, deadline - now)
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
+            s.waiting -= 1;
         }
     }
 }
@@ -247,8 +252,11 @@ impl Drop for Held {
                 s.held.remove(&self.party);
             }
         }
+        let waiting = s.waiting > 0;
         drop(s);
-        self.budget.freed.notify_all();
+        if waiting {
+            self.budget.freed.notify_all();
+        }
     }
 }
 

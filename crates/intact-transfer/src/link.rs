@@ -4,11 +4,14 @@
 //! - TCP (`intact send` → `intact serve`): an [`intact_proto::Connection`],
 //!   frames serialised (and sealed, with a key), a reader thread at each
 //!   end turning the socket back into messages.
-//! - In process (`intact copy`): [`LocalOut`] hands each [`Message`] to the
-//!   other half's event queue as it is, a block's bytes moved, never
-//!   serialised or copied. The receiver's read-ahead bound holds here as
-//!   on TCP: a sender may be at most `credits` messages ahead, after which
-//!   its `put` waits, as a full socket buffer would make it wait.
+//! - In process (`intact copy`): [`LocalOut`] hands [`Message`]s to the
+//!   other half's event queue as they are, a block's bytes moved, never
+//!   serialised or copied, in batches of up to [`BATCH_MESSAGES`] messages
+//!   or [`BATCH_BYTES`] of block data (one queue hand-off, one wake-up of
+//!   the other thread per batch, as a socket's buffer batches frames). The
+//!   receiver's read-ahead bound holds here as on TCP: a sender may be at
+//!   most `credits` batches ahead, after which it waits, as a full socket
+//!   buffer would make it wait.
 //!
 //! Each half writes through [`Outbound`] and reads from its own event
 //! queue, so neither knows which transport carries it.
@@ -41,9 +44,35 @@ impl<S: Read + Write> Outbound for Connection<S> {
     }
 }
 
-/// What a half's event queue receives from the link: the next message,
-/// `Ok(None)` when the other half closed, or the link's error.
-pub(crate) type Arrival = Result<Option<Message>, ProtoError>;
+/// Messages the in-process link hands over at once at most.
+pub(crate) const BATCH_MESSAGES: usize = 64;
+
+/// Block data the in-process link hands over at once at most, in bytes
+/// (a batch is sent as soon as it reaches this).
+pub(crate) const BATCH_BYTES: usize = 1 << 20;
+
+/// What a half's event queue receives from the link.
+#[derive(Debug)]
+pub(crate) enum Arrival {
+    /// A message read off a socket, `Ok(None)` when the other end closed,
+    /// or the link's error.
+    Read(Result<Option<Message>, ProtoError>),
+    /// Messages handed over in process, in order.
+    Moved(Vec<Message>),
+    /// The in-process other half closed.
+    Closed,
+}
+
+impl Arrival {
+    /// The messages, in order; `Ok(None)` when the other half closed.
+    pub(crate) fn messages(self) -> Result<Option<Vec<Message>>, ProtoError> {
+        match self {
+            Arrival::Read(r) => r.map(|m| m.map(|m| vec![m])),
+            Arrival::Moved(v) => Ok(Some(v)),
+            Arrival::Closed => Ok(None),
+        }
+    }
+}
 
 /// A link that changes messages on their way (the fault lab's corrupting
 /// link); built only with the `fault-hooks` feature.
@@ -65,15 +94,18 @@ impl Outbound for Tampered<'_> {
     }
 }
 
-/// The in-process transport's writing end: each message goes to the other
-/// half's event queue, wrapped as that half's event type `T`.
+/// The in-process transport's writing end: messages go to the other
+/// half's event queue in batches, wrapped as that half's event type `T`.
 pub(crate) struct LocalOut<T: Send> {
     events: mpsc::Sender<T>,
-    /// One credit per message not yet taken by the other half (None: no
+    /// One credit per batch not yet taken by the other half (None: no
     /// bound, for replies, which the receiver sends at most one per
     /// message it took).
     credits: Option<mpsc::SyncSender<()>>,
     wrap: fn(Arrival) -> T,
+    batch: Vec<Message>,
+    /// Block data in `batch`, in bytes.
+    bytes: usize,
 }
 
 impl<T: Send> LocalOut<T> {
@@ -86,29 +118,45 @@ impl<T: Send> LocalOut<T> {
             events,
             credits,
             wrap,
+            batch: Vec::new(),
+            bytes: 0,
         }
     }
 }
 
 impl<T: Send> Outbound for LocalOut<T> {
     fn put(&mut self, msg: Message) -> Result<(), ProtoError> {
-        if let Some(c) = &self.credits {
-            c.send(()).map_err(|_| ProtoError::Closed)?;
+        if let Message::Block(b) = &msg {
+            self.bytes += b.data.len();
         }
-        self.events
-            .send((self.wrap)(Ok(Some(msg))))
-            .map_err(|_| ProtoError::Closed)
+        self.batch.push(msg);
+        if self.batch.len() >= BATCH_MESSAGES || self.bytes >= BATCH_BYTES {
+            self.flush()?;
+        }
+        Ok(())
     }
 
     fn flush(&mut self) -> Result<(), ProtoError> {
-        Ok(())
+        if self.batch.is_empty() {
+            return Ok(());
+        }
+        if let Some(c) = &self.credits {
+            c.send(()).map_err(|_| ProtoError::Closed)?;
+        }
+        let batch = std::mem::replace(&mut self.batch, Vec::with_capacity(BATCH_MESSAGES));
+        self.bytes = 0;
+        self.events
+            .send((self.wrap)(Arrival::Moved(batch)))
+            .map_err(|_| ProtoError::Closed)
     }
 }
 
 impl<T: Send> Drop for LocalOut<T> {
-    /// The other half sees the link close, as a socket's reader would.
+    /// The other half sees the link close, as a socket's reader would
+    /// (what was put and never flushed is lost with the link, as unsent
+    /// bytes in a socket's buffer would be).
     fn drop(&mut self) {
-        let _ = self.events.send((self.wrap)(Ok(None)));
+        let _ = self.events.send((self.wrap)(Arrival::Closed));
     }
 }
 
@@ -116,17 +164,44 @@ impl<T: Send> Drop for LocalOut<T> {
 mod tests {
     use super::*;
 
+    fn received(rx: &mpsc::Receiver<Arrival>) -> Option<Vec<Message>> {
+        rx.recv().unwrap().messages().unwrap()
+    }
+
     #[test]
-    fn messages_arrive_in_order_and_a_dropped_end_closes_the_link() {
+    fn messages_arrive_in_order_at_a_flush_and_a_dropped_end_closes_the_link() {
         let (tx, rx) = mpsc::channel::<Arrival>();
         let mut out = LocalOut::new(tx, None, |a| a);
         out.put(Message::Waiting).unwrap();
+        assert!(rx.try_recv().is_err(), "a put alone is not sent");
         out.send(Message::Bye).unwrap();
         drop(out);
-        assert_eq!(rx.recv().unwrap().unwrap(), Some(Message::Waiting));
-        assert_eq!(rx.recv().unwrap().unwrap(), Some(Message::Bye));
-        assert_eq!(rx.recv().unwrap().unwrap(), None);
+        assert_eq!(received(&rx), Some(vec![Message::Waiting, Message::Bye]));
+        assert_eq!(received(&rx), None);
         assert!(rx.recv().is_err(), "nothing after the close");
+    }
+
+    #[test]
+    fn a_full_batch_goes_without_a_flush() {
+        let (tx, rx) = mpsc::channel::<Arrival>();
+        let mut out = LocalOut::new(tx, None, |a| a);
+        for _ in 0..BATCH_MESSAGES {
+            out.put(Message::Waiting).unwrap();
+        }
+        assert_eq!(received(&rx).map(|v| v.len()), Some(BATCH_MESSAGES));
+        let block = |n| {
+            Message::Block(intact_proto::Block {
+                file: 0,
+                index: n,
+                source_level: 0,
+                digest: Vec::new(),
+                data: vec![0; BATCH_BYTES / 2],
+            })
+        };
+        out.put(block(0)).unwrap();
+        assert!(rx.try_recv().is_err());
+        out.put(block(1)).unwrap();
+        assert_eq!(received(&rx).map(|v| v.len()), Some(2), "bytes full");
     }
 
     #[test]
@@ -134,14 +209,14 @@ mod tests {
         let (tx, rx) = mpsc::channel::<Arrival>();
         let (credit_tx, credits) = mpsc::sync_channel(2);
         let mut out = LocalOut::new(tx, Some(credit_tx), |a| a);
-        out.put(Message::Waiting).unwrap();
-        out.put(Message::Waiting).unwrap();
+        out.send(Message::Waiting).unwrap();
+        out.send(Message::Waiting).unwrap();
         let (done_tx, done) = mpsc::channel();
         let t = std::thread::spawn(move || {
-            out.put(Message::Bye).unwrap();
+            out.send(Message::Bye).unwrap();
             done_tx.send(()).unwrap();
         });
-        // The third message waits for a credit the reader gives back.
+        // The third batch waits for a credit the reader gives back.
         assert!(done
             .recv_timeout(std::time::Duration::from_millis(200))
             .is_err());
@@ -149,7 +224,7 @@ mod tests {
         done.recv_timeout(std::time::Duration::from_secs(30))
             .expect("a credit given back lets the sender go on");
         t.join().unwrap();
-        assert_eq!(rx.try_iter().count(), 4, "three messages and the close");
+        assert_eq!(rx.try_iter().count(), 4, "three batches and the close");
     }
 
     #[test]
@@ -157,6 +232,6 @@ mod tests {
         let (tx, rx) = mpsc::channel::<Arrival>();
         drop(rx);
         let mut out = LocalOut::new(tx, None, |a| a);
-        assert!(matches!(out.put(Message::Bye), Err(ProtoError::Closed)));
+        assert!(matches!(out.send(Message::Bye), Err(ProtoError::Closed)));
     }
 }

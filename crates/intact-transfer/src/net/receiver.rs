@@ -46,7 +46,7 @@ use intact_proto::{
 
 use crate::dest::{CreatedDirs, Destination, Mtime, PartialFile};
 use crate::journal::{unix_now, BlockRecord, DoneFile, Journal, VerifiedAt};
-use crate::link::{LocalOut, Outbound};
+use crate::link::{Arrival, LocalOut, Outbound};
 use crate::net::bounds::{self, InUse, ReceiveLimits, Shares, Slot};
 use crate::net::delete::Pending;
 use crate::net::session_dirs::SessionDirs;
@@ -336,12 +336,9 @@ struct Checked {
 
 /// What the session thread waits for.
 enum Event {
-    /// The next message from the socket (None: closed cleanly), and the
-    /// share of the server's frame memory it holds.
-    Msg(
-        Result<Option<Message>, ProtoError>,
-        Option<intact_proto::Held>,
-    ),
+    /// The next message(s) from the link (none: closed cleanly), and the
+    /// share of the server's frame memory a socket's frame holds.
+    Msg(Arrival, Option<intact_proto::Held>),
     /// A verifier's verdict.
     Checked(Checked),
 }
@@ -488,7 +485,10 @@ pub fn receive(
             // session thread is done with the message.
             let held = conn.take_held();
             let stop = !matches!(m, Ok(Some(_)));
-            if credit_tx.send(()).is_err() || reader_tx.send(Event::Msg(m, held)).is_err() || stop {
+            if credit_tx.send(()).is_err()
+                || reader_tx.send(Event::Msg(Arrival::Read(m), held)).is_err()
+                || stop
+            {
                 return;
             }
         }
@@ -666,26 +666,28 @@ impl Session<'_> {
                     }
                 }
             };
-            if matches!(
-                &ev,
-                Event::Checked(_)
-                    | Event::Msg(Ok(Some(Message::Block(_) | Message::FileEnd { .. })), _)
-            ) {
-                data.moved();
-            }
-            data.check(self.files.len())?;
             match ev {
-                Event::Checked(c) => self.checked(c)?,
-                Event::Msg(m, _held) => {
+                Event::Checked(c) => {
+                    data.moved();
+                    data.check(self.files.len())?;
+                    self.checked(c)?;
+                }
+                Event::Msg(arrival, _held) => {
                     let _ = credits.try_recv();
-                    let Some(msg) = m? else {
+                    let Some(msgs) = arrival.messages()? else {
                         return Ok(std::mem::take(&mut self.summary));
                     };
-                    if msg == Message::Bye {
-                        self.bye()?;
-                        return Ok(std::mem::take(&mut self.summary));
+                    for msg in msgs {
+                        if matches!(msg, Message::Block(_) | Message::FileEnd { .. }) {
+                            data.moved();
+                        }
+                        data.check(self.files.len())?;
+                        if msg == Message::Bye {
+                            self.bye()?;
+                            return Ok(std::mem::take(&mut self.summary));
+                        }
+                        self.message(msg)?;
                     }
-                    self.message(msg)?;
                 }
             }
         }

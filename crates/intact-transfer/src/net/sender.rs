@@ -39,6 +39,11 @@ pub const MAX_FILES_IN_FLIGHT: usize = 1024;
 /// in flight: enough for 10 Gbit/s at 50 ms round trip).
 pub const MAX_BYTES_IN_FLIGHT: u64 = 16 << 20;
 
+/// Entries begun between two pushes of what is queued to the receiver
+/// (else sent when the queue fills, or when the sender waits), so the
+/// receiver starts on the first files while the rest are announced.
+const FLUSH_EVERY: usize = 64;
+
 /// How to send.
 #[derive(Clone)]
 pub struct SendOptions {
@@ -201,7 +206,7 @@ impl SenderLink<'_> {
             loop {
                 let m = r.read_message();
                 let stop = !matches!(m, Ok(Some(ref msg)) if *msg != Message::Bye);
-                if tx.send(m).is_err() || stop {
+                if tx.send(Arrival::Read(m)).is_err() || stop {
                     return;
                 }
             }
@@ -426,6 +431,7 @@ impl<'a> Stream<'a> {
     /// Sends every entry `next` yields and waits for all their results.
     fn run(&mut self, mut next: impl FnMut() -> Option<usize>) {
         let mut exhausted = false;
+        let mut begun = 0usize;
         loop {
             while self.broken.is_none()
                 && !exhausted
@@ -435,6 +441,12 @@ impl<'a> Stream<'a> {
                 match next() {
                     Some(i) => self.begin(i),
                     None => exhausted = true,
+                }
+                begun += 1;
+                if begun % FLUSH_EVERY == 0 {
+                    if let Err(e) = self.conn.flush() {
+                        self.broken = Some(e.to_string());
+                    }
                 }
                 self.drain(false);
             }
@@ -449,40 +461,48 @@ impl<'a> Stream<'a> {
         }
     }
 
-    /// Handles pending events; with `wait`, blocks for at least one.
+    /// Handles pending events; with `wait`, sends what is queued and
+    /// blocks for at least one.
     fn drain(&mut self, wait: bool) {
-        // Blocking with every outstanding file ended: nothing moves until
-        // the receiver commits its group of verified files, so say so.
-        // (While files await their Status or block results, the receiver
-        // answers those anyway; a Waiting then would only shrink its group.)
-        if wait && self.out.values().all(|o| o.ended) {
-            if let Err(e) = self.conn.put(Message::Waiting) {
+        if wait {
+            // Blocking with every outstanding file ended: nothing moves
+            // until the receiver commits its group of verified files, so
+            // say so. (While files await their Status or block results, the
+            // receiver answers those anyway; a Waiting then would only
+            // shrink its group.)
+            if self.out.values().all(|o| o.ended) {
+                if let Err(e) = self.conn.put(Message::Waiting) {
+                    self.broken = Some(e.to_string());
+                    return;
+                }
+            }
+            if let Err(e) = self.conn.flush() {
                 self.broken = Some(e.to_string());
                 return;
             }
         }
-        if let Err(e) = self.conn.flush() {
-            self.broken = Some(e.to_string());
-            return;
-        }
-        let first = if wait {
-            match self.events.recv() {
-                Ok(ev) => Some(ev),
-                Err(_) => Some(Err(ProtoError::Closed)),
-            }
+        let mut next = if wait {
+            Some(self.events.recv().unwrap_or(Arrival::Closed))
         } else {
             self.events.try_recv().ok()
         };
-        let mut ev = first;
-        while let Some(e) = ev {
-            match e.and_then(|m| m.ok_or(ProtoError::Closed)) {
-                Ok(msg) => self.handle(msg),
+        while let Some(arrival) = next {
+            match arrival.messages() {
+                Ok(Some(msgs)) => {
+                    for msg in msgs {
+                        self.handle(msg);
+                    }
+                }
+                Ok(None) => {
+                    self.broken = Some(ProtoError::Closed.to_string());
+                    return;
+                }
                 Err(e) => {
                     self.broken = Some(e.to_string());
                     return;
                 }
             }
-            ev = self.events.try_recv().ok();
+            next = self.events.try_recv().ok();
         }
     }
 
@@ -1078,8 +1098,8 @@ impl<'a> Stream<'a> {
     /// Says Bye and waits for the server's Bye, so its last writes are done.
     fn finish(mut self) {
         if self.broken.is_none() && self.conn.send(Message::Bye).is_ok() {
-            while let Ok(Ok(Some(m))) = self.events.recv() {
-                if m == Message::Bye {
+            while let Ok(Ok(Some(msgs))) = self.events.recv().map(Arrival::messages) {
+                if msgs.contains(&Message::Bye) {
                     break;
                 }
             }
