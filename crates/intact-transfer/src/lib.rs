@@ -33,6 +33,7 @@ mod report;
 mod select;
 mod source;
 mod source_cache;
+mod stage;
 mod verify;
 
 pub use copy::{copy, copy_scanned, CopyOptions};

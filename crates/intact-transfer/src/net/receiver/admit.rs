@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use intact_proto::FileStatus;
 
-use super::{begin, failed, verified_because, Begun, Session, MAX_PENDING_DIR_BYTES};
+use super::begin::{begin, Begun};
+use super::commit::{failed, verified_because};
+use super::{Session, MAX_PENDING_DIR_BYTES};
 use crate::dest::Mtime;
 use crate::net::bounds::{self, Slot};
 use crate::TransferError;

@@ -1,0 +1,228 @@
+//! An Entry's answer: a symlink made, a directory left to the session, a
+//! file held whole answered from its record (the quick check), or a file
+//! whose blocks must come, with what an earlier run left of it.
+
+use std::collections::HashMap;
+use std::fs::File;
+
+use intact_digest::{defaults, AlignedBuf};
+use intact_proto::{Entry, EntryKind, Holding, Message};
+
+use super::commit::{failed, verified_because};
+use super::resume::{reverify_held, reverify_whole};
+use super::{Incoming, ReceiveOptions};
+use crate::dest::{Destination, Mtime};
+use crate::journal::Journal;
+use crate::net::whole_digest::{HeldWhole, Stamp};
+use crate::stage::verify::{stage_for, VerifyStage};
+use crate::verify::{VerifyLevel, VerifyMode};
+use crate::TransferError;
+
+/// What an Entry begins: a reply to send, or a directory for the session.
+pub(super) enum Begun {
+    Reply(Message),
+    Dir(Entry),
+}
+
+/// Handles an Entry: the FileResult of a symlink or a file already held
+/// whole, the Status of a file whose blocks must come, or a directory
+/// (left to [`Session::dir`]).
+pub(super) fn begin(
+    dest: &Destination,
+    journal: &Journal,
+    opts: &ReceiveOptions,
+    e: Entry,
+    files: &mut HashMap<u64, Incoming>,
+    buf: &mut AlignedBuf,
+) -> Begun {
+    let id = e.file;
+    let result = |r: Result<(), TransferError>| match r {
+        Ok(()) => verified_because(id, 0, ""),
+        Err(err) => failed(id, &err.to_string()),
+    };
+    let mtime = Mtime {
+        sec: e.mtime_sec,
+        nsec: e.mtime_nsec,
+    };
+    Begun::Reply(match &e.kind {
+        EntryKind::Dir => return Begun::Dir(e),
+        EntryKind::Symlink(target) => result(dest.make_symlink(&e.path, target, mtime)),
+        EntryKind::File => match begin_file(dest, journal, opts, e, files, buf) {
+            Ok(m) => m,
+            Err(err) => failed(id, &err.to_string()),
+        },
+    })
+}
+
+fn begin_file(
+    dest: &Destination,
+    journal: &Journal,
+    opts: &ReceiveOptions,
+    e: Entry,
+    files: &mut HashMap<u64, Incoming>,
+    buf: &mut AlignedBuf,
+) -> Result<Message, TransferError> {
+    let id = e.file;
+    let Some(mode) = VerifyMode::from_wire_id(e.verify) else {
+        return Err(TransferError::Verification {
+            path: e.path.to_string(),
+            what: format!("unknown verification mode id {}", e.verify),
+        });
+    };
+    if e.algorithm != defaults::BLOCK_ALGORITHM.wire_id() || e.block_size == 0 {
+        return Err(TransferError::Verification {
+            path: e.path.to_string(),
+            what: "unsupported block algorithm or block size".into(),
+        });
+    }
+    let require_device = e.flags & Entry::REQUIRE_DEVICE != 0;
+    let same = |r: &crate::journal::FileRow| {
+        r.size == e.size
+            && r.mtime_sec == e.mtime_sec
+            && r.mtime_nsec == e.mtime_nsec
+            && r.block_size == e.block_size
+    };
+    let row = journal.lookup(e.path.as_bytes())?.filter(same);
+    // Held whole, with the digest its commit compared (older rows have
+    // none, and are received anew): the quick check. The sender compares
+    // that digest with its source's own; size and mtime only pick the
+    // candidate.
+    if let Some((r, digest)) = row
+        .as_ref()
+        .filter(|r| r.done)
+        .and_then(|r| Some((r, r.digest?)))
+    {
+        if let Some(file) = dest.open_final(&e.path).filter(|f| unchanged_since(f, &e)) {
+            // Taken before any read: the answer holds only for this version.
+            let stamp = Stamp::of(&file).map_err(|err| TransferError::Destination {
+                path: e.path.to_string(),
+                source: err,
+            })?;
+            let reverify = e.flags & Entry::REVERIFY != 0;
+            if !reverify && r.verified.level >= mode.level() {
+                // Trusted at the level its record says, no higher.
+                let level = r.verified.level;
+                if require_device && level < VerifyLevel::Device {
+                    return Err(TransferError::Verification {
+                        path: e.path.to_string(),
+                        what: format!("--require-level device: held at level {level}"),
+                    });
+                }
+                let mut inc = Incoming::fresh(e.clone(), mode, None, r.id);
+                inc.whole.held = Some(HeldWhole {
+                    digest,
+                    trusted: Some(r.verified),
+                    stamp,
+                });
+                files.insert(id, inc);
+                return Ok(Message::Status {
+                    file: id,
+                    holding: Holding::Whole {
+                        digest: digest.to_vec(),
+                    },
+                });
+            }
+            if mode != VerifyMode::None {
+                let inc = Incoming::fresh(e.clone(), mode, None, r.id);
+                if let Some(inc) = reverify_whole(inc, journal, &file, opts, buf, &digest, stamp)? {
+                    files.insert(id, inc);
+                    return Ok(Message::Status {
+                        file: id,
+                        holding: Holding::Whole {
+                            digest: digest.to_vec(),
+                        },
+                    });
+                }
+            }
+        }
+    }
+    let partial = dest.partial(&e.path, e.size)?;
+    let resumed = row.filter(|r| !r.done);
+    // This session holds the partial's lock now: the journal says so
+    // (start, or reopen below, records it).
+    let session = opts.session.map(|s| s.0);
+    let row_id = match &resumed {
+        Some(r) => r.id,
+        None => journal.start(
+            e.path.as_bytes(),
+            e.size,
+            (e.mtime_sec, e.mtime_nsec),
+            e.block_size,
+            session,
+        )?,
+    };
+    let mut inc = Incoming::fresh(e, mode, Some(partial), row_id);
+    inc.verify = open_stage(&inc, inc.partial.as_ref().map(|p| p.file()), opts)?;
+    let resumed_id = resumed.as_ref().map(|r| r.id);
+    let holding = match resumed {
+        Some(r) => {
+            let list = reverify_held(&mut inc, journal.blocks(r.id)?, buf)?;
+            if list.is_empty() {
+                Holding::Nothing
+            } else {
+                Holding::Blocks(list)
+            }
+        }
+        None => Holding::Nothing,
+    };
+    if resumed_id.is_some() {
+        journal.reopen(row_id, session)?;
+    }
+    files.insert(id, inc);
+    Ok(Message::Status { file: id, holding })
+}
+
+/// Whether the final file still has the size and mtime the entry announces.
+fn unchanged_since(file: &File, e: &Entry) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    file.metadata().is_ok_and(|m| {
+        m.len() == e.size && m.mtime() == e.mtime_sec && m.mtime_nsec() as u32 == e.mtime_nsec
+    })
+}
+
+/// The verify stage of `inc`, re-reading `file` (its partial file, or
+/// the final file re-verified in place) where the mode re-reads blocks;
+/// with `--require-level device` a file system without a device fails
+/// here.
+pub(super) fn open_stage(
+    inc: &Incoming,
+    file: Option<&File>,
+    opts: &ReceiveOptions,
+) -> Result<Box<dyn VerifyStage>, TransferError> {
+    let direct = inc.entry.flags & Entry::DIRECT != 0;
+    let stage =
+        stage_for(inc.mode, file, direct, opts.reread_through_cache()).map_err(inc.path_err())?;
+    if inc.entry.flags & Entry::REQUIRE_DEVICE != 0 {
+        if let Some(why) = stage.no_device_reason() {
+            return Err(TransferError::Verification {
+                path: inc.entry.path.to_string(),
+                what: format!("--require-level device: the destination is on {why}"),
+            });
+        }
+    }
+    Ok(stage)
+}
+
+/// A held file whose sender's copy differs: forget what was held and
+/// receive every block into a new partial file.
+pub(super) fn start_anew(
+    f: &mut Incoming,
+    dest: &Destination,
+    journal: &Journal,
+    opts: &ReceiveOptions,
+) -> Result<(), TransferError> {
+    let e = f.entry.clone();
+    let partial = dest.partial(&e.path, e.size)?;
+    let row = journal.start(
+        e.path.as_bytes(),
+        e.size,
+        (e.mtime_sec, e.mtime_nsec),
+        e.block_size,
+        opts.session.map(|s| s.0),
+    )?;
+    let mut inc = Incoming::fresh(e, f.mode, Some(partial), row);
+    inc.verify = open_stage(&inc, inc.partial.as_ref().map(|p| p.file()), opts)?;
+    inc.slot = f.slot.take();
+    *f = inc;
+    Ok(())
+}

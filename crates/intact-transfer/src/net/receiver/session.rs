@@ -1,0 +1,434 @@
+//! A receiver session's event loop: the other half's messages and the
+//! verifier's verdicts, in the order they come, on one thread.
+
+use std::collections::HashMap;
+use std::sync::{mpsc, Arc};
+
+use intact_digest::{defaults, AlignedBuf, Digest};
+use intact_proto::{Entry, Message, ProtoError, WirePath};
+
+use super::accept::{accept_block, end_file, Verdict};
+use super::begin::start_anew;
+use super::commit::{below_required, commit_ready, failed, whole_digest_matches};
+use super::data_clock::DataClock;
+use super::{
+    admit, wire_level, Check, Checked, Event, Incoming, ReceiveOptions, SessionSummary,
+    GROUP_COMMIT_FILES, JOURNAL_BATCH, MAX_ROUNDS,
+};
+use crate::dest::{CreatedDirs, Destination, Mtime};
+use crate::journal::{BlockRecord, Journal, VerifiedAt};
+use crate::link::Outbound;
+use crate::net::bounds::{self, InUse, Shares};
+use crate::net::delete::Pending;
+use crate::stage::verify::reread_level;
+use crate::verify::VerifyLevel;
+use crate::TransferError;
+
+pub(super) struct Session<'a> {
+    pub(super) out: &'a mut dyn Outbound,
+    pub(super) dest: &'a Destination,
+    pub(super) root: &'a std::path::Path,
+    pub(super) pending_delete: Option<Pending>,
+    pub(super) journal: &'a Journal,
+    pub(super) opts: &'a ReceiveOptions,
+    pub(super) jobs: mpsc::SyncSender<Check>,
+    pub(super) files: &'a mut HashMap<u64, Incoming>,
+    pub(super) ready: &'a mut Vec<(u64, Incoming)>,
+    /// Directories this session created, to finish at the end, and the
+    /// bytes of their paths.
+    pub(super) dirs: Vec<(WirePath, u32, Mtime)>,
+    pub(super) dir_bytes: usize,
+    /// What `dirs` holds of the client's memory share.
+    pub(super) dir_held: Option<intact_proto::Held>,
+    /// Every directory the session (all its streams) created.
+    pub(super) created: Arc<CreatedDirs>,
+    /// What this stream's open files hold of its limits.
+    pub(super) in_use: InUse,
+    /// Its session's places in the server's budgets.
+    pub(super) shares: Shares,
+    /// Blocks at the verifier now, per file id (also of files that
+    /// failed meanwhile): an id is not reused until they are back.
+    pub(super) at_verifier: HashMap<u64, u32>,
+    pub(super) summary: SessionSummary,
+    pub(super) buf: AlignedBuf,
+    /// Entries waiting for a place in the session's share (in order).
+    pub(super) deferred: std::collections::VecDeque<admit::Deferred>,
+}
+
+impl Session<'_> {
+    pub(super) fn run(
+        &mut self,
+        events: &mpsc::Receiver<Event>,
+        credits: &mpsc::Receiver<()>,
+    ) -> Result<SessionSummary, TransferError> {
+        self.dest.record_created_dirs(Arc::clone(&self.created));
+        let mut data = DataClock::new(self.opts.data_timeout);
+        loop {
+            self.admit_deferred()?;
+            let ev = match events.try_recv() {
+                Ok(ev) => ev,
+                Err(_) => {
+                    // Nothing more to do without waiting: send the replies.
+                    self.out.flush()?;
+                    let t = std::time::Instant::now();
+                    let got = events.recv_timeout(self.tick(data.tick()));
+                    data.waited(t.elapsed());
+                    match got {
+                        Ok(ev) => ev,
+                        Err(mpsc::RecvTimeoutError::Timeout) => {
+                            data.check(self.files.len())?;
+                            continue;
+                        }
+                        Err(mpsc::RecvTimeoutError::Disconnected) => {
+                            return Err(ProtoError::Closed.into())
+                        }
+                    }
+                }
+            };
+            match ev {
+                Event::Checked(c) => {
+                    data.moved();
+                    data.check(self.files.len())?;
+                    self.checked(c)?;
+                }
+                Event::Msg(arrival, _held) => {
+                    let _ = credits.try_recv();
+                    let Some(msgs) = arrival.messages()? else {
+                        return Ok(std::mem::take(&mut self.summary));
+                    };
+                    for msg in msgs {
+                        if matches!(msg, Message::Block(_) | Message::FileEnd { .. }) {
+                            data.moved();
+                        }
+                        data.check(self.files.len())?;
+                        if msg == Message::Bye {
+                            self.bye()?;
+                            return Ok(std::mem::take(&mut self.summary));
+                        }
+                        self.message(msg)?;
+                    }
+                }
+            }
+        }
+    }
+
+    fn message(&mut self, msg: Message) -> Result<(), TransferError> {
+        match msg {
+            Message::Entry(mut e) => {
+                if self.in_use(e.file) {
+                    return Err(ProtoError::Malformed {
+                        message: "Entry",
+                        detail: "its file id is still in use by a file not yet answered",
+                    }
+                    .into());
+                }
+                e.mode = bounds::incoming_mode(e.mode, self.opts.keep_special_bits);
+                self.entry(e)?;
+            }
+            Message::Block(b) => self.block(b)?,
+            Message::FileEnd {
+                file,
+                blocks,
+                source_level,
+                digest,
+            } => {
+                let Some(f) = self.files.get_mut(&file) else {
+                    return Ok(());
+                };
+                f.ended = Some(blocks);
+                f.whole.theirs = digest;
+                f.source_level = Some(wire_level(source_level));
+                if f.checking == 0 {
+                    self.end(file)?;
+                }
+            }
+            Message::DeleteStart {
+                dry_run,
+                base,
+                scopes,
+                rules,
+            } => {
+                let p = Pending::start(
+                    dry_run,
+                    base,
+                    scopes,
+                    rules,
+                    self.opts.max_delete_paths,
+                    self.shares.memory.clone(),
+                );
+                self.pending_delete = Some(self.refuse_unless(p)?);
+            }
+            Message::DeleteKeep { paths } => {
+                let Some(p) = self.pending_delete.as_mut() else {
+                    return Err(ProtoError::Unexpected {
+                        got: "DeleteKeep",
+                        wanted: "DeleteStart first",
+                    }
+                    .into());
+                };
+                let r = p.keep(paths);
+                self.refuse_unless(r)?;
+            }
+            Message::DeleteRun => {
+                let Some(p) = self.pending_delete.take() else {
+                    return Err(ProtoError::Unexpected {
+                        got: "DeleteRun",
+                        wanted: "DeleteStart first",
+                    }
+                    .into());
+                };
+                let dry_run = p.dry_run;
+                let report = p.run(self.root, self.out)?;
+                if !dry_run {
+                    self.summary.deleted += report.deleted.len() as u64;
+                }
+            }
+            Message::Waiting => {
+                // The sender blocks until it hears back: commit the group
+                // now, so small files share one syncfs and their results go.
+                self.commit()?;
+            }
+            other => {
+                return Err(ProtoError::Unexpected {
+                    got: other.name(),
+                    wanted: "Entry, Block, FileEnd or Bye",
+                }
+                .into())
+            }
+        }
+        Ok(())
+    }
+
+    /// A `--delete` request the server will not carry out: the sender is
+    /// told why and the session ends (nothing was removed).
+    fn refuse_unless<T>(&mut self, r: Result<T, String>) -> Result<T, TransferError> {
+        match r {
+            Ok(v) => Ok(v),
+            Err(reason) => {
+                self.pending_delete = None;
+                self.out.send(Message::Refused {
+                    reason: reason.clone(),
+                })?;
+                Err(TransferError::Remote(reason))
+            }
+        }
+    }
+
+    fn bye(&mut self) -> Result<(), TransferError> {
+        // Blocks still at the verifier are abandoned with their files (the
+        // sender says Bye only when every file has its result).
+        self.commit()?;
+        for (path, mode, mtime) in self.dirs.iter().rev() {
+            // A directory whose entry succeeded but whose final metadata
+            // cannot be set is only logged by the sender's report of the
+            // entry; the data inside is safe. Only a directory this
+            // session created is touched (checked again on the open
+            // directory itself).
+            let _ = self
+                .dest
+                .finish_created_dir(path, *mode, *mtime, &self.created);
+        }
+        self.out.send(Message::Bye)?;
+        Ok(())
+    }
+
+    pub(super) fn commit(&mut self) -> Result<(), TransferError> {
+        commit_ready(
+            self.out,
+            self.dest,
+            self.journal,
+            self.ready,
+            &mut self.summary,
+            &self.opts.working,
+        )
+    }
+
+    /// Fails a file alone (the destination or the journal failed it): what
+    /// verified stays journaled for a later attempt; the session goes on.
+    fn fail_file(&mut self, file: u64, why: &str) -> Result<(), TransferError> {
+        let mut path = format!("file {file}");
+        if let Some(mut f) = self.files.remove(&file) {
+            let _ = f.journal(self.journal);
+            path = f.entry.path.to_string();
+        }
+        self.summary.fail(&path, why);
+        self.out.put(failed(file, why))?;
+        Ok(())
+    }
+
+    fn block(&mut self, mut b: intact_proto::Block) -> Result<(), TransferError> {
+        let Some(f) = self.files.get_mut(&b.file) else {
+            // A file that already failed: drop its blocks.
+            return Ok(());
+        };
+        if f.partial.is_none() {
+            // Held whole, but the sender's copy differs: it sends every
+            // block, and the file is written anew under a partial name.
+            if let Err(e) = start_anew(f, self.dest, self.journal, self.opts) {
+                return self.fail_file(b.file, &e.to_string());
+            }
+        }
+        let accepted = accept_block(f, &mut b, self.opts);
+        let verdict = match accepted {
+            Ok(v) => v,
+            Err(e @ (TransferError::Destination { .. } | TransferError::Journal(_))) => {
+                return self.fail_file(b.file, &e.to_string());
+            }
+            Err(e) => return Err(e),
+        };
+        self.summary.bytes += b.data.len() as u64;
+        match verdict {
+            Verdict::Check(check) => {
+                f.checking += 1;
+                *self.at_verifier.entry(b.file).or_insert(0) += 1;
+                self.jobs.send(check).map_err(|_| ProtoError::Closed)?;
+                Ok(())
+            }
+            Verdict::Done(ok) => {
+                let digest = Digest::from_bytes(defaults::BLOCK_ALGORITHM, &b.digest);
+                let level = f.arrival_level().min(wire_level(b.source_level));
+                self.block_done(b.file, b.index, ok, digest, level)
+            }
+        }
+    }
+
+    /// A block's verification is over: journal it, and answer.
+    fn block_done(
+        &mut self,
+        file: u64,
+        index: u64,
+        ok: bool,
+        digest: Option<Digest>,
+        level: VerifyLevel,
+    ) -> Result<(), TransferError> {
+        let Some(f) = self.files.get_mut(&file) else {
+            return Ok(());
+        };
+        // `none` has no digests to record.
+        if ok && f.verify.checks_arrival() {
+            if let Some(d) = digest {
+                f.unjournaled.push(BlockRecord {
+                    index,
+                    digest: d.as_bytes().to_vec(),
+                    verified: VerifiedAt::now(f.mode, level),
+                });
+                f.unjournaled_bytes += u64::from(f.entry.block_size);
+                if f.unjournaled_bytes >= JOURNAL_BATCH {
+                    if let Err(e) = f.journal(self.journal) {
+                        return self.fail_file(file, &e.to_string());
+                    }
+                }
+            }
+        }
+        self.summary.blocks_rejected += u64::from(!ok);
+        self.out.put(Message::BlockResult { file, index, ok })?;
+        Ok(())
+    }
+
+    /// The verifier's verdict on a re-read block.
+    fn checked(&mut self, c: Checked) -> Result<(), TransferError> {
+        if let Some(n) = self.at_verifier.get_mut(&c.id) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.at_verifier.remove(&c.id);
+            }
+        }
+        let Some(f) = self.files.get_mut(&c.id) else {
+            return Ok(());
+        };
+        f.checking = f.checking.saturating_sub(1);
+        let ok = match c.ok {
+            Ok(ok) => ok,
+            Err(e) => {
+                let why = format!("{}: re-reading block {}: {e}", f.entry.path, c.index);
+                return self.fail_file(c.id, &why);
+            }
+        };
+        if let Some(r) = f.verify.block_reread_mut() {
+            r.count(&c.outcome, c.took);
+        }
+        if ok {
+            f.verified.set(c.index as usize, Some(c.digest));
+        }
+        let level = reread_level(&c.outcome).min(c.source_level);
+        self.block_done(c.id, c.index, ok, Some(c.digest), level)?;
+        let end = self
+            .files
+            .get(&c.id)
+            .is_some_and(|f| f.checking == 0 && f.ended.is_some());
+        if end {
+            self.end(c.id)?;
+        }
+        Ok(())
+    }
+
+    /// The sender ended the file and no block is at the verifier.
+    fn end(&mut self, file: u64) -> Result<(), TransferError> {
+        let Some(mut f) = self.files.remove(&file) else {
+            return Ok(());
+        };
+        let blocks = f.ended.take().expect("called once ended");
+        if let Some(held) = f.whole.held.filter(|_| f.partial.is_none()) {
+            return self.end_held(file, f, held, blocks);
+        }
+        if blocks != f.verified.len() as u64 {
+            // Abandoned (the source changed or failed) or inconsistent:
+            // keep what verified for a later attempt, name nothing.
+            f.journal(self.journal)?;
+            let why = "the sender abandoned the file";
+            self.summary.fail(&f.entry.path.to_string(), why);
+            self.out.put(failed(file, why))?;
+            return Ok(());
+        }
+        let ended = {
+            let _working = self.opts.working.now();
+            end_file(&mut f, &mut self.buf)
+        };
+        match ended {
+            Ok(bad) if !bad.is_empty() && f.rounds < MAX_ROUNDS => {
+                f.rounds += 1;
+                for index in bad {
+                    f.verified.set(index as usize, None);
+                    self.summary.blocks_rejected += 1;
+                    self.out.put(Message::BlockResult {
+                        file,
+                        index,
+                        ok: false,
+                    })?;
+                }
+                self.files.insert(file, f);
+            }
+            Ok(bad) if !bad.is_empty() => {
+                let why = format!("block {} never verified", bad[0]);
+                self.summary.fail(&f.entry.path.to_string(), &why);
+                self.out.put(failed(file, &why))?;
+            }
+            Ok(_) => {
+                if let Err(why) = whole_digest_matches(&mut f, &mut self.buf) {
+                    let _ = f.journal(self.journal);
+                    self.summary.fail(&f.entry.path.to_string(), &why);
+                    self.out.put(failed(file, &why))?;
+                    return Ok(());
+                }
+                let reached = f.reached();
+                if reached.level < VerifyLevel::Device && f.entry.flags & Entry::REQUIRE_DEVICE != 0
+                {
+                    let _ = f.journal(self.journal);
+                    let msg = below_required(&reached);
+                    self.summary.fail(&f.entry.path.to_string(), &msg);
+                    self.out.put(failed(file, &msg))?;
+                    return Ok(());
+                }
+                self.ready.push((file, f));
+                if self.ready.len() >= GROUP_COMMIT_FILES {
+                    self.commit()?;
+                }
+            }
+            Err(e) => {
+                self.summary.fail(&f.entry.path.to_string(), &e.to_string());
+                self.out.put(failed(file, &e.to_string()))?;
+            }
+        }
+        Ok(())
+    }
+}

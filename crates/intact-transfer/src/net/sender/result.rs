@@ -1,0 +1,99 @@
+//! The receiver's verdict on a file, into its report: the level is the
+//! lower of both ends'.
+
+use intact_proto::{FileResult, FileStatus};
+
+use super::stream::{Outgoing, Stream};
+use crate::source_cache::SourceDigest;
+use crate::verify::{Reached, VerifyLevel};
+
+impl Stream<'_> {
+    /// The level this end's reads of the source support for a file: the
+    /// mode's aim, lowered where a riva read did not reach the device.
+    pub(super) fn source_level(&self, o: &Outgoing) -> Reached {
+        let mut reached = Reached::aim(self.ctx.opts.verify);
+        if let Some(source) = &o.source {
+            source.lower(&mut reached);
+        }
+        reached
+    }
+
+    /// The receiver's verdict on file `id`, into its report. The level is
+    /// the lower of both ends': the receiver's (its checks in this run and
+    /// the recorded level of what it trusted) and the source's reads.
+    pub(super) fn file_result(&mut self, o: &mut Outgoing, r: FileResult) {
+        o.report.unchanged = r.unchanged;
+        o.report.bytes_reverified = r.reverified;
+        o.report.bytes_trusted = r.trusted;
+        if r.trusted > 0 {
+            o.report.trusted_level = VerifyLevel::from_wire_id(r.trusted_level);
+            o.report.trusted_since = (r.trusted_at > 0).then_some(r.trusted_at);
+        }
+        let secs = o.started.elapsed().as_secs_f64();
+        o.report.transfer_seconds = (secs - o.report.checksum_seconds).max(0.0);
+        o.report.checksum_seconds += r.check_micros as f64 / 1e6;
+        o.report.verify_stage_seconds = r.check_micros as f64 / 1e6;
+        o.report.evict_seconds += r.evict_micros as f64 / 1e6;
+        o.report.pages_resident += r.resident;
+        let verified = r.status == FileStatus::Verified;
+        if !verified || o.gave_up.is_some() || o.report.error.is_some() {
+            o.report.level = None;
+            if o.report.error.is_none() {
+                o.report.error = Some(match o.gave_up {
+                    Some(index) => format!(
+                        "{}: block {index} failed verification {} times",
+                        o.report.path,
+                        self.ctx.opts.retries + 1
+                    ),
+                    // The receiver's reasons may name the path already.
+                    None if r.message.starts_with(&o.report.path) => r.message,
+                    None => format!("{}: {}", o.report.path, r.message),
+                });
+            }
+            return;
+        }
+        if o.source.is_none() {
+            o.report.level = None;
+            return;
+        }
+        // An unknown level id reads as the weakest.
+        let mut reached = Reached {
+            level: VerifyLevel::from_wire_id(r.level).unwrap_or(VerifyLevel::None),
+            note: (!r.message.is_empty()).then(|| r.message.clone()),
+        };
+        if let Some(source) = &o.source {
+            if let Some(stats) = source.device_stats() {
+                o.report.evict_seconds += stats.evict.as_secs_f64();
+                o.report.pages_resident += stats.resident;
+            }
+            source.lower(&mut reached);
+        }
+        o.report.level = Some(reached.level);
+        o.report.note = reached
+            .note
+            .filter(|_| reached.level < self.ctx.opts.verify.level());
+        // The bytes the receiver holds have this run's digest of the source:
+        // the next quick check can take it from the cache.
+        if let (Some(c), Some(k), Some(src), Some(d), Some(SourceDigest::Transfer)) = (
+            self.ctx.cache,
+            &o.key,
+            &o.source,
+            &o.digest,
+            o.report.source_digest,
+        ) {
+            c.put(src.file(), k, o.opened_at, d);
+        }
+        if let Err(err) = crate::verify::require_level(
+            self.ctx.opts.require_level,
+            o.report.level,
+            &o.report.path,
+        ) {
+            // Committed at the receiver, but below the level asked for:
+            // the run must say so, resumed and unchanged files included.
+            o.report.error = Some(err.to_string());
+        }
+        if o.report.error.is_some() {
+            o.report.level = None;
+        }
+    }
+}

@@ -1,0 +1,303 @@
+//! A sender stream: it begins entries as its window allows, sends what
+//! each file needs, and takes the receiver's answers as they come.
+
+use std::collections::HashMap;
+use std::sync::mpsc;
+use std::time::{Instant, SystemTime};
+
+use intact_digest::{defaults, Blake3Blocks};
+use intact_proto::{Entry, EntryKind, Message, ProtoError};
+
+use super::link::TcpEnd;
+use super::{entry_flags, Ctx, SenderLink, FLUSH_EVERY, MAX_BYTES_IN_FLIGHT, MAX_FILES_IN_FLIGHT};
+use crate::link::{Arrival, Outbound};
+use crate::report::{simple_report, FileReport};
+use crate::source::SourceKind;
+use crate::source_cache::SourceKey;
+use crate::stage::source::{Buffers, SourceFile};
+use crate::verify::VerifyLevel;
+
+/// A file or link sent and not yet acknowledged.
+pub(super) struct Outgoing {
+    /// A file's source, read as its mode says (None: a link or directory).
+    pub(super) source: Option<SourceFile>,
+    pub(super) pending: u64,
+    pub(super) attempts: HashMap<u64, u32>,
+    pub(super) gave_up: Option<u64>,
+    pub(super) ended: bool,
+    pub(super) report: FileReport,
+    pub(super) started: Instant,
+    /// The whole-file BLAKE3 assembled per block (power-of-two block
+    /// sizes): a resent block replaces its own part, so the digest is of
+    /// the bytes finally accepted without reading the file again.
+    pub(super) tree: Option<Blake3Blocks>,
+    /// A block was sent again while the digest is streamed (other block
+    /// sizes): it is computed again from the source before FileEnd.
+    pub(super) stale_digest: bool,
+    /// Other block sizes: the whole-file BLAKE3 streamed as every block
+    /// was sent in order.
+    pub(super) streamed: Option<[u8; 32]>,
+    /// The digest sent in FileEnd.
+    pub(super) digest: Option<[u8; 32]>,
+    /// The source's cache key when it was opened, and when.
+    pub(super) key: Option<SourceKey>,
+    pub(super) opened_at: SystemTime,
+}
+
+pub(super) struct Stream<'a> {
+    pub(super) ctx: &'a Ctx<'a>,
+    pub(super) conn: Box<dyn Outbound + Send + 'a>,
+    pub(super) events: mpsc::Receiver<Arrival>,
+    pub(super) tcp: Option<TcpEnd>,
+    pub(super) out: HashMap<u64, Outgoing>,
+    pub(super) in_flight: u64,
+    pub(super) bufs: Buffers,
+    pub(super) broken: Option<String>,
+}
+
+impl<'a> Stream<'a> {
+    pub(super) fn new(link: SenderLink<'a>, ctx: &'a Ctx<'a>) -> Stream<'a> {
+        let SenderLink { out, events, tcp } = link;
+        Stream {
+            ctx,
+            conn: out,
+            events,
+            tcp,
+            out: HashMap::new(),
+            in_flight: 0,
+            bufs: Buffers::new(ctx.opts.block_size, ctx.opts.verify),
+            broken: None,
+        }
+    }
+
+    /// Sends every entry `next` yields and waits for all their results.
+    pub(super) fn run(&mut self, mut next: impl FnMut() -> Option<usize>) {
+        let mut exhausted = false;
+        let mut begun = 0usize;
+        loop {
+            while self.broken.is_none()
+                && !exhausted
+                && self.out.len() < MAX_FILES_IN_FLIGHT
+                && self.in_flight < MAX_BYTES_IN_FLIGHT
+            {
+                match next() {
+                    Some(i) => self.begin(i),
+                    None => exhausted = true,
+                }
+                begun += 1;
+                if begun % FLUSH_EVERY == 0 {
+                    if let Err(e) = self.conn.flush() {
+                        self.broken = Some(e.to_string());
+                    }
+                }
+                self.drain(false);
+            }
+            if self.out.is_empty() && (exhausted || self.broken.is_some()) {
+                break;
+            }
+            if self.broken.is_some() {
+                self.fail_all();
+                break;
+            }
+            self.drain(true);
+        }
+    }
+
+    /// Handles pending events; with `wait`, sends what is queued and
+    /// blocks for at least one.
+    fn drain(&mut self, wait: bool) {
+        if wait {
+            // Blocking with every outstanding file ended: nothing moves
+            // until the receiver commits its group of verified files, so
+            // say so. (While files await their Status or block results, the
+            // receiver answers those anyway; a Waiting then would only
+            // shrink its group.)
+            if self.out.values().all(|o| o.ended) {
+                if let Err(e) = self.conn.put(Message::Waiting) {
+                    self.broken = Some(e.to_string());
+                    return;
+                }
+            }
+            if let Err(e) = self.conn.flush() {
+                self.broken = Some(e.to_string());
+                return;
+            }
+        }
+        let mut next = if wait {
+            Some(self.events.recv().unwrap_or(Arrival::Closed))
+        } else {
+            self.events.try_recv().ok()
+        };
+        while let Some(arrival) = next {
+            match arrival.messages() {
+                Ok(Some(msgs)) => {
+                    for msg in msgs {
+                        self.handle(msg);
+                    }
+                }
+                Ok(None) => {
+                    self.broken = Some(ProtoError::Closed.to_string());
+                    return;
+                }
+                Err(e) => {
+                    self.broken = Some(e.to_string());
+                    return;
+                }
+            }
+            next = self.events.try_recv().ok();
+        }
+    }
+
+    pub(super) fn report_done(&self, id: u64, report: FileReport) {
+        self.ctx.reports.lock().expect("no panics hold it")[id as usize] = Some(report);
+    }
+
+    fn begin(&mut self, i: usize) {
+        let e = &self.ctx.entries[i];
+        let opts = self.ctx.opts;
+        let id = i as u64;
+        let report = simple_report(e, opts.verify, None);
+        let (kind, source) = match &e.kind {
+            SourceKind::Dir => (EntryKind::Dir, None),
+            SourceKind::Symlink(t) => (EntryKind::Symlink(t.clone()), None),
+            SourceKind::File => match SourceFile::open(
+                e,
+                opts.verify,
+                opts.block_size,
+                opts.read_path,
+                opts.require_level == Some(VerifyLevel::Device),
+            ) {
+                Ok(f) => (EntryKind::File, Some(f)),
+                Err(err) => {
+                    let mut r = report;
+                    r.level = None;
+                    r.error = Some(err.to_string());
+                    self.report_done(id, r);
+                    return;
+                }
+            },
+        };
+        let entry = Entry {
+            file: id,
+            path: e.rel.clone(),
+            kind,
+            mode: e.mode,
+            mtime_sec: e.mtime.sec,
+            mtime_nsec: e.mtime.nsec,
+            size: e.size,
+            block_size: opts.block_size as u32,
+            algorithm: defaults::BLOCK_ALGORITHM.wire_id(),
+            verify: opts.verify.wire_id(),
+            flags: entry_flags(opts),
+        };
+        if let Err(err) = self.conn.put(Message::Entry(entry)) {
+            self.broken = Some(err.to_string());
+            return;
+        }
+        // A file holds its whole size against the stream's window until its
+        // result arrives, so admission is bounded by bytes even while its
+        // blocks wait for the receiver's Status.
+        self.in_flight += e.size;
+        let mut report = report;
+        report.read_path = source.as_ref().and_then(SourceFile::read_path);
+        let key = source.as_ref().and_then(|f| SourceKey::of(f.file()).ok());
+        let mut o = Outgoing {
+            streamed: None,
+            digest: None,
+            key,
+            opened_at: SystemTime::now(),
+            pending: 0,
+            attempts: HashMap::new(),
+            gave_up: None,
+            ended: source.is_none(),
+
+            report,
+            started: Instant::now(),
+            source,
+            tree: None,
+            stale_digest: false,
+        };
+        if o.source.is_some() {
+            o.report.blocks = e.size.div_ceil(opts.block_size as u64);
+            // Blocks go out once the receiver says what it already holds.
+            o.ended = false;
+        }
+        self.out.insert(id, o);
+    }
+
+    fn handle(&mut self, msg: Message) {
+        match msg {
+            Message::BlockResult { file, index, ok } => {
+                let Some(mut o) = self.out.remove(&file) else {
+                    return;
+                };
+                if o.pending > 0 {
+                    o.pending -= 1;
+                }
+                if !ok {
+                    o.ended = false;
+                    let n = o.attempts.entry(index).or_insert(0);
+                    *n += 1;
+                    if *n > self.ctx.opts.retries {
+                        o.gave_up.get_or_insert(index);
+                    } else {
+                        o.report.blocks_resent += 1;
+                        if let Err(err) = self.send_block(&mut o, file, index, None, true) {
+                            o.report.error = Some(err.to_string());
+                            o.gave_up.get_or_insert(index);
+                        }
+                    }
+                }
+                if o.pending == 0 && !o.ended {
+                    self.end_file(file, &mut o);
+                }
+                self.out.insert(file, o);
+            }
+            Message::Status { file, holding } => {
+                let Some(mut o) = self.out.remove(&file) else {
+                    return;
+                };
+                self.send_missing(file, &mut o, holding);
+                self.out.insert(file, o);
+            }
+            Message::FileResult(r) => {
+                let Some(mut o) = self.out.remove(&r.file) else {
+                    return;
+                };
+                self.release(r.file);
+                let id = r.file;
+                self.file_result(&mut o, r);
+                self.report_done(id, o.report);
+            }
+            Message::Refused { reason } => self.broken = Some(format!("server refused: {reason}")),
+            other => self.broken = Some(format!("unexpected {} from the server", other.name())),
+        }
+    }
+
+    /// Gives back a finished file's share of the window.
+    pub(super) fn release(&mut self, id: u64) {
+        let size = self.ctx.entries[id as usize].size;
+        self.in_flight -= size.min(self.in_flight);
+    }
+
+    pub(super) fn fail_all(&mut self) {
+        let why = self.broken.clone().unwrap_or_default();
+        for (id, mut o) in std::mem::take(&mut self.out) {
+            o.report.level = None;
+            o.report.error = Some(format!("{}: connection lost: {why}", o.report.path));
+            self.report_done(id, o.report);
+        }
+    }
+
+    /// Says Bye and waits for the server's Bye, so its last writes are done.
+    pub(super) fn finish(mut self) {
+        if self.broken.is_none() && self.conn.send(Message::Bye).is_ok() {
+            while let Ok(Ok(Some(msgs))) = self.events.recv().map(Arrival::messages) {
+                if msgs.contains(&Message::Bye) {
+                    break;
+                }
+            }
+        }
+        drop(self.tcp.take());
+    }
+}

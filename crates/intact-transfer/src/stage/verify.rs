@@ -1,0 +1,259 @@
+//! The verify stage: what proves a received block was stored, chosen once
+//! per file from its verification mode.
+//!
+//! Every mode but `none` first compares a block's digest with the bytes
+//! that arrived (the receiver's "check" step, before the write). What
+//! follows the write is the file's [`VerifyStage`]:
+//!
+//! | mode                 | stage            | after each write          | at FileEnd              | aims at  |
+//! |----------------------|------------------|---------------------------|-------------------------|----------|
+//! | `none`               | [`Unchecked`]    | nothing                   | nothing                 | none     |
+//! | `fiver`              | [`ArrivalOnly`]  | nothing                   | nothing                 | network  |
+//! | `block`              | [`CacheReread`]  | re-read through the cache | nothing                 | cache    |
+//! | `riva`               | [`DeviceReread`] | evicted, re-read from the device | nothing          | device   |
+//! | `sequential`, `file` | [`WholeReread`]  | nothing                   | whole file re-read      | cache    |
+//!
+//! A per-block re-read runs on the session's verifier thread
+//! ([`crate::recheck`] is the one place a written block is read back),
+//! while the session thread receives and writes the next blocks. `flash`
+//! (deferred verification) is the room left here: a stage whose FileEnd
+//! hands the file to a later device re-read instead of re-reading now.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use intact_cache::{DeviceReader, ReadOutcome, ReadPath};
+use intact_digest::{defaults, hash, AlignedBuf, Digest};
+
+use crate::verify::{DeviceStats, Reached, VerifyLevel, VerifyMode};
+
+/// What happens to a file's blocks after they are written.
+pub(crate) trait VerifyStage: Send {
+    /// Whether a block's digest is compared with the bytes that arrived,
+    /// before the write (every mode but `none`).
+    fn checks_arrival(&self) -> bool {
+        true
+    }
+
+    /// The re-reader the verifier thread uses on each written block, if
+    /// this stage re-reads every block.
+    fn block_reread(&self) -> Option<&BlockReread> {
+        None
+    }
+
+    /// [`VerifyStage::block_reread`], to count what its reads did.
+    fn block_reread_mut(&mut self) -> Option<&mut BlockReread> {
+        None
+    }
+
+    /// At FileEnd, every block verified so far: the blocks a whole-file
+    /// re-read of `file` found different from their digests (`digests`,
+    /// one per block of `block_size` bytes from block 0, the file `size`
+    /// long), to be sent again.
+    fn at_end(
+        &mut self,
+        _file: &File,
+        _size: u64,
+        _block_size: u64,
+        _digests: &[Option<Digest>],
+        _buf: &mut AlignedBuf,
+    ) -> std::io::Result<Vec<u64>> {
+        Ok(Vec::new())
+    }
+
+    /// Lowers `reached` where this stage's reads fell short of its aim.
+    fn lower(&self, _reached: &mut Reached) {}
+
+    /// Why this stage can never reach the device, if it aims there and
+    /// cannot (`--require-level device` fails the file at once).
+    fn no_device_reason(&self) -> Option<String> {
+        None
+    }
+}
+
+/// `none`: nothing is checked. Bytes are written as they came; the file
+/// is at level none whatever happened to them.
+pub(crate) struct Unchecked;
+
+impl VerifyStage for Unchecked {
+    fn checks_arrival(&self) -> bool {
+        false
+    }
+}
+
+/// `fiver`: the digest of the very buffer received is compared with the
+/// sender's on arrival, and that is all; nothing written is read back, so
+/// the level is network.
+pub(crate) struct ArrivalOnly;
+
+impl VerifyStage for ArrivalOnly {}
+
+/// `block`: each written block is read back through the page cache and
+/// compared with its digest. Proves the write reached the cache (level
+/// cache), not the device: a write lost below the cache passes.
+pub(crate) struct CacheReread(pub(crate) BlockReread);
+
+impl VerifyStage for CacheReread {
+    fn block_reread(&self) -> Option<&BlockReread> {
+        Some(&self.0)
+    }
+
+    fn block_reread_mut(&mut self) -> Option<&mut BlockReread> {
+        Some(&mut self.0)
+    }
+}
+
+/// `riva`: each written block is flushed, evicted from the page cache and
+/// read back from the device (or with O_DIRECT), then compared with its
+/// digest. Level device only where every read reached the device; a read
+/// the cache served, or a file system without a device below it, lowers
+/// the file to cache, with the reason.
+pub(crate) struct DeviceReread(pub(crate) BlockReread);
+
+impl VerifyStage for DeviceReread {
+    fn block_reread(&self) -> Option<&BlockReread> {
+        Some(&self.0)
+    }
+
+    fn block_reread_mut(&mut self) -> Option<&mut BlockReread> {
+        Some(&mut self.0)
+    }
+
+    fn lower(&self, reached: &mut Reached) {
+        let backing = self.0.lock().backing();
+        self.0.stats.lower(reached, "destination", backing);
+    }
+
+    fn no_device_reason(&self) -> Option<String> {
+        self.0.lock().backing().no_device_reason()
+    }
+}
+
+/// `sequential` and `file`: once every block has arrived, the whole file
+/// is read back through the page cache and each block compared with its
+/// digest (level cache); a block that differs is asked for again.
+pub(crate) struct WholeReread;
+
+impl VerifyStage for WholeReread {
+    fn at_end(
+        &mut self,
+        file: &File,
+        size: u64,
+        block_size: u64,
+        digests: &[Option<Digest>],
+        buf: &mut AlignedBuf,
+    ) -> std::io::Result<Vec<u64>> {
+        let mut bad = Vec::new();
+        for (i, d) in digests.iter().enumerate() {
+            let offset = i as u64 * block_size;
+            let len = (size - offset).min(block_size) as usize;
+            let same = match d {
+                Some(d) => reread_matches(file, offset, len, d, buf)?,
+                None => false,
+            };
+            if !same {
+                bad.push(i as u64);
+            }
+        }
+        Ok(bad)
+    }
+}
+
+/// The verify stage of a file received in `mode`. `file` is the file its
+/// blocks are written to (None while a file held whole has none yet: only
+/// modes without a per-block re-read then); `direct` asks for O_DIRECT
+/// re-reads; `through_cache` is the fault lab's broken riva.
+pub(crate) fn stage_for(
+    mode: VerifyMode,
+    file: Option<&File>,
+    direct: bool,
+    through_cache: bool,
+) -> std::io::Result<Box<dyn VerifyStage>> {
+    Ok(match (mode, file) {
+        (VerifyMode::Block, Some(f)) => {
+            Box::new(CacheReread(BlockReread::open(f, ReadPath::Cached)?))
+        }
+        (VerifyMode::Riva, Some(f)) => {
+            let path = if through_cache {
+                ReadPath::Cached
+            } else if direct {
+                ReadPath::Direct
+            } else {
+                ReadPath::Evict
+            };
+            Box::new(DeviceReread(BlockReread::open(f, path)?))
+        }
+        (mode, _) => stage_without_file(mode),
+    })
+}
+
+/// The verify stage of a file in `mode` while it has no file to re-read
+/// (held whole under its final name, no block received): `block` and
+/// `riva` check arrivals only until [`stage_for`] gives them their file.
+pub(crate) fn stage_without_file(mode: VerifyMode) -> Box<dyn VerifyStage> {
+    match mode {
+        VerifyMode::None => Box::new(Unchecked),
+        VerifyMode::Sequential | VerifyMode::File => Box::new(WholeReread),
+        VerifyMode::Fiver | VerifyMode::Block | VerifyMode::Riva => Box::new(ArrivalOnly),
+    }
+}
+
+/// A file's block re-reader, shared with the session's verifier thread:
+/// the file, its device reader, and what its reads did.
+pub(crate) struct BlockReread {
+    pub(crate) file: Arc<File>,
+    pub(crate) reader: Arc<Mutex<DeviceReader>>,
+    pub(crate) stats: DeviceStats,
+    /// Time spent re-reading and hashing.
+    pub(crate) check: Duration,
+}
+
+impl BlockReread {
+    fn open(file: &File, path: ReadPath) -> std::io::Result<BlockReread> {
+        let file = Arc::new(file.try_clone()?);
+        let reader = DeviceReader::new(&file, path)?;
+        Ok(BlockReread {
+            file,
+            reader: Arc::new(Mutex::new(reader)),
+            stats: DeviceStats::default(),
+            check: Duration::ZERO,
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, DeviceReader> {
+        self.reader.lock().expect("no panics hold it")
+    }
+
+    /// Counts one re-read.
+    pub(crate) fn count(&mut self, outcome: &ReadOutcome, took: Duration) {
+        self.stats.add(outcome);
+        self.check += took;
+    }
+}
+
+/// The level a re-read reached.
+pub(crate) fn reread_level(out: &ReadOutcome) -> VerifyLevel {
+    if out.device {
+        VerifyLevel::Device
+    } else {
+        VerifyLevel::Cache
+    }
+}
+
+/// Whether `len` bytes of `file` at `offset`, read through the cache,
+/// hash to `want`.
+pub(crate) fn reread_matches(
+    file: &File,
+    offset: u64,
+    len: usize,
+    want: &Digest,
+    buf: &mut AlignedBuf,
+) -> std::io::Result<bool> {
+    if buf.len() < len {
+        *buf = AlignedBuf::new(len);
+    }
+    file.read_exact_at(&mut buf[..len], offset)?;
+    Ok(hash(defaults::BLOCK_ALGORITHM, &buf[..len]).ct_eq(want))
+}
