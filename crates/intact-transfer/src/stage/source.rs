@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 
 use intact_cache::{DeviceReader, ReadPath};
 use intact_digest::{defaults, hash, AlignedBuf};
+use rustix::buffer::spare_capacity;
+use rustix::io::Errno;
 
 use crate::source::{check_unchanged, source_read_error};
 use crate::verify::{DeviceStats, Reached, VerifyLevel, VerifyMode};
@@ -40,11 +42,11 @@ impl Buffers {
     }
 }
 
-/// A block read for sending: its length (its bytes are the first `len`
-/// of [`Buffers::transfer`]), the digest that travels with it, and the
-/// level that digest's read reached.
+/// A block read for sending: its bytes (moved into the message as they
+/// are), the digest that travels with it, and the level that digest's
+/// read reached.
 pub(crate) struct ReadBlock {
-    pub(crate) len: usize,
+    pub(crate) data: Vec<u8>,
     pub(crate) digest: Vec<u8>,
     pub(crate) level: VerifyLevel,
     /// Time spent hashing.
@@ -171,9 +173,29 @@ impl SourceFile {
         }))
     }
 
-    /// Reads block `index` for sending into `bufs.transfer`, with its
-    /// digest; a `resend` in `riva` reads from the device (the page cache
-    /// may be what held wrong bytes).
+    /// Reads block `index` through the cache into a buffer of its own
+    /// (no copy follows: the buffer becomes the message's).
+    fn read_owned(&self, e: &SourceEntry, index: u64) -> Result<Vec<u8>, TransferError> {
+        let (offset, len) = self.range(index);
+        let mut data = Vec::with_capacity(len);
+        while data.len() < len {
+            let at = offset + data.len() as u64;
+            match rustix::io::pread(&self.file, spare_capacity(&mut data), at) {
+                Ok(0) => {
+                    let eof = std::io::ErrorKind::UnexpectedEof.into();
+                    return Err(source_read_error(e, eof));
+                }
+                Ok(_) | Err(Errno::INTR) => {}
+                Err(err) => return Err(source_read_error(e, err.into())),
+            }
+        }
+        data.truncate(len);
+        Ok(data)
+    }
+
+    /// Reads block `index` for sending, with its digest; a `resend` in
+    /// `riva` reads from the device (the page cache may be what held
+    /// wrong bytes).
     pub(crate) fn read_for_send(
         &mut self,
         e: &SourceEntry,
@@ -183,14 +205,14 @@ impl SourceFile {
     ) -> Result<ReadBlock, TransferError> {
         let (_, len) = self.range(index);
         if self.device.is_none() {
-            self.read_cached(e, index, &mut bufs.transfer)?;
+            let data = self.read_owned(e, index)?;
             let t = Instant::now();
             let digest = match self.mode {
                 VerifyMode::None => Vec::new(),
-                _ => block_digest(&bufs.transfer[..len]),
+                _ => block_digest(&data),
             };
             return Ok(ReadBlock {
-                len,
+                data,
                 digest,
                 level: self.mode.level(),
                 hashing: t.elapsed(),
@@ -205,7 +227,7 @@ impl SourceFile {
             let reached = self.read_device(e, index, &mut bufs.device)?;
             let t = Instant::now();
             return Ok(ReadBlock {
-                len,
+                data: bufs.transfer[..len].to_vec(),
                 digest: block_digest(&bufs.device[..len]),
                 level: device_level(reached),
                 hashing: t.elapsed(),
@@ -213,7 +235,7 @@ impl SourceFile {
         };
         let t = Instant::now();
         Ok(ReadBlock {
-            len,
+            data: bufs.transfer[..len].to_vec(),
             digest: block_digest(&bufs.transfer[..len]),
             level: device_level(reached),
             hashing: t.elapsed(),

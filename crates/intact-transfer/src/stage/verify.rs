@@ -257,3 +257,74 @@ pub(crate) fn reread_matches(
     file.read_exact_at(&mut buf[..len], offset)?;
     Ok(hash(defaults::BLOCK_ALGORITHM, &buf[..len]).ct_eq(want))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    const BS: u64 = 4096;
+
+    /// A file of three blocks and each block's digest as written.
+    fn written() -> (tempfile::NamedTempFile, Vec<Option<Digest>>) {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        let data: Vec<u8> = (0..3 * BS as usize + 100)
+            .map(|i| (i % 251) as u8)
+            .collect();
+        f.write_all(&data).unwrap();
+        f.flush().unwrap();
+        let digests = data
+            .chunks(BS as usize)
+            .map(|c| Some(hash(defaults::BLOCK_ALGORITHM, c)))
+            .collect();
+        (f, digests)
+    }
+
+    #[test]
+    fn a_whole_file_reread_finds_the_block_changed_after_its_write() {
+        let (f, digests) = written();
+        let size = f.as_file().metadata().unwrap().len();
+        let mut buf = AlignedBuf::new(0);
+        let mut stage = stage_for(VerifyMode::Sequential, Some(f.as_file()), false, false).unwrap();
+        let clean = stage
+            .at_end(f.as_file(), size, BS, &digests, &mut buf)
+            .unwrap();
+        assert!(clean.is_empty(), "{clean:?}");
+        // One byte of block 2 changed on the file itself.
+        f.as_file().write_all_at(&[0xff], 2 * BS + 7).unwrap();
+        let bad = stage
+            .at_end(f.as_file(), size, BS, &digests, &mut buf)
+            .unwrap();
+        assert_eq!(bad, vec![2]);
+        // The same change passes a stage that does not re-read at the end.
+        for mode in [VerifyMode::Block, VerifyMode::Fiver, VerifyMode::None] {
+            let mut s = stage_for(mode, Some(f.as_file()), false, false).unwrap();
+            let at_end = s.at_end(f.as_file(), size, BS, &digests, &mut buf).unwrap();
+            assert!(at_end.is_empty(), "{mode}");
+        }
+    }
+
+    #[test]
+    fn each_mode_gets_the_stage_its_contract_names() {
+        let (f, _) = written();
+        let with_file = |m| stage_for(m, Some(f.as_file()), false, false).unwrap();
+        // Only `none` skips the check on arrival.
+        for m in VerifyMode::ALL {
+            assert_eq!(with_file(m).checks_arrival(), m != VerifyMode::None, "{m}");
+        }
+        // Only `block` and `riva` re-read every block, and only once they
+        // have a file to re-read.
+        for m in VerifyMode::ALL {
+            let per_block = matches!(m, VerifyMode::Block | VerifyMode::Riva);
+            assert_eq!(with_file(m).block_reread().is_some(), per_block, "{m}");
+            assert!(stage_without_file(m).block_reread().is_none(), "{m}");
+        }
+        // The fault lab's broken riva re-reads through the cache.
+        let broken = stage_for(VerifyMode::Riva, Some(f.as_file()), false, true).unwrap();
+        let path = broken.block_reread().unwrap().reader.lock().unwrap().path();
+        assert_eq!(path, ReadPath::Cached);
+        let riva = with_file(VerifyMode::Riva);
+        let path = riva.block_reread().unwrap().reader.lock().unwrap().path();
+        assert_eq!(path, ReadPath::Evict);
+    }
+}

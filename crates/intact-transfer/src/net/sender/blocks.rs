@@ -181,12 +181,12 @@ impl Stream<'_> {
         let source = o.source.as_mut().expect("files have a source");
         let read = source.read_for_send(e, index, resend, &mut self.bufs)?;
         let t = Instant::now();
-        let data = &self.bufs.transfer[..read.len];
+        let len = read.data.len();
         if let Some(w) = whole {
-            w.update(data);
+            w.update(&read.data);
         }
         if let Some(t) = o.tree.as_mut() {
-            t.set(index, data);
+            t.set(index, &read.data);
         }
         o.report.checksum_seconds += (t.elapsed() + read.hashing).as_secs_f64();
         let msg = Message::Block(Block {
@@ -194,14 +194,14 @@ impl Stream<'_> {
             index,
             source_level: read.level.wire_id(),
             digest: read.digest,
-            data: data.to_vec(),
+            data: read.data,
         });
         self.conn.put(msg).map_err(TransferError::Path)?;
         o.report.transfer_stage_seconds += stage.elapsed().as_secs_f64();
         o.pending += 1;
-        o.report.bytes_sent += read.len as u64;
+        o.report.bytes_sent += len as u64;
         o.stale_digest |= resend;
-        let total = self.ctx.sent.fetch_add(read.len as u64, Ordering::Relaxed) + read.len as u64;
+        let total = self.ctx.sent.fetch_add(len as u64, Ordering::Relaxed) + len as u64;
         (self.ctx.progress)(total);
         Ok(())
     }
