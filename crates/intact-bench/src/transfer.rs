@@ -260,12 +260,23 @@ fn fs_type(dir: &Path) -> String {
         .unwrap_or_else(|| "?".into())
 }
 
+/// An empty `dst`, with no state of an earlier `intact copy` into it
+/// (its journal lives in [`copy_state_home`], not in `dst`), so that every
+/// run starts as the first did.
 pub(crate) fn fresh(dst: &Path) -> anyhow::Result<()> {
-    if dst.exists() {
-        std::fs::remove_dir_all(dst)?;
+    for dir in [dst.to_path_buf(), copy_state_home(dst)] {
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir)?;
+        }
     }
     std::fs::create_dir_all(dst)?;
     run_cmd(&mut Command::new("sync"))
+}
+
+/// The `XDG_STATE_HOME` the benchmark's `intact copy` into `dst` runs
+/// with: beside `dst`, removed by [`fresh`] (not the user's own).
+pub(crate) fn copy_state_home(dst: &Path) -> std::path::PathBuf {
+    dst.with_extension("state")
 }
 
 /// Writes back dirty pages and drops the page cache; false if not allowed.

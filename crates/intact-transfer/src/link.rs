@@ -63,14 +63,21 @@ pub(crate) enum Arrival {
     Closed,
 }
 
+/// The messages of one [`Arrival`], in order (a socket's one message
+/// needs no list of its own).
+pub(crate) type Messages =
+    std::iter::Chain<std::option::IntoIter<Message>, std::vec::IntoIter<Message>>;
+
 impl Arrival {
     /// The messages, in order; `Ok(None)` when the other half closed.
-    pub(crate) fn messages(self) -> Result<Option<Vec<Message>>, ProtoError> {
-        match self {
-            Arrival::Read(r) => r.map(|m| m.map(|m| vec![m])),
-            Arrival::Moved(v) => Ok(Some(v)),
-            Arrival::Closed => Ok(None),
-        }
+    pub(crate) fn messages(self) -> Result<Option<Messages>, ProtoError> {
+        let (one, many) = match self {
+            Arrival::Read(Ok(Some(m))) => (Some(m), Vec::new()),
+            Arrival::Moved(v) => (None, v),
+            Arrival::Read(Ok(None)) | Arrival::Closed => return Ok(None),
+            Arrival::Read(Err(e)) => return Err(e),
+        };
+        Ok(Some(one.into_iter().chain(many)))
     }
 }
 
@@ -165,7 +172,11 @@ mod tests {
     use super::*;
 
     fn received(rx: &mpsc::Receiver<Arrival>) -> Option<Vec<Message>> {
-        rx.recv().unwrap().messages().unwrap()
+        rx.recv()
+            .unwrap()
+            .messages()
+            .unwrap()
+            .map(Iterator::collect)
     }
 
     #[test]

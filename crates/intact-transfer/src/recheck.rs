@@ -1,5 +1,5 @@
-//! Re-reading written blocks in batches, for the verifier threads of
-//! `copy` and of the receiver.
+//! Re-reading written blocks in batches, for the receiver's verifier
+//! thread (`copy`'s and a server's) and its re-verification in place.
 //!
 //! A batch's writebacks are started together, then each block is evicted
 //! and its read-back from the device requested, then each is read and

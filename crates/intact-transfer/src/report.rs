@@ -19,12 +19,11 @@ pub struct FileReport {
     pub kind: &'static str,
     /// Bytes.
     pub size: u64,
-    /// BLAKE3 of the file as read for the transfer (`copy`: not with
-    /// `--verify none`; `send`: in every mode, the digest the receiver
-    /// compared with the bytes it holds).
+    /// BLAKE3 of the file as read for the transfer, in every mode: the
+    /// digest the receiver compared with the bytes it holds.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub digest: Option<String>,
-    /// `send`: how the source's whole-file digest was obtained (this run's
+    /// How the source's whole-file digest was obtained (this run's
     /// reads, read now to compare with a file the server held whole, or
     /// the source-digest cache and when it was recorded).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -72,11 +71,12 @@ pub struct FileReport {
     pub pages_resident: u64,
     /// Device-level modes: seconds spent flushing and evicting.
     pub evict_seconds: f64,
-    /// Riva: seconds the transfer stage spent on this file's blocks (read,
-    /// source re-read, digest, send, write), waits for the verifier excluded.
+    /// Seconds the sender spent on this file's blocks (source reads, the
+    /// riva source re-read, digests, handing them to the link); the
+    /// receiver's write is not in it.
     pub transfer_stage_seconds: f64,
-    /// Riva: seconds the destination's verifier spent re-reading and
-    /// hashing this file's blocks (eviction excluded).
+    /// Riva and block: seconds the destination's verifier spent re-reading
+    /// and hashing this file's blocks (eviction excluded).
     pub verify_stage_seconds: f64,
     /// Why the level is below what the mode aims at.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -12,8 +12,10 @@
 //! 4. **Write** into the file's partial file (`net::receiver::accept`).
 //! 5. **Verify**: the file's [`verify::VerifyStage`], chosen from the mode
 //!    (nothing, a re-read through the cache, evict and re-read from the
-//!    device, a whole-file re-read at its end). Every read-back of a
-//!    written block is in [`crate::recheck`].
+//!    device, a whole-file re-read at its end). A written block is
+//!    read back in [`crate::recheck`] (per block, and every read from
+//!    the device) or in [`verify::reread_matches`] (through the cache:
+//!    the whole-file re-read, a resume's trusted blocks).
 //! 6. **Commit**: the whole-file BLAKE3 compared with the sender's, then
 //!    a group of files made durable and renamed (`net::receiver::commit`,
 //!    [`crate::dest`]).

@@ -15,9 +15,13 @@ use crate::TransferError;
 pub enum VerifyMode {
     /// Transfer only: the baseline for overhead.
     None,
-    /// Transfer a file, then re-read both copies and compare, file by file.
+    /// Transfer a file, then re-read the copy written (through the page
+    /// cache) and compare each block with the digest of the source's bytes
+    /// as they were sent, file by file.
     Sequential,
-    /// File-level pipelining: verify file i while file i+1 transfers.
+    /// File-level pipelining: the same re-read of file i at its end, while
+    /// the sender goes on with file i+1. (In this build the receiver's
+    /// work for both is the same stage, `WholeReread`.)
     File,
     /// Block-level pipelining (Liu et al.): verify block i (re-read after
     /// write) while block i+1 transfers.
@@ -63,10 +67,10 @@ impl VerifyMode {
         match self {
             VerifyMode::None => "transfer only, no check (the baseline); level none",
             VerifyMode::Sequential => {
-                "after each file, re-read both copies and compare; level cache"
+                "after each file, re-read the copy written and compare it with the source's block digests; level cache"
             }
             VerifyMode::File => {
-                "the same, pipelined: verify file i while file i+1 transfers; level cache"
+                "the same re-read, while the sender goes on with the next file; level cache"
             }
             VerifyMode::Block => {
                 "re-read each block after writing it, pipelined, through the page cache; level cache"

@@ -33,8 +33,9 @@
 //! trees here hold no setuid, setgid or sticky bits.
 //!
 //! Not covered here: the `after_check` fault (a memory fault between the
-//! digest check and the write), because `CopyOptions` has no such hook
-//! (only `ReceiveOptions` does); link faults with several streams or
+//! digest check and the write; `CopyOptions::after_check` and
+//! `ReceiveOptions::after_check` have it, no case here uses it yet); link
+//! faults with several streams or
 //! sealed frames (a keyed session), whose frame offsets are not known in
 //! advance; a resume after an interrupted run (`copy` has no transport to
 //! cut; crates/intact/tests/copy_resume_cli.rs and resume_cli.rs cover

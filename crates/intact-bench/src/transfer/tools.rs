@@ -103,6 +103,7 @@ fn intact_copy_tool<'a>(p: Paths<'a>, mode: &'static str) -> Tool<'a> {
             timed(|| {
                 run_cmd(
                     Command::new(p.intact)
+                        .env("XDG_STATE_HOME", super::copy_state_home(p.dst))
                         .args(["copy", "--verify", mode])
                         .arg(p.src)
                         .arg(p.dst),

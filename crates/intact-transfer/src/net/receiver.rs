@@ -70,10 +70,12 @@ use incoming::Incoming;
 use session::Session;
 use verifier::{verifier, Check, Checked};
 
-/// Messages the reader thread may hold ahead of the session thread.
+/// Deliveries the link may hold ahead of the session thread: messages
+/// read off a socket, or batches moved in process (at most
+/// [`crate::link::BATCH_MESSAGES`] messages each).
 const READ_AHEAD: usize = 4;
 
-/// Riva blocks queued for the verifier at most (written, not yet
+/// Blocks (riva, block) queued for the verifier at most (written, not yet
 /// verified; they hold no memory here, only page cache).
 const VERIFY_QUEUE: usize = 64;
 
@@ -254,8 +256,9 @@ pub fn receive(
     result
 }
 
-/// A receiver half's event queue: the messages its link delivers (at most
-/// [`READ_AHEAD`] ahead of the session thread) and its verifier's verdicts.
+/// A receiver half's event queue: what its link delivers (at most
+/// [`READ_AHEAD`] deliveries ahead of the session thread) and its
+/// verifier's verdicts.
 pub(crate) struct Inbox {
     tx: mpsc::Sender<Event>,
     events: mpsc::Receiver<Event>,
@@ -266,9 +269,9 @@ pub(crate) struct Inbox {
 impl Inbox {
     pub(crate) fn new() -> Inbox {
         let (tx, events) = mpsc::channel::<Event>();
-        // The link takes a credit before it hands over a message and the
-        // session thread gives one back as it takes the message: at most
-        // READ_AHEAD messages wait in memory.
+        // The link takes a credit before it hands over a delivery (a
+        // socket's message, or an in-process batch) and the session thread
+        // gives one back as it takes it: at most READ_AHEAD wait in memory.
         let (credit_tx, credits) = mpsc::sync_channel::<()>(READ_AHEAD);
         Inbox {
             tx,

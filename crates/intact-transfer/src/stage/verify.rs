@@ -14,7 +14,8 @@
 //! | `sequential`, `file` | [`WholeReread`]  | nothing                   | whole file re-read      | cache    |
 //!
 //! A per-block re-read runs on the session's verifier thread
-//! ([`crate::recheck`] is the one place a written block is read back),
+//! ([`crate::recheck`], where every read from the device is; the
+//! whole-file re-read goes through the cache with [`reread_matches`]),
 //! while the session thread receives and writes the next blocks. `flash`
 //! (deferred verification) is the room left here: a stage whose FileEnd
 //! hands the file to a later device re-read instead of re-reading now.

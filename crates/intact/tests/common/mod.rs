@@ -53,8 +53,8 @@ pub fn data(root: &Path) -> PathBuf {
 }
 
 /// Every path under `root`, relative, sorted, leaving out intact's own
-/// state at the top (`.intact/`: the journal and lock a copy or a server
-/// keeps in its destination root).
+/// state at the top (`.intact/`: the journal and lock a server keeps in its
+/// root, and a copy when it has no usable home directory).
 pub fn listing(root: &Path) -> Vec<String> {
     let mut v: Vec<String> = walkdir::WalkDir::new(root)
         .min_depth(1)

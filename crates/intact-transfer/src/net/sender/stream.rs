@@ -231,6 +231,13 @@ impl<'a> Stream<'a> {
                 let Some(mut o) = self.out.remove(&file) else {
                     return;
                 };
+                if o.source.is_none() || index >= o.report.blocks {
+                    self.out.insert(file, o);
+                    self.broken = Some(format!(
+                        "the server answered block {index} of entry {file}, which has no such block"
+                    ));
+                    return;
+                }
                 if o.pending > 0 {
                     o.pending -= 1;
                 }
@@ -257,6 +264,13 @@ impl<'a> Stream<'a> {
                 let Some(mut o) = self.out.remove(&file) else {
                     return;
                 };
+                if o.source.is_none() {
+                    self.out.insert(file, o);
+                    self.broken = Some(format!(
+                        "the server asked for the blocks of entry {file}, which is not a file"
+                    ));
+                    return;
+                }
                 self.send_missing(file, &mut o, holding);
                 self.out.insert(file, o);
             }
@@ -292,8 +306,8 @@ impl<'a> Stream<'a> {
     /// Says Bye and waits for the server's Bye, so its last writes are done.
     pub(super) fn finish(mut self) {
         if self.broken.is_none() && self.conn.send(Message::Bye).is_ok() {
-            while let Ok(Ok(Some(msgs))) = self.events.recv().map(Arrival::messages) {
-                if msgs.contains(&Message::Bye) {
+            while let Ok(Ok(Some(mut msgs))) = self.events.recv().map(Arrival::messages) {
+                if msgs.any(|m| m == Message::Bye) {
                     break;
                 }
             }
