@@ -9,12 +9,14 @@
 //! the tables quote CPU per GiB or per 1,000 files, and every tool's
 //! medians against rsync over ssh, cp -r and the raw pipe. After each run
 //! (untimed) the destination must hold the dataset's files and bytes, so a
-//! tool that left files out is an error, not a fast row. `--warm` runs
+//! tool that left files out is an error, not a fast row. Each dataset's
+//! tables end with intact's per-stage profile ([`stages`]). `--warm` runs
 //! the per-file comparison with the source in the page cache instead
 //! ([`warm`]).
 
 mod datasets;
 mod sshd;
+mod stages;
 mod table;
 mod tools;
 mod warm;
@@ -200,6 +202,7 @@ pub fn run(a: &TransferArgs) -> anyhow::Result<()> {
             render(&rows, &Work::of(shape), &BASELINES, Style::Cold)
         );
         println!("\n{ENCRYPTION_NOTE}.");
+        stages::print(p, shape)?;
     }
     footer(
         a.runs,

@@ -13,7 +13,7 @@
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::time::Instant;
 
 use intact_cache::ReadPath;
@@ -27,6 +27,7 @@ use crate::net::bounds::Shares;
 use crate::net::receiver::{Inbox, ReceiveOptions};
 use crate::net::sender::{run_sender, SendOptions, SenderLink};
 use crate::net::{RootError, RootLock};
+use crate::profile::Profile;
 use crate::report::{CopyReport, Progress};
 use crate::source::{scan, Scan};
 use crate::source_cache::SourceCacheSetting;
@@ -187,7 +188,10 @@ pub fn copy_scanned(
     let dest = Destination::open(dest_root)?;
     let journal = Journal::open_in(&state)?;
     let send_opts = opts.send_options();
-    let recv_opts = opts.receive_options();
+    let mut recv_opts = opts.receive_options();
+    // Both halves sum their stage times into one profile.
+    let profile = Arc::new(Profile::default());
+    recv_opts.profile = Arc::clone(&profile);
     let shares = Shares::alone(&recv_opts.limits);
     let (dest, journal, recv_opts) = (&dest, &journal, &recv_opts);
     std::thread::scope(|s| {
@@ -212,7 +216,7 @@ pub fn copy_scanned(
             }));
             links.push(SenderLink::local(to_receiver, answers));
         }
-        let mut report = run_sender(&scanned, &send_opts, links, progress, start);
+        let mut report = run_sender(&scanned, &send_opts, links, progress, start, &profile);
         for r in receivers {
             match r.join() {
                 Ok(Ok(_)) => {}
@@ -220,6 +224,7 @@ pub fn copy_scanned(
                 Err(_) => report.receiver_failed("the receiver half panicked".into()),
             }
         }
+        report.stages = profile.stages();
         Ok(report)
     })
 }

@@ -27,6 +27,7 @@ mod limits;
 mod link;
 mod model;
 mod net;
+mod profile;
 mod prune;
 mod recheck;
 mod report;
@@ -50,6 +51,7 @@ pub use net::{
     ReceiveLimits, ReceiveOptions, RootError, RootLock, SendOptions, Server, ServerConfig,
     SessionSummary, Working, WorkingNow, MAX_BYTES_IN_FLIGHT, MAX_FILES_IN_FLIGHT, MAX_KEEP_PATHS,
 };
+pub use profile::{Profile, Stage, StageTime};
 pub use prune::{prune, prune_under, PruneReport};
 pub use report::{CopyReport, FileReport, Progress};
 pub use select::{Filter, Rule, RuleKind};

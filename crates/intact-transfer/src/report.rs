@@ -117,6 +117,12 @@ pub struct CopyReport {
     /// key)`), as the handshake settled it; None for a local copy.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub frames: Option<String>,
+    /// Where the time went, per stage of the pipeline (see
+    /// [`crate::Profile`]): both halves for `copy`; for `send`, the
+    /// sender's stages and the server's verify and evict times as its
+    /// results report them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub stages: Vec<crate::StageTime>,
 }
 
 /// Progress callback: bytes sent so far.
@@ -149,6 +155,7 @@ impl CopyReport {
             seconds: start.elapsed().as_secs_f64(),
             model: None,
             frames: None,
+            stages: Vec::new(),
         }
         .with_model(streams)
     }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use intact_transfer::{copy, CopyOptions, CopyReport, VerifyLevel, VerifyMode};
+use intact_transfer::{copy, CopyOptions, CopyReport, Stage, VerifyLevel, VerifyMode};
 
 const BS: usize = 64 * 1024;
 
@@ -373,4 +373,58 @@ fn intact_state_names_are_reserved_at_the_destination() {
         "{errs:?}"
     );
     assert!(!dst.join(".intact/journal.sqlite").exists());
+}
+
+/// The report's per-stage profile counts what the run did, as this test
+/// laid it out: each file's partial created once and each block read and
+/// written once; block mode checks and re-reads what `none` does not; a
+/// second run over the same tree only quick-checks.
+#[test]
+fn the_stage_profile_counts_what_the_run_did() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    fs::create_dir_all(&src).unwrap();
+    // Blocks: 1 + 1 + 3 + 1 + 2 = 8, in 5 files.
+    let sizes = [1, BS, 2 * BS + 3, 10, BS + 1];
+    for (i, len) in sizes.iter().enumerate() {
+        fs::write(
+            src.join(format!("f{i}")),
+            intact_sample::bytes(*len, i as u64),
+        )
+        .unwrap();
+    }
+    for mode in [VerifyMode::None, VerifyMode::Block] {
+        let dst = t.path().join(format!("dst-{mode:?}"));
+        let calls = |r: &CopyReport, s: Stage| {
+            r.stages
+                .iter()
+                .find(|t| t.stage == s)
+                .map_or(0, |t| t.calls)
+        };
+        let r = run(&src, &dst, &opts(mode));
+        assert_eq!(r.failed, 0, "{:?}", r.errors);
+        assert_eq!(calls(&r, Stage::Create), 5, "{mode:?}");
+        assert_eq!(calls(&r, Stage::Read), 8, "{mode:?}");
+        assert_eq!(calls(&r, Stage::Write), 8, "{mode:?}");
+        assert!(calls(&r, Stage::Journal) >= 5, "{mode:?}");
+        assert!(calls(&r, Stage::Commit) >= 1, "{mode:?}");
+        assert_eq!(calls(&r, Stage::Quick), 0, "{mode:?}: nothing was held");
+        let (check, verify) = match mode {
+            VerifyMode::None => (0, 0),
+            // Every block checked on arrival; the re-reads summed per file.
+            _ => (8, 5),
+        };
+        assert_eq!(calls(&r, Stage::Check), check, "{mode:?}");
+        assert_eq!(calls(&r, Stage::Verify), verify, "{mode:?}");
+        assert!(r.stages.iter().all(|s| s.seconds >= 0.0));
+        let again = run(&src, &dst, &opts(mode));
+        assert_eq!(again.failed, 0);
+        assert_eq!(
+            calls(&again, Stage::Quick),
+            5,
+            "{mode:?}: held whole, checked"
+        );
+        assert_eq!(calls(&again, Stage::Create), 0, "{mode:?}");
+        assert_eq!(calls(&again, Stage::Write), 0, "{mode:?}");
+    }
 }

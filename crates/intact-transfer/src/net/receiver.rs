@@ -51,6 +51,7 @@ use crate::link::{Arrival, LocalOut, Outbound};
 use crate::net::bounds::{InUse, ReceiveLimits, Shares};
 use crate::net::session_dirs::SessionDirs;
 use crate::net::watchdog::Working;
+use crate::profile::Stage;
 use crate::verify::VerifyLevel;
 use crate::TransferError;
 
@@ -195,6 +196,9 @@ pub struct ReceiveOptions {
     /// holds: answered Dir entries alone keep a connection alive for the
     /// watchdog, not its files. None: no such deadline.
     pub data_timeout: Option<std::time::Duration>,
+    /// Where the receiver's stage times are summed (shared by clones: a
+    /// copy's sender half sums into the same one).
+    pub profile: std::sync::Arc<crate::profile::Profile>,
 }
 
 /// How long a frame may wait for its session's share of the server's
@@ -231,15 +235,13 @@ pub fn receive(
     let reader = std::thread::spawn(move || {
         let mut conn = conn;
         loop {
-            let m = conn.read_message();
-            // The frame's share of the server's memory, held until the
-            // session thread is done with the message.
-            let held = conn.take_held();
-            let stop = !matches!(m, Ok(Some(_)));
-            if credit_tx.send(()).is_err()
-                || reader_tx.send(Event::Msg(Arrival::Read(m), held)).is_err()
-                || stop
-            {
+            let (delivery, stop) = read_delivery(&mut conn);
+            for event in delivery {
+                if credit_tx.send(()).is_err() || reader_tx.send(event).is_err() {
+                    return;
+                }
+            }
+            if stop {
                 return;
             }
         }
@@ -254,6 +256,48 @@ pub fn receive(
     });
     let _ = reader.join();
     result
+}
+
+/// Most messages the socket reader hands over at once.
+const READ_BATCH: usize = 64;
+
+/// The socket reader's next delivery: one message read (waiting for it),
+/// then, as one batch with it, the messages whose frames are already in
+/// the connection's small buffer (at most [`READ_BATCH`]; reading them
+/// cannot block), so the session thread is woken once for them, not once
+/// per message. A message that holds a share of the server's memory of
+/// its own, or an end or error, goes as a delivery of its own after the
+/// batch. True when the reader must stop after it.
+fn read_delivery(conn: &mut Connection<TcpStream>) -> (Vec<Event>, bool) {
+    let first = conn.read_message();
+    // The frame's share of the server's memory, held until the session
+    // thread is done with the message.
+    let held = conn.take_held();
+    let m = match first {
+        Ok(Some(m)) => m,
+        other => return (vec![Event::Msg(Arrival::Read(other), held)], true),
+    };
+    if !conn.has_buffered_message() {
+        return (vec![Event::Msg(Arrival::Read(Ok(Some(m))), held)], false);
+    }
+    let mut batch = vec![m];
+    let mut after = None;
+    let mut stop = false;
+    while batch.len() < READ_BATCH && conn.has_buffered_message() {
+        let next = conn.read_message();
+        let next_held = conn.take_held();
+        match next {
+            Ok(Some(m)) if next_held.is_none() => batch.push(m),
+            other => {
+                stop = !matches!(other, Ok(Some(_)));
+                after = Some(Event::Msg(Arrival::Read(other), next_held));
+                break;
+            }
+        }
+    }
+    let mut delivery = vec![Event::Msg(Arrival::Moved(batch), held)];
+    delivery.extend(after);
+    (delivery, stop)
 }
 
 /// A receiver half's event queue: what its link delivers (at most
@@ -349,10 +393,71 @@ impl Inbox {
         // stay partial, every block journaled, and the next send only ends
         // them).
         files.extend(ready);
+        let profile = &opts.profile;
         for f in files.values_mut() {
-            let _ = f.journal(journal);
+            let _ = f.journal(journal, profile);
         }
-        let _ = journal.flush();
+        let _ = profile.time(Stage::Journal, || journal.flush());
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use intact_proto::Message;
+    use std::net::TcpListener;
+
+    fn file_end(file: u64) -> Message {
+        Message::FileEnd {
+            file,
+            blocks: 0,
+            source_level: 0,
+            digest: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn frames_already_buffered_go_as_one_batch_and_the_end_after_it() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut w = Connection::new(TcpStream::connect(l.local_addr().unwrap()).unwrap());
+        let mut r = Connection::new(l.accept().unwrap().0);
+        // One write of five small frames: one read takes them all in.
+        for i in 0..5 {
+            w.write_message(&file_end(i)).unwrap();
+        }
+        w.flush().unwrap();
+        drop(w);
+        let (d, stop) = read_delivery(&mut r);
+        assert!(
+            !stop,
+            "the stream has not ended yet as far as the batch knows"
+        );
+        assert_eq!(d.len(), 1, "one delivery");
+        match &d[0] {
+            Event::Msg(Arrival::Moved(v), None) => {
+                assert_eq!(*v, (0..5).map(file_end).collect::<Vec<_>>(), "in order")
+            }
+            _ => panic!("not a batch"),
+        }
+        let (d, stop) = read_delivery(&mut r);
+        assert!(stop);
+        assert!(matches!(
+            &d[..],
+            [Event::Msg(Arrival::Read(Ok(None)), None)]
+        ));
+    }
+
+    #[test]
+    fn a_lone_frame_goes_alone() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut w = Connection::new(TcpStream::connect(l.local_addr().unwrap()).unwrap());
+        let mut r = Connection::new(l.accept().unwrap().0);
+        w.send(&file_end(7)).unwrap();
+        let (d, stop) = read_delivery(&mut r);
+        assert!(!stop);
+        assert!(
+            matches!(&d[..], [Event::Msg(Arrival::Read(Ok(Some(m))), None)] if *m == file_end(7))
+        );
     }
 }

@@ -27,6 +27,7 @@ use intact_proto::{
     client_handshake_with, Connection, Entry, Key, ProtoError, Security, SessionSecret, WirePath,
 };
 
+use crate::profile::Profile;
 use crate::report::{simple_report, CopyReport, FileReport, Progress};
 use crate::source::{scan, Scan, SourceEntry, SourceKind};
 use crate::source_cache::{SourceCache, SourceCacheSetting};
@@ -172,7 +173,9 @@ pub fn send_scanned(
         security = Some(s);
         links.push(SenderLink::tcp(conn)?);
     }
-    let mut report = run_sender(&scanned, opts, links, progress, start);
+    let profile = Profile::default();
+    let mut report = run_sender(&scanned, opts, links, progress, start, &profile);
+    report.stages = profile.stages();
     report.frames = security.map(|s| s.to_string());
     Ok(report)
 }
@@ -185,6 +188,7 @@ pub(crate) fn run_sender(
     links: Vec<SenderLink<'_>>,
     progress: Progress<'_>,
     start: Instant,
+    profile: &Profile,
 ) -> CopyReport {
     let entries = &scanned.entries;
     let streams = links.len();
@@ -201,6 +205,7 @@ pub(crate) fn run_sender(
         sent: &sent,
         progress,
         reports: &reports,
+        profile,
     };
 
     std::thread::scope(|s| {
@@ -280,4 +285,6 @@ pub(super) struct Ctx<'a> {
     pub(super) sent: &'a AtomicU64,
     pub(super) progress: Progress<'a>,
     pub(super) reports: &'a Mutex<Vec<Option<FileReport>>>,
+    /// Where the streams' stage times are summed.
+    pub(super) profile: &'a Profile,
 }

@@ -372,6 +372,7 @@ fn connection(
             session: Some(session.id()),
             working: watch.working(),
             shares: Some(session.shares().clone()),
+            profile: Arc::clone(session.profile()),
             data_timeout: Some(cfg.idle_timeout),
             ..cfg.receive.clone()
         };

@@ -13,6 +13,7 @@ use intact_proto::SessionId;
 use crate::net::bounds::{Budgets, Shares};
 use crate::net::ratelimit::{Kinds, REPEAT_WINDOW};
 use crate::net::SessionSummary;
+use crate::profile::Profile;
 
 /// Where a server's log lines go.
 pub type Log = Arc<dyn Fn(String) + Send + Sync>;
@@ -45,6 +46,8 @@ struct Open {
     total: SessionSummary,
     started: Instant,
     shares: Shares,
+    /// Where its streams' receivers sum their stage times.
+    profile: Arc<Profile>,
 }
 
 /// One admitted stream. [`Stream::end`] reports how it went; a stream
@@ -54,6 +57,7 @@ pub(crate) struct Stream {
     sessions: Arc<Sessions>,
     id: SessionId,
     shares: Shares,
+    profile: Arc<Profile>,
     peer: String,
     ended: bool,
 }
@@ -118,7 +122,7 @@ impl Sessions {
             streams_per_session,
         } = self.limits;
         let full = open.len() >= sessions;
-        let shares = match open.get_mut(&id) {
+        let (shares, profile) = match open.get_mut(&id) {
             Some(s) if s.streams >= streams_per_session => {
                 return Err(format!(
                     "this server takes at most {streams_per_session} streams per client; send with --streams {streams_per_session} or fewer"
@@ -127,7 +131,7 @@ impl Sessions {
             Some(s) => {
                 s.streams += 1;
                 s.streams_seen += 1;
-                s.shares.clone()
+                (s.shares.clone(), Arc::clone(&s.profile))
             }
             None if full => {
                 return Err(format!(
@@ -137,6 +141,7 @@ impl Sessions {
             }
             None => {
                 let shares = self.budgets.session();
+                let profile = Arc::new(Profile::default());
                 open.insert(
                     id,
                     Open {
@@ -147,15 +152,17 @@ impl Sessions {
                         total: SessionSummary::default(),
                         started: Instant::now(),
                         shares: shares.clone(),
+                        profile: Arc::clone(&profile),
                     },
                 );
-                shares
+                (shares, profile)
             }
         };
         Ok(Stream {
             sessions: Arc::clone(self),
             id,
             shares,
+            profile,
             peer: peer.to_string(),
             ended: false,
         })
@@ -227,6 +234,13 @@ impl Sessions {
             s.streams_seen,
             if s.streams_seen == 1 { "" } else { "s" },
         ));
+        if self.verbose {
+            self.log(format!(
+                "{} session {id}: receiver stages (thread-seconds): {}",
+                s.peer,
+                s.profile.line()
+            ));
+        }
     }
 }
 
@@ -239,6 +253,11 @@ impl Stream {
     /// Its session's places in the server's budgets.
     pub fn shares(&self) -> &Shares {
         &self.shares
+    }
+
+    /// Where its session's receivers sum their stage times.
+    pub fn profile(&self) -> &Arc<Profile> {
+        &self.profile
     }
 
     /// The stream ended: with its receiver's summary, or an error.

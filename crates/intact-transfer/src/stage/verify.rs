@@ -49,6 +49,11 @@ pub(crate) trait VerifyStage: Send {
         None
     }
 
+    /// Whether [`VerifyStage::at_end`] reads the file back.
+    fn rereads_at_end(&self) -> bool {
+        false
+    }
+
     /// At FileEnd, every block verified so far: the blocks a whole-file
     /// re-read of `file` found different from their digests (`digests`,
     /// one per block of `block_size` bytes from block 0, the file `size`
@@ -138,6 +143,10 @@ impl VerifyStage for DeviceReread {
 pub(crate) struct WholeReread;
 
 impl VerifyStage for WholeReread {
+    fn rereads_at_end(&self) -> bool {
+        true
+    }
+
     fn at_end(
         &mut self,
         file: &File,

@@ -8,6 +8,7 @@ use intact_digest::{defaults, hash, Algorithm, AlignedBuf, Digest};
 use intact_proto::ProtoError;
 
 use super::{wire_level, Check, Incoming, ReceiveOptions};
+use crate::profile::{Profile, Stage};
 use crate::TransferError;
 
 /// Where a received block stands.
@@ -63,8 +64,11 @@ pub(super) fn accept_block(
         None
     };
     let data = &mut b.data[..];
+    let profile = &*opts.profile;
     if let Some(d) = &expected {
-        if !hash(defaults::BLOCK_ALGORITHM, data).ct_eq(d) {
+        if !profile.time(Stage::Check, || {
+            hash(defaults::BLOCK_ALGORITHM, data).ct_eq(d)
+        }) {
             return Ok(Verdict::Done(false));
         }
     }
@@ -73,9 +77,8 @@ pub(super) fn accept_block(
     }
     // Write.
     let partial = f.partial.as_ref().expect("blocks go to a partial file");
-    partial
-        .file()
-        .write_all_at(data, offset)
+    profile
+        .time(Stage::Write, || partial.file().write_all_at(data, offset))
         .map_err(f.path_err())?;
     if let Some(hook) = opts.after_write() {
         hook(
@@ -87,7 +90,7 @@ pub(super) fn accept_block(
         );
     }
     // The bytes written are the block's part of the whole-file digest.
-    f.whole.add(index, data);
+    profile.time(Stage::Whole, || f.whole.add(index, data));
     // Verify: a stage that re-reads every block queues it.
     if let (Some(d), Some(r)) = (&expected, f.verify.block_reread()) {
         return Ok(Verdict::Check(Check {
@@ -112,7 +115,11 @@ pub(super) fn accept_block(
 /// At FileEnd: every block must have verified, and the file's verify
 /// stage has its say (`sequential`, `file`: a whole-file re-read).
 /// Returns the blocks that must be sent again.
-pub(super) fn end_file(f: &mut Incoming, buf: &mut AlignedBuf) -> Result<Vec<u64>, TransferError> {
+pub(super) fn end_file(
+    f: &mut Incoming,
+    buf: &mut AlignedBuf,
+    profile: &Profile,
+) -> Result<Vec<u64>, TransferError> {
     let missing: Vec<u64> = (0..f.verified.len() as u64)
         .filter(|&i| f.verified.get(i as usize) == Some(None))
         .collect();
@@ -128,6 +135,10 @@ pub(super) fn end_file(f: &mut Incoming, buf: &mut AlignedBuf) -> Result<Vec<u64
         path: f.entry.path.to_string(),
         source: e,
     };
+    let _timed = f
+        .verify
+        .rereads_at_end()
+        .then(|| profile.timer(Stage::Verify));
     f.verify
         .at_end(partial.file(), f.entry.size, bs, f.verified.slots(), buf)
         .map_err(path_err)

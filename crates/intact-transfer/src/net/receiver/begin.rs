@@ -14,6 +14,7 @@ use super::{Incoming, ReceiveOptions};
 use crate::dest::{Destination, Mtime};
 use crate::journal::Journal;
 use crate::net::whole_digest::{HeldWhole, Stamp};
+use crate::profile::Stage;
 use crate::stage::verify::{stage_for, VerifyStage};
 use crate::verify::{VerifyLevel, VerifyMode};
 use crate::TransferError;
@@ -82,7 +83,10 @@ fn begin_file(
             && r.mtime_nsec == e.mtime_nsec
             && r.block_size == e.block_size
     };
-    let row = journal.lookup(e.path.as_bytes())?.filter(same);
+    let profile = &*opts.profile;
+    let row = profile
+        .time(Stage::Journal, || journal.lookup(e.path.as_bytes()))?
+        .filter(same);
     // Held whole, with the digest its commit compared (older rows have
     // none, and are received anew): the quick check. The sender compares
     // that digest with its source's own; size and mtime only pick the
@@ -92,6 +96,7 @@ fn begin_file(
         .filter(|r| r.done)
         .and_then(|r| Some((r, r.digest?)))
     {
+        let _quick = profile.timer(Stage::Quick);
         if let Some(file) = dest.open_final(&e.path).filter(|f| unchanged_since(f, &e)) {
             // Taken before any read: the answer holds only for this version.
             let stamp = Stamp::of(&file).map_err(|err| TransferError::Destination {
@@ -136,20 +141,22 @@ fn begin_file(
             }
         }
     }
-    let partial = dest.partial(&e.path, e.size)?;
+    let partial = profile.time(Stage::Create, || dest.partial(&e.path, e.size))?;
     let resumed = row.filter(|r| !r.done);
     // This session holds the partial's lock now: the journal says so
     // (start, or reopen below, records it).
     let session = opts.session.map(|s| s.0);
     let row_id = match &resumed {
         Some(r) => r.id,
-        None => journal.start(
-            e.path.as_bytes(),
-            e.size,
-            (e.mtime_sec, e.mtime_nsec),
-            e.block_size,
-            session,
-        )?,
+        None => profile.time(Stage::Journal, || {
+            journal.start(
+                e.path.as_bytes(),
+                e.size,
+                (e.mtime_sec, e.mtime_nsec),
+                e.block_size,
+                session,
+            )
+        })?,
     };
     let mut inc = Incoming::fresh(e, mode, Some(partial), row_id);
     inc.verify = open_stage(&inc, inc.partial.as_ref().map(|p| p.file()), opts)?;
@@ -166,7 +173,7 @@ fn begin_file(
         None => Holding::Nothing,
     };
     if resumed_id.is_some() {
-        journal.reopen(row_id, session)?;
+        profile.time(Stage::Journal, || journal.reopen(row_id, session))?;
     }
     files.insert(id, inc);
     Ok(Message::Status { file: id, holding })
@@ -212,14 +219,17 @@ pub(super) fn start_anew(
     opts: &ReceiveOptions,
 ) -> Result<(), TransferError> {
     let e = f.entry.clone();
-    let partial = dest.partial(&e.path, e.size)?;
-    let row = journal.start(
-        e.path.as_bytes(),
-        e.size,
-        (e.mtime_sec, e.mtime_nsec),
-        e.block_size,
-        opts.session.map(|s| s.0),
-    )?;
+    let profile = &*opts.profile;
+    let partial = profile.time(Stage::Create, || dest.partial(&e.path, e.size))?;
+    let row = profile.time(Stage::Journal, || {
+        journal.start(
+            e.path.as_bytes(),
+            e.size,
+            (e.mtime_sec, e.mtime_nsec),
+            e.block_size,
+            opts.session.map(|s| s.0),
+        )
+    })?;
     let mut inc = Incoming::fresh(e, f.mode, Some(partial), row);
     inc.verify = open_stage(&inc, inc.partial.as_ref().map(|p| p.file()), opts)?;
     inc.slot = f.slot.take();

@@ -11,6 +11,7 @@ use crate::journal::{DoneFile, Journal};
 use crate::link::Outbound;
 use crate::net::watchdog::Working;
 use crate::net::whole_digest::{HeldWhole, Stamp};
+use crate::profile::{Profile, Stage};
 use crate::verify::{Reached, VerifyLevel};
 use crate::TransferError;
 
@@ -107,6 +108,7 @@ pub(super) fn commit_ready(
     ready: &mut Vec<(u64, Incoming)>,
     summary: &mut SessionSummary,
     working: &Working,
+    profile: &Profile,
 ) -> Result<(), TransferError> {
     if ready.is_empty() {
         return Ok(());
@@ -132,6 +134,10 @@ pub(super) fn commit_ready(
             result.resident = r.stats.resident;
             result.evict_micros = r.stats.evict.as_micros() as u64;
             result.check_micros = r.check.as_micros() as u64;
+            profile.add(Stage::Verify, r.check);
+            if !r.stats.evict.is_zero() {
+                profile.add(Stage::Evict, r.stats.evict);
+            }
         }
         let Some(digest) = f.whole.confirmed else {
             // Only a file whose digest was compared is ever made ready.
@@ -172,7 +178,7 @@ pub(super) fn commit_ready(
         .collect();
     let results = {
         let _working = working.now();
-        dest.commit_batch(batch)
+        profile.time(Stage::Commit, || dest.commit_batch(batch))
     };
     let mut done: Vec<DoneFile> = meta
         .iter()
@@ -183,7 +189,7 @@ pub(super) fn commit_ready(
     done.extend(in_place.iter().map(|(_, record, _)| record.clone()));
     // A journal failure does not undo a durable, verified file; it only
     // means a later send may move it again.
-    let _ = journal.done_batch(&done);
+    let _ = profile.time(Stage::Journal, || journal.done_batch(&done));
     let outcomes = meta.into_iter().zip(results).chain(
         in_place
             .into_iter()

@@ -11,6 +11,7 @@ use crate::dest::PartialFile;
 use crate::journal::{unix_now, BlockRecord, Journal, VerifiedAt};
 use crate::net::bounds::Slot;
 use crate::net::whole_digest::WholeDigest;
+use crate::profile::{Profile, Stage};
 use crate::stage::verify::{stage_without_file, VerifyStage};
 use crate::verify::{Reached, VerifyLevel, VerifyMode};
 use crate::TransferError;
@@ -104,10 +105,15 @@ impl Held {
 
 impl Incoming {
     /// Makes the verified data durable, then records it.
-    pub(super) fn journal(&mut self, journal: &Journal) -> Result<(), TransferError> {
+    pub(super) fn journal(
+        &mut self,
+        journal: &Journal,
+        profile: &Profile,
+    ) -> Result<(), TransferError> {
         if self.unjournaled.is_empty() {
             return Ok(());
         }
+        let _timed = profile.timer(Stage::Journal);
         if let Some(partial) = &self.partial {
             partial
                 .file()

@@ -20,6 +20,7 @@ use crate::journal::{BlockRecord, Journal, VerifiedAt};
 use crate::link::Outbound;
 use crate::net::bounds::{self, InUse, Shares};
 use crate::net::delete::Pending;
+use crate::profile::Stage;
 use crate::stage::verify::reread_level;
 use crate::verify::VerifyLevel;
 use crate::TransferError;
@@ -240,6 +241,7 @@ impl Session<'_> {
             self.ready,
             &mut self.summary,
             &self.opts.working,
+            &self.opts.profile,
         )
     }
 
@@ -248,7 +250,7 @@ impl Session<'_> {
     fn fail_file(&mut self, file: u64, why: &str) -> Result<(), TransferError> {
         let mut path = format!("file {file}");
         if let Some(mut f) = self.files.remove(&file) {
-            let _ = f.journal(self.journal);
+            let _ = f.journal(self.journal, &self.opts.profile);
             path = f.entry.path.to_string();
         }
         self.summary.fail(&path, why);
@@ -314,7 +316,7 @@ impl Session<'_> {
                 });
                 f.unjournaled_bytes += u64::from(f.entry.block_size);
                 if f.unjournaled_bytes >= JOURNAL_BATCH {
-                    if let Err(e) = f.journal(self.journal) {
+                    if let Err(e) = f.journal(self.journal, &self.opts.profile) {
                         return self.fail_file(file, &e.to_string());
                     }
                 }
@@ -374,7 +376,7 @@ impl Session<'_> {
         if blocks != f.verified.len() as u64 {
             // Abandoned (the source changed or failed) or inconsistent:
             // keep what verified for a later attempt, name nothing.
-            f.journal(self.journal)?;
+            f.journal(self.journal, &self.opts.profile)?;
             let why = "the sender abandoned the file";
             self.summary.fail(&f.entry.path.to_string(), why);
             self.out.put(failed(file, why))?;
@@ -382,7 +384,7 @@ impl Session<'_> {
         }
         let ended = {
             let _working = self.opts.working.now();
-            end_file(&mut f, &mut self.buf)
+            end_file(&mut f, &mut self.buf, &self.opts.profile)
         };
         match ended {
             Ok(bad) if !bad.is_empty() && f.rounds < MAX_ROUNDS => {
@@ -404,8 +406,12 @@ impl Session<'_> {
                 self.out.put(failed(file, &why))?;
             }
             Ok(_) => {
-                if let Err(why) = whole_digest_matches(&mut f, &mut self.buf) {
-                    let _ = f.journal(self.journal);
+                let matched = self
+                    .opts
+                    .profile
+                    .time(Stage::Whole, || whole_digest_matches(&mut f, &mut self.buf));
+                if let Err(why) = matched {
+                    let _ = f.journal(self.journal, &self.opts.profile);
                     self.summary.fail(&f.entry.path.to_string(), &why);
                     self.out.put(failed(file, &why))?;
                     return Ok(());
@@ -413,7 +419,7 @@ impl Session<'_> {
                 let reached = f.reached();
                 if reached.level < VerifyLevel::Device && f.entry.flags & Entry::REQUIRE_DEVICE != 0
                 {
-                    let _ = f.journal(self.journal);
+                    let _ = f.journal(self.journal, &self.opts.profile);
                     let msg = below_required(&reached);
                     self.summary.fail(&f.entry.path.to_string(), &msg);
                     self.out.put(failed(file, &msg))?;

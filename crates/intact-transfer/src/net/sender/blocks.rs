@@ -10,6 +10,7 @@ use intact_digest::Blake3Blocks;
 use intact_proto::{Block, FileEnd, Holding, Message};
 
 use super::stream::{Outgoing, Stream};
+use crate::profile::Stage;
 use crate::source::check_unchanged;
 use crate::source_cache::SourceDigest;
 use crate::TransferError;
@@ -181,6 +182,8 @@ impl Stream<'_> {
         let source = o.source.as_mut().expect("files have a source");
         let read = source.read_for_send(e, index, resend, &mut self.bufs)?;
         let t = Instant::now();
+        let profile = self.ctx.profile;
+        profile.add(Stage::Read, (t - stage).saturating_sub(read.hashing));
         let len = read.data.len();
         if let Some(w) = whole {
             w.update(&read.data);
@@ -188,7 +191,9 @@ impl Stream<'_> {
         if let Some(t) = o.tree.as_mut() {
             t.set(index, &read.data);
         }
-        o.report.checksum_seconds += (t.elapsed() + read.hashing).as_secs_f64();
+        let hashed = t.elapsed() + read.hashing;
+        o.report.checksum_seconds += hashed.as_secs_f64();
+        profile.add(Stage::Digest, hashed);
         let msg = Message::Block(Block {
             file: id,
             index,
@@ -196,7 +201,10 @@ impl Stream<'_> {
             digest: read.digest,
             data: read.data,
         });
-        self.conn.put(msg).map_err(TransferError::Path)?;
+        let put = Instant::now();
+        let sent = self.conn.put(msg).map_err(TransferError::Path);
+        profile.add(Stage::Handoff, put.elapsed());
+        sent?;
         o.report.transfer_stage_seconds += stage.elapsed().as_secs_f64();
         o.pending += 1;
         o.report.bytes_sent += len as u64;
@@ -208,15 +216,19 @@ impl Stream<'_> {
 
     pub(super) fn end_file(&mut self, id: u64, o: &mut Outgoing) {
         let e = &self.ctx.entries[id as usize];
+        let profile = self.ctx.profile;
         if let Some(src) = &o.source {
-            if let Err(err) = check_unchanged(src.file(), e) {
+            if let Err(err) = profile.time(Stage::Open, || check_unchanged(src.file(), e)) {
                 o.report.error = Some(err.to_string());
                 o.gave_up = Some(u64::MAX);
             }
         }
         let mut digest = Vec::new();
         if o.gave_up.is_none() && o.report.error.is_none() {
-            match self.file_digest(o, id) {
+            let t = Instant::now();
+            let d = self.file_digest(o, id);
+            profile.add(Stage::Digest, t.elapsed());
+            match d {
                 Ok(d) => {
                     o.digest = Some(d);
                     o.report.digest = Some(blake3::Hash::from_bytes(d).to_hex().to_string());
@@ -240,7 +252,7 @@ impl Stream<'_> {
             source_level: self.source_level(o).level.wire_id(),
             digest,
         };
-        if let Err(err) = self.conn.put(msg) {
+        if let Err(err) = profile.time(Stage::Handoff, || self.conn.put(msg)) {
             self.broken = Some(err.to_string());
         }
         o.ended = true;

@@ -1,9 +1,12 @@
 //! The receiver's verdict on a file, into its report: the level is the
 //! lower of both ends'.
 
+use std::time::Duration;
+
 use intact_proto::{FileResult, FileStatus};
 
 use super::stream::{Outgoing, Stream};
+use crate::profile::Stage;
 use crate::source_cache::SourceDigest;
 use crate::verify::{Reached, VerifyLevel};
 
@@ -35,6 +38,19 @@ impl Stream<'_> {
         o.report.verify_stage_seconds = r.check_micros as f64 / 1e6;
         o.report.evict_seconds += r.evict_micros as f64 / 1e6;
         o.report.pages_resident += r.resident;
+        if self.tcp.is_some() {
+            // The server's stages as its result reports them (in process,
+            // the receiver half adds them to the shared profile itself).
+            let profile = self.ctx.profile;
+            for (stage, micros) in [
+                (Stage::Verify, r.check_micros),
+                (Stage::Evict, r.evict_micros),
+            ] {
+                if micros > 0 {
+                    profile.add(stage, Duration::from_micros(micros));
+                }
+            }
+        }
         let verified = r.status == FileStatus::Verified;
         if !verified || o.gave_up.is_some() || o.report.error.is_some() {
             o.report.level = None;
@@ -64,6 +80,7 @@ impl Stream<'_> {
         if let Some(source) = &o.source {
             if let Some(stats) = source.device_stats() {
                 o.report.evict_seconds += stats.evict.as_secs_f64();
+                self.ctx.profile.add(Stage::Evict, stats.evict);
                 o.report.pages_resident += stats.resident;
             }
             source.lower(&mut reached);

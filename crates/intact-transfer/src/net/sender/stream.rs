@@ -11,6 +11,7 @@ use intact_proto::{Entry, EntryKind, Message, ProtoError};
 use super::link::TcpEnd;
 use super::{entry_flags, Ctx, SenderLink, FLUSH_EVERY, MAX_BYTES_IN_FLIGHT, MAX_FILES_IN_FLIGHT};
 use crate::link::{Arrival, Outbound};
+use crate::profile::Stage;
 use crate::report::{simple_report, FileReport};
 use crate::source::SourceKind;
 use crate::source_cache::SourceKey;
@@ -86,7 +87,7 @@ impl<'a> Stream<'a> {
                 }
                 begun += 1;
                 if begun % FLUSH_EVERY == 0 {
-                    if let Err(e) = self.conn.flush() {
+                    if let Err(e) = self.ctx.profile.time(Stage::Handoff, || self.conn.flush()) {
                         self.broken = Some(e.to_string());
                     }
                 }
@@ -112,19 +113,24 @@ impl<'a> Stream<'a> {
             // say so. (While files await their Status or block results, the
             // receiver answers those anyway; a Waiting then would only
             // shrink its group.)
+            let profile = self.ctx.profile;
+            let t = Instant::now();
+            let mut handed = Ok(());
             if self.out.values().all(|o| o.ended) {
-                if let Err(e) = self.conn.put(Message::Waiting) {
-                    self.broken = Some(e.to_string());
-                    return;
-                }
+                handed = self.conn.put(Message::Waiting);
             }
-            if let Err(e) = self.conn.flush() {
+            let handed = handed.and_then(|()| self.conn.flush());
+            profile.add(Stage::Handoff, t.elapsed());
+            if let Err(e) = handed {
                 self.broken = Some(e.to_string());
                 return;
             }
         }
         let mut next = if wait {
-            Some(self.events.recv().unwrap_or(Arrival::Closed))
+            let t = Instant::now();
+            let arrival = self.events.recv().unwrap_or(Arrival::Closed);
+            self.ctx.profile.add(Stage::Wait, t.elapsed());
+            Some(arrival)
         } else {
             self.events.try_recv().ok()
         };
@@ -160,13 +166,15 @@ impl<'a> Stream<'a> {
         let (kind, source) = match &e.kind {
             SourceKind::Dir => (EntryKind::Dir, None),
             SourceKind::Symlink(t) => (EntryKind::Symlink(t.clone()), None),
-            SourceKind::File => match SourceFile::open(
-                e,
-                opts.verify,
-                opts.block_size,
-                opts.read_path,
-                opts.require_level == Some(VerifyLevel::Device),
-            ) {
+            SourceKind::File => match self.ctx.profile.time(Stage::Open, || {
+                SourceFile::open(
+                    e,
+                    opts.verify,
+                    opts.block_size,
+                    opts.read_path,
+                    opts.require_level == Some(VerifyLevel::Device),
+                )
+            }) {
                 Ok(f) => (EntryKind::File, Some(f)),
                 Err(err) => {
                     let mut r = report;
@@ -190,7 +198,11 @@ impl<'a> Stream<'a> {
             verify: opts.verify.wire_id(),
             flags: entry_flags(opts),
         };
-        if let Err(err) = self.conn.put(Message::Entry(entry)) {
+        if let Err(err) = self
+            .ctx
+            .profile
+            .time(Stage::Handoff, || self.conn.put(Message::Entry(entry)))
+        {
             self.broken = Some(err.to_string());
             return;
         }
@@ -200,7 +212,11 @@ impl<'a> Stream<'a> {
         self.in_flight += e.size;
         let mut report = report;
         report.read_path = source.as_ref().and_then(SourceFile::read_path);
-        let key = source.as_ref().and_then(|f| SourceKey::of(f.file()).ok());
+        let key = source.as_ref().and_then(|f| {
+            self.ctx
+                .profile
+                .time(Stage::Open, || SourceKey::of(f.file()).ok())
+        });
         let mut o = Outgoing {
             streamed: None,
             digest: None,
