@@ -23,7 +23,8 @@ pub enum Stage {
     Open,
     /// Sender: reading source blocks (in `riva`, from the device).
     Read,
-    /// Sender: block digests and the whole-file BLAKE3.
+    /// Sender: block digests and the whole-file BLAKE3 (with the read of
+    /// the source, when the digest needs the file read again).
     Digest,
     /// Sender: handing messages to the link (queueing, flushing, and
     /// waiting for the receiver's credit).
@@ -35,7 +36,8 @@ pub enum Stage {
     /// its verified blocks and its commit.
     Journal,
     /// Receiver: the quick check of a file held whole under its final
-    /// name (open, status, digest compared).
+    /// name (open, status, digest compared; with `--reverify` or a
+    /// recorded level below the mode's, its re-read in place too).
     Quick,
     /// Receiver: creating a file's partial file.
     Create,

@@ -316,7 +316,7 @@ fn a_wrong_key_is_told_the_server_holds_another() {
 }
 
 #[test]
-fn the_log_has_one_line_per_session_and_v_adds_one_per_stream() {
+fn the_log_has_one_line_per_session_and_v_adds_one_per_stream_and_the_stages() {
     let dir = tempfile::tempdir().unwrap();
     let src = source(dir.path(), 10);
     for verbose in [false, true] {
@@ -340,7 +340,25 @@ fn the_log_has_one_line_per_session_and_v_adds_one_per_stream() {
             .filter(|l| l.contains("stream of session"))
             .count();
         assert_eq!(streams, if verbose { 4 } else { 0 }, "{log:?}");
-        assert_eq!(log.len(), 1 + streams, "nothing else: {log:?}");
+        // -v: the session's receiver stages too, which count the 10 files
+        // this test sent (one partial file created for each).
+        let stages: Vec<_> = log
+            .iter()
+            .filter(|l| l.contains("receiver stages"))
+            .collect();
+        assert_eq!(stages.len(), usize::from(verbose), "{log:?}");
+        if verbose {
+            let create = stages[0]
+                .split(", ")
+                .find(|p| p.contains("create "))
+                .unwrap_or("");
+            assert!(create.ends_with("(10 calls)"), "{log:?}");
+        }
+        assert_eq!(
+            log.len(),
+            1 + streams + stages.len(),
+            "nothing else: {log:?}"
+        );
         assert!(delivered(&src, &root.join("data")));
     }
 }

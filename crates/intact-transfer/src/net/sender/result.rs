@@ -80,7 +80,9 @@ impl Stream<'_> {
         if let Some(source) = &o.source {
             if let Some(stats) = source.device_stats() {
                 o.report.evict_seconds += stats.evict.as_secs_f64();
-                self.ctx.profile.add(Stage::Evict, stats.evict);
+                if !stats.evict.is_zero() {
+                    self.ctx.profile.add(Stage::Evict, stats.evict);
+                }
                 o.report.pages_resident += stats.resident;
             }
             source.lower(&mut reached);
