@@ -131,8 +131,7 @@ pub fn run(a: &TransferArgs) -> anyhow::Result<()> {
             a.scale, a.runs
         );
         for shape in chosen {
-            let src = dir.join(format!("src-{}", shape.name)).join("data");
-            shape.make(&src)?;
+            let src = made_source(&dir, shape)?;
             let p = Paths {
                 intact: &intact,
                 src: &src,
@@ -168,29 +167,17 @@ pub fn run(a: &TransferArgs) -> anyhow::Result<()> {
         if can_drop { "dropped before each run" } else { "NOT dropped (not root)" }
     );
     for shape in chosen {
-        let src = dir.join(format!("src-{}", shape.name)).join("data");
-        shape.make(&src)?;
+        let src = made_source(&dir, shape)?;
         let p = Paths {
             intact: &intact,
             src: &src,
             dst: &dst,
         };
         let tools = tools::cold(p, key.as_deref(), ssh.as_ref());
-        let samples = interleaved(tools.len(), a.runs, |i| {
-            fresh(&dst)?;
+        let rows = measure(&tools, a.runs, shape, &dst, || {
             drop_caches();
-            let sample = (tools[i].1)().with_context(|| tools[i].0.clone())?;
-            shape
-                .check_copy(&dst.join("data"))
-                .with_context(|| tools[i].0.clone())?;
-            Ok(sample)
+            Ok(())
         })?;
-        fresh(&dst)?;
-        let rows: Vec<Row> = tools
-            .iter()
-            .zip(&samples)
-            .map(|(t, s)| Row::of(&t.0, s))
-            .collect();
         println!(
             "\n{}: {}, {:.0} MiB; on {storage}\n",
             shape.name,
@@ -209,6 +196,40 @@ pub fn run(a: &TransferArgs) -> anyhow::Result<()> {
         "MiB/s and files/s at the median wall time; \"vs rsync over ssh\" is ssh's default cipher.",
     );
     Ok(())
+}
+
+/// `shape`'s source tree under `dir` (made unless it is there already).
+fn made_source(dir: &Path, shape: &Shape) -> anyhow::Result<PathBuf> {
+    let src = dir.join(format!("src-{}", shape.name)).join("data");
+    shape.make(&src)?;
+    Ok(src)
+}
+
+/// Runs `tools` `runs` times each, interleaved, every run into a fresh
+/// `dst` after `before` (untimed), and checks each copy holds `shape`'s
+/// files and bytes; one row per tool.
+fn measure(
+    tools: &[tools::Tool<'_>],
+    runs: usize,
+    shape: &Shape,
+    dst: &Path,
+    mut before: impl FnMut() -> anyhow::Result<()>,
+) -> anyhow::Result<Vec<Row>> {
+    let samples = interleaved(tools.len(), runs, |i| {
+        fresh(dst)?;
+        before()?;
+        let sample = (tools[i].1)().with_context(|| tools[i].0.clone())?;
+        shape
+            .check_copy(&dst.join("data"))
+            .with_context(|| tools[i].0.clone())?;
+        Ok(sample)
+    })?;
+    fresh(dst)?;
+    Ok(tools
+        .iter()
+        .zip(&samples)
+        .map(|(t, s)| Row::of(&t.0, s))
+        .collect())
 }
 
 /// The notes under the last table.

@@ -11,13 +11,9 @@ use std::fs::File;
 use std::io::Read;
 use std::path::Path;
 
-use anyhow::Context;
-
-use crate::runner::{interleaved, Sample};
-
 use super::datasets::{walk_files, Shape};
-use super::fresh;
-use super::table::{render, Baseline, Row, Style, Work};
+use super::measure;
+use super::table::{render, Baseline, Style, Work};
 use super::tools::{self, Paths};
 
 /// The warm table's ratio columns.
@@ -41,24 +37,13 @@ pub(super) fn run_dataset(
 ) -> anyhow::Result<()> {
     let tools = tools::warm(p);
     let mut coldest = Residency::default();
-    let samples: Vec<Vec<Sample>> = interleaved(tools.len(), runs, |i| {
-        fresh(p.dst)?;
+    let rows = measure(&tools, runs, shape, p.dst, || {
         let r = read_through(p.src)?;
         if coldest.total == 0 || r.fraction() < coldest.fraction() {
             coldest = r;
         }
-        let sample = (tools[i].1)().with_context(|| tools[i].0.clone())?;
-        shape
-            .check_copy(&p.dst.join("data"))
-            .with_context(|| tools[i].0.clone())?;
-        Ok(sample)
+        Ok(())
     })?;
-    fresh(p.dst)?;
-    let rows: Vec<Row> = tools
-        .iter()
-        .zip(&samples)
-        .map(|(t, s)| Row::of(&t.0, s))
-        .collect();
     println!(
         "\n{} (warm): {}, {:.0} MiB; source in the page cache, destination on {storage}; intact with --verify none\n",
         shape.name,
