@@ -7,6 +7,7 @@ use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use intact_proto::WirePath;
@@ -105,6 +106,9 @@ impl Destination {
             return Err(TransferError::Reserved(path.to_string()));
         }
         let (last, dirs) = comps.split_last().expect("a WirePath is never empty");
+        if let Some(dir) = self.beneath(dirs) {
+            return Ok((dir, last.to_os_string()));
+        }
         let mut dir = rfs::openat(
             &self.root,
             ".",
@@ -141,6 +145,43 @@ impl Destination {
             };
         }
         Ok((dir, last.to_os_string()))
+    }
+
+    /// The directory `dirs` below the root in one `openat2` that refuses
+    /// every symlink and any step out of the root: what the walk in
+    /// [`Destination::parent`] checks, in one call instead of one per
+    /// component. None when that fails for any reason (a directory
+    /// missing, a symlink in the way, a kernel without `openat2`): the
+    /// walk then creates what is missing or says what is wrong.
+    fn beneath(&self, dirs: &[&OsStr]) -> Option<OwnedFd> {
+        static NO_OPENAT2: AtomicBool = AtomicBool::new(false);
+        if NO_OPENAT2.load(Ordering::Relaxed) {
+            return None;
+        }
+        let mut rel = Vec::with_capacity(dirs.iter().map(|c| c.len() + 1).sum::<usize>() + 1);
+        for c in dirs {
+            rel.extend_from_slice(c.as_bytes());
+            rel.push(b'/');
+        }
+        rel.push(b'.');
+        let resolve = rfs::ResolveFlags::BENEATH
+            | rfs::ResolveFlags::NO_SYMLINKS
+            | rfs::ResolveFlags::NO_MAGICLINKS;
+        let flags = OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC;
+        match rfs::openat2(
+            &self.root,
+            OsStr::from_bytes(&rel),
+            flags,
+            Mode::empty(),
+            resolve,
+        ) {
+            Ok(fd) => Some(fd),
+            Err(Errno::NOSYS | Errno::PERM) => {
+                NO_OPENAT2.store(true, Ordering::Relaxed);
+                None
+            }
+            Err(_) => None,
+        }
     }
 
     /// Records every directory this destination creates from now on in

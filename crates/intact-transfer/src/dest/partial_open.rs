@@ -93,11 +93,10 @@ pub(super) fn open_locked(
         // The holder before us may have renamed it to its final name (or
         // someone replaced it) between our open and our lock: the lock
         // counts only if the name is still this file.
-        if !names(dir, tmp, &fd) {
+        let Some(len) = named_size(dir, tmp, &fd) else {
             continue;
-        }
+        };
         let file = File::from(fd);
-        let len = file.metadata().map_err(|e| dest_err(path, e))?.len();
         if len > size {
             file.set_len(size).map_err(|e| dest_err(path, e))?;
         }
@@ -111,12 +110,19 @@ pub(super) fn open_locked(
 
 /// Whether `tmp` in `dir` is the file open as `fd` (not a symlink to it).
 pub(super) fn names(dir: &OwnedFd, tmp: &OsStr, fd: impl AsFd) -> bool {
+    named_size(dir, tmp, fd).is_some()
+}
+
+/// The length of the file open as `fd` if `tmp` in `dir` is that file.
+fn named_size(dir: &OwnedFd, tmp: &OsStr, fd: impl AsFd) -> Option<u64> {
     match (
         rfs::statat(dir, tmp, AtFlags::SYMLINK_NOFOLLOW),
         rfs::fstat(fd),
     ) {
-        (Ok(a), Ok(b)) => (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino),
-        _ => false,
+        (Ok(a), Ok(b)) if (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino) => {
+            Some(b.st_size.max(0) as u64)
+        }
+        _ => None,
     }
 }
 
