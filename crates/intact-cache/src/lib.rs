@@ -27,7 +27,7 @@ mod read;
 pub use backing::{backing, Backing};
 pub use evict::{evict, resident, start_writeback, Eviction, PAGE};
 pub use fiemap::{extents, physical_offset, Extent};
-pub use read::{DeviceReader, Prepared, ReadOutcome, ReadPath};
+pub use read::{prefetch, DeviceReader, Prepared, ReadOutcome, ReadPath};
 
 /// What went wrong, and in which system call.
 #[derive(Debug, thiserror::Error)]

@@ -84,6 +84,9 @@ pub struct DeviceReader {
     direct: Option<File>,
     backing: Backing,
     fallback: Option<String>,
+    /// The range [`DeviceReader::prefetch_if_cold`] found with no page
+    /// cached and asked the device for.
+    cold: Option<(u64, u64)>,
 }
 
 impl DeviceReader {
@@ -103,6 +106,7 @@ impl DeviceReader {
             direct: None,
             backing: backing(file)?,
             fallback: None,
+            cold: None,
         };
         if r.backing.in_memory() {
             r.path = ReadPath::Cached;
@@ -228,16 +232,7 @@ impl DeviceReader {
         if ev.resident == 0 {
             // Every page that enters the cache from now on comes from the
             // device: only this process writes the file.
-            let fd = file.as_raw_fd();
-            // SAFETY: plain syscall on a valid fd.
-            unsafe {
-                libc::posix_fadvise(
-                    fd,
-                    offset as libc::off_t,
-                    len as libc::off_t,
-                    libc::POSIX_FADV_WILLNEED,
-                )
-            };
+            prefetch(file, offset, len as u64);
         }
         Ok(Prepared {
             evicted: Some((ev.resident, evict_time)),
@@ -268,8 +263,36 @@ impl DeviceReader {
         }
     }
 
+    /// For a file not read yet: if no page of `offset..offset + len` is in
+    /// the page cache now, asks the kernel to read the range from the
+    /// device in the background (`POSIX_FADV_WILLNEED`) and returns true.
+    /// [`DeviceReader::read_if_cold`] then counts a read inside that range
+    /// as a device read without asking again: every page that entered the
+    /// cache since came from the device, as after an eviction (a writer of
+    /// the file meanwhile changes its bytes, which the caller's check that
+    /// the file is unchanged after its reads finds). Returns false, and
+    /// asks for nothing, when a page is cached or there is no device.
+    pub fn prefetch_if_cold(
+        &mut self,
+        file: &File,
+        offset: u64,
+        len: u64,
+    ) -> std::io::Result<bool> {
+        if self.path == ReadPath::Cached
+            || !self.backing.has_device()
+            || len == 0
+            || crate::resident(file, offset, len)? != 0
+        {
+            return Ok(false);
+        }
+        prefetch(file, offset, len);
+        self.cold = Some((offset, len));
+        Ok(true)
+    }
+
     /// Reads `len` bytes at `offset` into `buf[..len]` only if none of
-    /// their pages is in the page cache now (`mincore`): then every byte
+    /// their pages is in the page cache now (`cachestat`), or they lie in
+    /// the range [`DeviceReader::prefetch_if_cold`] found cold: then every byte
     /// comes from the device, as after an eviction, and the read counts as
     /// a device read (on the evict path readahead is off, so it does not
     /// pull in the next range either). Returns None, having read
@@ -282,7 +305,12 @@ impl DeviceReader {
         len: usize,
         buf: &mut [u8],
     ) -> std::io::Result<Option<ReadOutcome>> {
-        if self.path == ReadPath::Cached || crate::resident(file, offset, len as u64)? != 0 {
+        let prefetched = self
+            .cold
+            .is_some_and(|(at, n)| offset >= at && offset + len as u64 <= at + n);
+        if self.path == ReadPath::Cached
+            || (!prefetched && crate::resident(file, offset, len as u64)? != 0)
+        {
             return Ok(None);
         }
         file.read_exact_at(&mut buf[..len], offset)?;
@@ -338,6 +366,21 @@ impl DeviceReader {
 
 /// Whether a read can go through O_DIRECT: page-aligned offset and buffer,
 /// and room for the length rounded up to a page.
+/// Asks the kernel to read `offset..offset + len` of `file` into the page
+/// cache in the background (best effort: a failure only means the later
+/// read waits).
+pub fn prefetch(file: &File, offset: u64, len: u64) {
+    // SAFETY: plain syscall on a valid fd.
+    unsafe {
+        libc::posix_fadvise(
+            file.as_raw_fd(),
+            offset as libc::off_t,
+            len as libc::off_t,
+            libc::POSIX_FADV_WILLNEED,
+        )
+    };
+}
+
 fn direct_fits(offset: u64, len: usize, buf: &[u8]) -> bool {
     let alen = (len as u64).div_ceil(PAGE) as usize * PAGE as usize;
     offset % PAGE == 0 && buf.as_ptr() as usize % PAGE as usize == 0 && buf.len() >= alen

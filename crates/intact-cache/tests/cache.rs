@@ -213,6 +213,50 @@ fn an_unaligned_offset_is_read_from_the_device_by_eviction_instead() {
     assert!(out.device);
 }
 
+/// A prefetch counts a later read as a device read only where it found
+/// the file cold: the device holds a wrong byte in every page, so the
+/// bytes read say where they came from.
+#[test]
+fn a_prefetched_read_counts_as_a_device_read_only_when_the_file_was_cold() {
+    const T: &str = "a_prefetched_read_counts_as_a_device_read_only_when_the_file_was_cold";
+    let Some(fs) = loop_ext4(T, 64) else {
+        return;
+    };
+    let path = fs.mnt().join("f");
+    let size = 40_000usize;
+    let data = write_file(&path, size);
+    let f = File::open(&path).unwrap();
+    fs.flip_every_page_under(&f, 0, size as u64).unwrap();
+    let mut buf = AlignedBuf::new(size);
+    // Cached (the right bytes): no prefetch, and no cold read.
+    let mut r = DeviceReader::new(&f, ReadPath::Evict).unwrap();
+    assert!(resident(&f, 0, size as u64).unwrap() > 0);
+    assert!(!r.prefetch_if_cold(&f, 0, size as u64).unwrap());
+    assert!(r.read_if_cold(&f, 0, size, &mut buf).unwrap().is_none());
+    // Evicted: the prefetch brings the device's bytes in, and a read of
+    // any part of the range, though its pages are cached by then, counts
+    // as a device read; the bytes prove it.
+    assert_eq!(evict(&f, 0, size as u64).unwrap().resident, 0);
+    let mut r = DeviceReader::new(&f, ReadPath::Evict).unwrap();
+    assert!(r.prefetch_if_cold(&f, 0, size as u64).unwrap());
+    let out = r
+        .read_if_cold(&f, 8192, 20_000, &mut buf)
+        .unwrap()
+        .expect("a read inside the cold range is a device read");
+    assert!(out.device);
+    assert!(
+        buf[..20_000] == flipped(&data)[8192..28_192],
+        "the prefetched read was not the device's bytes"
+    );
+    // A new reader finds the pages cached now: no prefetch, no cold read.
+    let mut r = DeviceReader::new(&f, ReadPath::Evict).unwrap();
+    assert!(
+        !r.prefetch_if_cold(&f, 0, size as u64).unwrap(),
+        "cached now"
+    );
+    assert!(r.read_if_cold(&f, 0, 4096, &mut buf).unwrap().is_none());
+}
+
 #[test]
 fn tmpfs_has_no_device() {
     let Some(tmp) = intact_testkit::tmpfs("tmpfs_has_no_device") else {

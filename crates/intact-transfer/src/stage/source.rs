@@ -42,6 +42,11 @@ impl Buffers {
     }
 }
 
+/// The largest file [`SourceFile::prefetch`] reads ahead: small files
+/// are where waiting for each read dominates; larger ones are read in
+/// large blocks anyway.
+pub(crate) const PREFETCH_MAX: u64 = 1 << 20;
+
 /// A block read for sending: its bytes (moved into the message as they
 /// are), the digest that travels with it, and the level that digest's
 /// read reached.
@@ -99,6 +104,25 @@ impl SourceFile {
             mode,
             device,
         })
+    }
+
+    /// Starts reading a small file (up to [`PREFETCH_MAX`] bytes) from
+    /// storage in the background, before its blocks are asked for, so
+    /// that the reads of many small files overlap instead of waiting one
+    /// by one. In `riva` only a file with no page cached is prefetched,
+    /// and its reads then count as device reads (see
+    /// [`DeviceReader::prefetch_if_cold`]); a cached one is read as before.
+    pub(crate) fn prefetch(&mut self) {
+        if self.size == 0 || self.size > PREFETCH_MAX {
+            return;
+        }
+        match &mut self.device {
+            // Best effort: a failed residency check only means no prefetch.
+            Some((reader, _)) => {
+                let _ = reader.prefetch_if_cold(&self.file, 0, self.size);
+            }
+            None => intact_cache::prefetch(&self.file, 0, self.size),
+        }
     }
 
     /// The open file.

@@ -175,7 +175,10 @@ impl<'a> Stream<'a> {
                     opts.require_level == Some(VerifyLevel::Device),
                 )
             }) {
-                Ok(f) => (EntryKind::File, Some(f)),
+                Ok(mut f) => {
+                    self.ctx.profile.time(Stage::Open, || f.prefetch());
+                    (EntryKind::File, Some(f))
+                }
                 Err(err) => {
                     let mut r = report;
                     r.level = None;
