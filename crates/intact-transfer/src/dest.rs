@@ -462,11 +462,8 @@ impl PartialFile {
                 ),
             ));
         }
-        if let Ok(st) = rfs::statat(&self.dir, &self.name, AtFlags::SYMLINK_NOFOLLOW) {
-            if rfs::FileType::from_raw_mode(st.st_mode) == rfs::FileType::Directory {
-                return Err(dest_err(p, Errno::ISDIR));
-            }
-        }
+        // A directory at the final name stays: rename(2) refuses to put a
+        // file over one (EISDIR).
         rfs::renameat(&self.dir, &self.tmp, &self.dir, &self.name).map_err(|e| dest_err(p, e))
     }
 }

@@ -351,6 +351,24 @@ fn destination_paths_never_pass_through_a_symlink() {
 }
 
 #[test]
+fn a_directory_at_a_files_name_is_kept_and_the_file_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("tree");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("x.dat"), b"payload").unwrap();
+    fs::write(src.join("y.dat"), b"other").unwrap();
+    let dst = dir.path().join("dst");
+    fs::create_dir_all(dst.join("tree/x.dat")).unwrap();
+    fs::write(dst.join("tree/x.dat/keep"), b"kept").unwrap();
+    let r = run(&src, &dst, &opts(VerifyMode::Block));
+    assert_eq!(r.failed, 1, "{:?}", r.files);
+    let x = r.files.iter().find(|f| f.path.ends_with("x.dat")).unwrap();
+    assert!(x.error.is_some(), "{x:?}");
+    assert_eq!(fs::read(dst.join("tree/x.dat/keep")).unwrap(), b"kept");
+    assert_eq!(fs::read(dst.join("tree/y.dat")).unwrap(), b"other");
+}
+
+#[test]
 fn intact_state_names_are_reserved_at_the_destination() {
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path().join(".intact");

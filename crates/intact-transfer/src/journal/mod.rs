@@ -316,9 +316,9 @@ impl Journal {
         session: Option<[u8; 16]>,
     ) -> Result<i64, TransferError> {
         let db = self.begun()?;
-        db.prepare_cached(
-            "DELETE FROM blocks WHERE file IN (SELECT id FROM files WHERE path = ?1)",
-        )
+        // A scalar subquery (the path is unique): `IN (SELECT …)` would
+        // build a temporary table per call.
+        db.prepare_cached("DELETE FROM blocks WHERE file = (SELECT id FROM files WHERE path = ?1)")
         .and_then(|mut st| st.execute(params![path]))
         .map_err(db_err)?;
         db.prepare_cached(
