@@ -13,7 +13,7 @@
 //!   re-read). t_t = total / n, n = blocks per stream.
 //! - t_c and t_e, the checksum and eviction stages: a pass over the tree
 //!   the `none` run just wrote that does what riva's verifier does per
-//!   block and nothing else (flush, evict and confirm with mincore, read
+//!   block and nothing else (flush, evict and confirm the residency, read
 //!   back, XXH3-128; batches of up to 8 MiB; one thread per stream, files
 //!   handed out in order), timing eviction and read + hash apart.
 //!
@@ -260,7 +260,7 @@ fn print_rows(rows: &[Row], storage: &str) {
 
 /// What the verify pass measured.
 struct Pass {
-    /// Seconds, all threads summed: eviction (flush, drop, mincore).
+    /// Seconds, all threads summed: eviction (flush, drop, residency count).
     evict: f64,
     /// Seconds, all threads summed: read back and hash.
     read_hash: f64,

@@ -5,8 +5,9 @@
 //! This crate makes a verification read reach the device and proves it did:
 //!
 //! - [`evict`] flushes a byte range (dirty pages cannot be dropped), drops
-//!   it with `POSIX_FADV_DONTNEED`, and confirms with `mincore` on a mapping
-//!   of the range, a bounded number of rounds; it returns an [`Eviction`]
+//!   it with `POSIX_FADV_DONTNEED`, and confirms with [`resident`]
+//!   (`cachestat`, or `mincore` where the kernel lacks it), a bounded
+//!   number of rounds; it returns an [`Eviction`]
 //!   that counts the pages still resident. [`resident`] only counts.
 //! - [`ReadPath`] is how a verification read reaches the data: evict then
 //!   read, `O_DIRECT`, or the cache. It is a value to choose, log and report.

@@ -13,7 +13,7 @@ use crate::{backing, evict, Backing, CacheError, PAGE};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ReadPath {
-    /// Flush and evict the range (confirmed by `mincore`), then a buffered
+    /// Flush and evict the range (confirmed by [`crate::resident`]), then a buffered
     /// read, which must fetch every page from the device. Works on every
     /// local file system and proves itself page by page.
     #[default]
@@ -215,7 +215,7 @@ impl DeviceReader {
     }
 
     /// Batched reads, step 2 of 3: evicts the range (waiting for its
-    /// writeback) and, once `mincore` confirms it gone, asks the kernel to
+    /// writeback) and, once [`crate::resident`] confirms it gone, asks the kernel to
     /// read it back from the device in the background.
     pub fn evict_then_prefetch(
         &mut self,

@@ -162,7 +162,7 @@ pub enum VerifyLevel {
     /// cache: a device that stored other bytes would go unnoticed.
     Cache,
     /// Every block was re-read from the device (after an eviction that
-    /// `mincore` confirmed, or through `O_DIRECT`) at both ends, and matched.
+    /// a residency count confirmed, or through `O_DIRECT`) at both ends, and matched.
     Device,
 }
 

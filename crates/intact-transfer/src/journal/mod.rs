@@ -319,8 +319,8 @@ impl Journal {
         // A scalar subquery (the path is unique): `IN (SELECT …)` would
         // build a temporary table per call.
         db.prepare_cached("DELETE FROM blocks WHERE file = (SELECT id FROM files WHERE path = ?1)")
-        .and_then(|mut st| st.execute(params![path]))
-        .map_err(db_err)?;
+            .and_then(|mut st| st.execute(params![path]))
+            .map_err(db_err)?;
         db.prepare_cached(
             "INSERT INTO files (path, size, mtime_sec, mtime_nsec, block_size, done, level, mode, at, digest, session, session_at)
              VALUES (?1, ?2, ?3, ?4, ?5, 0, 0, 0, 0, NULL, ?6, ?7)
