@@ -269,8 +269,8 @@ impl DeviceReader {
     /// [`DeviceReader::read_if_cold`] then counts a read inside that range
     /// as a device read without asking again: every page that entered the
     /// cache since came from the device, as after an eviction (a writer of
-    /// the file meanwhile changes its bytes, which the caller's check that
-    /// the file is unchanged after its reads finds). Returns false, and
+    /// the file meanwhile changes its bytes, and its ctime, which the
+    /// caller compares after its reads). Returns false, and
     /// asks for nothing, when a page is cached or there is no device.
     pub fn prefetch_if_cold(
         &mut self,
@@ -364,8 +364,6 @@ impl DeviceReader {
     }
 }
 
-/// Whether a read can go through O_DIRECT: page-aligned offset and buffer,
-/// and room for the length rounded up to a page.
 /// Asks the kernel to read `offset..offset + len` of `file` into the page
 /// cache in the background (best effort: a failure only means the later
 /// read waits).
@@ -381,6 +379,8 @@ pub fn prefetch(file: &File, offset: u64, len: u64) {
     };
 }
 
+/// Whether a read can go through O_DIRECT: page-aligned offset and buffer,
+/// and room for the length rounded up to a page.
 fn direct_fits(offset: u64, len: usize, buf: &[u8]) -> bool {
     let alen = (len as u64).div_ceil(PAGE) as usize * PAGE as usize;
     offset % PAGE == 0 && buf.as_ptr() as usize % PAGE as usize == 0 && buf.len() >= alen

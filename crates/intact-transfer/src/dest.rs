@@ -21,10 +21,13 @@ mod partial_open;
 
 pub use created::CreatedDirs;
 
-/// The receiving root. Paths are resolved component by component with
-/// `openat(O_DIRECTORY | O_NOFOLLOW)`, so a symlink anywhere on the way,
-/// even one planted inside the root, ends the operation instead of leading
-/// out of it.
+/// The receiving root. A path's directories are opened with one
+/// `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` from the root, or,
+/// where that fails (a directory to create, an error to name, a kernel
+/// without it), component by component with `openat(O_DIRECTORY |
+/// O_NOFOLLOW)`: either way a symlink anywhere on the way, even one
+/// planted inside the root, ends the operation instead of leading out of
+/// it.
 pub struct Destination {
     root: OwnedFd,
     /// Where the directories this destination creates are recorded (a

@@ -275,7 +275,10 @@ pub(crate) fn source_read_error(e: &SourceEntry, err: std::io::Error) -> Transfe
 }
 
 /// Fails if `e` changed (its size or mtime) since it was scanned.
-pub(crate) fn check_unchanged(source: &File, e: &SourceEntry) -> Result<(), TransferError> {
+pub(crate) fn check_unchanged(
+    source: &File,
+    e: &SourceEntry,
+) -> Result<std::fs::Metadata, TransferError> {
     let m = source.metadata().map_err(|err| TransferError::Source {
         path: e.abs.clone(),
         source: err,
@@ -292,5 +295,5 @@ pub(crate) fn check_unchanged(source: &File, e: &SourceEntry) -> Result<(), Tran
             what: "it was modified",
         });
     }
-    Ok(())
+    Ok(m)
 }

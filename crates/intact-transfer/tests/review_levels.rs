@@ -238,3 +238,70 @@ fn direct_reads_on_data_journal_ext4_are_not_device() {
     assert_eq!(r.failed, 0, "{:?}", f.error);
     assert_eq!(f.level, Some(VerifyLevel::Cache), "{f:#?}");
 }
+
+/// A cold small source is prefetched, and its reads then count as device
+/// reads without asking the cache again. A writer that changes the source
+/// while it is sent, and sets its mtime back, puts its own pages in the
+/// cache: those reads no longer come from the device. The test writes the
+/// source itself (after the first block is written at the destination),
+/// and the file must not be reported at device.
+#[test]
+fn a_source_rewritten_during_its_send_keeping_its_mtime_is_not_reported_at_device() {
+    const T: &str =
+        "a_source_rewritten_during_its_send_keeping_its_mtime_is_not_reported_at_device";
+    if !usable(T) {
+        return;
+    }
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let lfs = LoopFs::new(tmp, 64).unwrap();
+    let src_dir = lfs.mnt().join("src");
+    fs::create_dir_all(&src_dir).unwrap();
+    let src = src_dir.join("data.bin");
+    let data = intact_sample::bytes(SIZE, 23);
+    fs::write(&src, &data).unwrap();
+    // Cold: synced and dropped from the cache (the fact, counted).
+    let f = fs::File::open(&src).unwrap();
+    f.sync_all().unwrap();
+    assert_eq!(
+        intact_cache::evict(&f, 0, SIZE as u64).unwrap().resident,
+        0,
+        "the source is cold"
+    );
+    drop(f);
+    let written = Arc::new(AtomicBool::new(false));
+    let hook_src = src.clone();
+    let hook_written = Arc::clone(&written);
+    let o = intact_transfer::CopyOptions {
+        verify: VerifyMode::Riva,
+        block_size: BS,
+        streams: 1,
+        retries: 2,
+        after_write: Some(Arc::new(
+            move |_f: &fs::File, _p: &str, index, _off, _len| {
+                if index == 0 && !hook_written.swap(true, Ordering::SeqCst) {
+                    // The last block's bytes, rewritten as they are (the
+                    // content stays; only a writer's pages are now cached).
+                    let last = (SIZE - 100) as u64;
+                    let same = fs::read(&hook_src).unwrap()[last as usize..].to_vec();
+                    rewrite_keeping_mtime(&hook_src, last, &same);
+                }
+            },
+        )),
+        ..intact_transfer::CopyOptions::default()
+    };
+    let dst = lfs.mnt().join("dst");
+    let r = intact_transfer::copy(&[src], &dst, &o, &|_| {}).unwrap();
+    assert!(
+        written.load(Ordering::SeqCst),
+        "the hook never wrote the source"
+    );
+    let f = the_file(&r);
+    assert_ne!(
+        f.level,
+        Some(VerifyLevel::Device),
+        "a source written during its send was reported at device: {f:#?}"
+    );
+    assert_eq!(fs::read(dst.join("data.bin")).unwrap(), data);
+}

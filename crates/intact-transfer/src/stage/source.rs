@@ -12,7 +12,7 @@
 //! - Every other mode hashes the very bytes it sends (FIVER's rule).
 
 use std::fs::File;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::time::{Duration, Instant};
 
 use intact_cache::{DeviceReader, ReadPath};
@@ -66,6 +66,10 @@ pub(crate) struct SourceFile {
     mode: VerifyMode,
     /// `riva`: the device reader and what its reads did.
     device: Option<(DeviceReader, DeviceStats)>,
+    /// The file's ctime when it was opened (seconds, nanoseconds).
+    ctime: (i64, i64),
+    /// Its ctime was found changed after its reads.
+    status_changed: bool,
 }
 
 impl SourceFile {
@@ -84,7 +88,7 @@ impl SourceFile {
             source: err,
         };
         let file = File::open(&e.abs).map_err(src_err)?;
-        check_unchanged(&file, e)?;
+        let m = check_unchanged(&file, e)?;
         let device = if mode.reads_device() {
             let reader = DeviceReader::new(&file, read_path).map_err(|err| src_err(err.into()))?;
             if let (true, Some(why)) = (require_device, reader.backing().no_device_reason()) {
@@ -103,7 +107,19 @@ impl SourceFile {
             block_size: block_size as u64,
             mode,
             device,
+            ctime: (m.ctime(), m.ctime_nsec()),
+            status_changed: false,
         })
+    }
+
+    /// Fails if the file's size or mtime changed since the scan; notes a
+    /// changed ctime (a write that set its mtime back, a chmod): then a
+    /// page read may have been put in the cache by that writer, not read
+    /// from the device, and [`SourceFile::lower`] says so.
+    pub(crate) fn check_unchanged(&mut self, e: &SourceEntry) -> Result<(), TransferError> {
+        let m = check_unchanged(&self.file, e)?;
+        self.status_changed |= (m.ctime(), m.ctime_nsec()) != self.ctime;
+        Ok(())
     }
 
     /// Starts reading a small file (up to [`PREFETCH_MAX`] bytes) from
@@ -317,6 +333,12 @@ impl SourceFile {
     pub(crate) fn lower(&self, reached: &mut Reached) {
         if let Some((reader, stats)) = &self.device {
             stats.lower(reached, "source", reader.backing());
+            if self.status_changed {
+                reached.lower(
+                    VerifyLevel::Cache,
+                    "the source's status (ctime) changed while it was read: its reads are not shown to come from the device",
+                );
+            }
         }
     }
 }

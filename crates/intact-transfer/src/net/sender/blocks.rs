@@ -11,7 +11,6 @@ use intact_proto::{Block, FileEnd, Holding, Message};
 
 use super::stream::{Outgoing, Stream};
 use crate::profile::Stage;
-use crate::source::check_unchanged;
 use crate::source_cache::SourceDigest;
 use crate::TransferError;
 
@@ -94,11 +93,7 @@ impl Stream<'_> {
         id: u64,
         theirs: &[u8],
     ) -> Result<bool, TransferError> {
-        let cached = match (self.ctx.cache, &o.key) {
-            (Some(c), Some(k)) if !self.ctx.opts.reverify => c.get(k),
-            _ => None,
-        };
-        let (ours, from) = match cached {
+        let (ours, from) = match o.cached.take() {
             Some((d, recorded_at)) => (d, SourceDigest::Cache { recorded_at }),
             None => {
                 let start = SystemTime::now();
@@ -217,8 +212,8 @@ impl Stream<'_> {
     pub(super) fn end_file(&mut self, id: u64, o: &mut Outgoing) {
         let e = &self.ctx.entries[id as usize];
         let profile = self.ctx.profile;
-        if let Some(src) = &o.source {
-            if let Err(err) = profile.time(Stage::Open, || check_unchanged(src.file(), e)) {
+        if let Some(src) = &mut o.source {
+            if let Err(err) = profile.time(Stage::Open, || src.check_unchanged(e)) {
                 o.report.error = Some(err.to_string());
                 o.gave_up = Some(u64::MAX);
             }

@@ -42,6 +42,9 @@ pub(super) struct Outgoing {
     pub(super) digest: Option<[u8; 32]>,
     /// The source's cache key when it was opened, and when.
     pub(super) key: Option<SourceKey>,
+    /// The source-digest cache's digest for that key (and when it was
+    /// recorded), looked up when the file was begun.
+    pub(super) cached: Option<([u8; 32], i64)>,
     pub(super) opened_at: SystemTime,
 }
 
@@ -175,10 +178,7 @@ impl<'a> Stream<'a> {
                     opts.require_level == Some(VerifyLevel::Device),
                 )
             }) {
-                Ok(mut f) => {
-                    self.ctx.profile.time(Stage::Open, || f.prefetch());
-                    (EntryKind::File, Some(f))
-                }
+                Ok(f) => (EntryKind::File, Some(f)),
                 Err(err) => {
                     let mut r = report;
                     r.level = None;
@@ -220,10 +220,22 @@ impl<'a> Stream<'a> {
                 .profile
                 .time(Stage::Open, || SourceKey::of(f.file()).ok())
         });
+        // The source-digest cache's answer, looked up once; a file it can
+        // answer for may never be read (the receiver may hold it whole),
+        // so only the others are prefetched.
+        let cached = match (self.ctx.cache, &key) {
+            (Some(c), Some(k)) if !opts.reverify => self.ctx.profile.time(Stage::Open, || c.get(k)),
+            _ => None,
+        };
+        let mut source = source;
+        if let (Some(f), None) = (source.as_mut(), &cached) {
+            self.ctx.profile.time(Stage::Open, || f.prefetch());
+        }
         let mut o = Outgoing {
             streamed: None,
             digest: None,
             key,
+            cached,
             opened_at: SystemTime::now(),
             pending: 0,
             attempts: HashMap::new(),
