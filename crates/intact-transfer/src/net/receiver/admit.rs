@@ -231,7 +231,6 @@ impl Session<'_> {
         if !self.dest.is_created_dir(&e.path, &self.created) {
             return verified_because(
                 id,
-                0,
                 "the directory was already there: its mode and time are left as they are",
             );
         }
@@ -245,12 +244,12 @@ impl Session<'_> {
                 .dest
                 .finish_created_dir(&e.path, e.mode, mtime, &self.created)
             {
-                Ok(_) => verified_because(id, 0, ""),
+                Ok(_) => verified_because(id, ""),
                 Err(err) => failed(id, &err.to_string()),
             };
         }
         self.dir_bytes += len;
         self.dirs.push((e.path, e.mode, mtime));
-        verified_because(id, 0, "")
+        verified_because(id, "")
     }
 }

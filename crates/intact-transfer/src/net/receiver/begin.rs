@@ -38,7 +38,7 @@ pub(super) fn begin(
 ) -> Begun {
     let id = e.file;
     let result = |r: Result<(), TransferError>| match r {
-        Ok(()) => verified_because(id, 0, ""),
+        Ok(()) => verified_because(id, ""),
         Err(err) => failed(id, &err.to_string()),
     };
     let mtime = Mtime {

@@ -113,7 +113,10 @@ pub(super) fn commit_ready(
     if ready.is_empty() {
         return Ok(());
     }
+    // Files to rename, in the same order in all three: (id, path,
+    // result), their records, and what the commit needs.
     let mut meta = Vec::with_capacity(ready.len());
+    let mut records = Vec::with_capacity(ready.len());
     let mut batch = Vec::with_capacity(ready.len());
     let mut in_place = Vec::new();
     for (id, mut f) in ready.drain(..) {
@@ -154,7 +157,8 @@ pub(super) fn commit_ready(
         };
         match f.partial.take() {
             Some(partial) => {
-                meta.push((id, f.entry.path.to_string(), record, result));
+                meta.push((id, f.entry.path.to_string(), result));
+                records.push(record);
                 batch.push((partial, f.entry.mode, mtime));
             }
             None => in_place.push((id, f.entry.path.clone(), f.whole.held, record, result)),
@@ -172,30 +176,26 @@ pub(super) fn commit_ready(
         summary.fail(&path.to_string(), CHANGED_MEANWHILE);
         out.put(failed(id, CHANGED_MEANWHILE))?;
     }
-    let in_place: Vec<_> = in_place
-        .into_iter()
-        .map(|(id, _, _, record, result)| (id, record, result))
-        .collect();
     let results = {
         let _working = working.now();
         profile.time(Stage::Commit, || dest.commit_batch(batch))
     };
-    let mut done: Vec<DoneFile> = meta
-        .iter()
+    let mut done: Vec<DoneFile> = records
+        .into_iter()
         .zip(&results)
         .filter(|(_, r)| r.is_ok())
-        .map(|((_, _, record, _), _)| record.clone())
+        .map(|(record, _)| record)
         .collect();
-    done.extend(in_place.iter().map(|(_, record, _)| record.clone()));
+    let mut answered = Vec::with_capacity(in_place.len());
+    for (id, _, _, record, result) in in_place {
+        done.push(record);
+        answered.push(((id, String::new(), result), Ok(())));
+    }
     // A journal failure does not undo a durable, verified file; it only
     // means a later send may move it again.
     let _ = profile.time(Stage::Journal, || journal.done_batch(&done));
-    let outcomes = meta.into_iter().zip(results).chain(
-        in_place
-            .into_iter()
-            .map(|(id, record, result)| ((id, String::new(), record, result), Ok(()))),
-    );
-    for ((id, path, _, result), r) in outcomes {
+    let outcomes = meta.into_iter().zip(results).chain(answered);
+    for ((id, path, result), r) in outcomes {
         let msg = match r {
             Ok(()) => {
                 summary.verified += 1;
@@ -238,9 +238,10 @@ pub(super) fn verified(file: u64, level: VerifyLevel, note: &str) -> FileResult 
     }
 }
 
-pub(super) fn verified_because(file: u64, level: u8, why: &str) -> Message {
-    let level = VerifyLevel::from_wire_id(level).unwrap_or(VerifyLevel::None);
-    Message::FileResult(verified(file, level, why))
+/// The result of an entry that holds no data to verify (a directory, a
+/// symlink): done, at level none, with why if there is more to say.
+pub(super) fn verified_because(file: u64, why: &str) -> Message {
+    Message::FileResult(verified(file, VerifyLevel::None, why))
 }
 
 pub(super) fn failed(file: u64, why: &str) -> Message {
