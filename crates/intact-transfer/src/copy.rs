@@ -274,7 +274,7 @@ fn copy_state(root: &Path) -> Result<PathBuf, TransferError> {
         let name = blake3::hash(canonical.as_os_str().as_bytes()).to_hex();
         let dir = private(&copies.join(&name.as_str()[..32])).ok()?;
         // Which destination it is for, so that it can go once DST is gone.
-        std::fs::write(dir.join(DESTINATION), canonical.as_os_str().as_bytes()).ok()?;
+        name_destination(&dir, &canonical).ok()?;
         Some(dir)
     });
     match in_home {
@@ -289,6 +289,24 @@ fn copy_state(root: &Path) -> Result<PathBuf, TransferError> {
 /// The file in a copy's state directory that names its destination.
 const DESTINATION: &str = "destination";
 
+/// Writes `dest` into `dir`'s [`DESTINATION`] file, whole or not at all: a
+/// concurrent [`forget_gone`] must never read it empty or in part (it would
+/// take DST for gone and remove this state before its copy locks it).
+fn name_destination(dir: &Path, dest: &Path) -> std::io::Result<()> {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let bytes = dest.as_os_str().as_bytes();
+    let path = dir.join(DESTINATION);
+    if std::fs::read(&path).is_ok_and(|b| b == bytes) {
+        return Ok(());
+    }
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!("{DESTINATION}.{}.{n}", std::process::id()));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, &path).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
+}
+
 /// Removes the state of copies whose destination no longer exists (and
 /// that no copy holds now): a removed DST leaves nothing behind for long.
 fn forget_gone(copies: &Path) {
@@ -300,6 +318,9 @@ fn forget_gone(copies: &Path) {
             continue;
         };
         let dest = Path::new(std::ffi::OsStr::from_bytes(&dest));
+        if !dest.is_absolute() {
+            continue;
+        }
         let gone = matches!(std::fs::symlink_metadata(dest), Err(e) if e.kind() == std::io::ErrorKind::NotFound);
         if !gone {
             continue;
