@@ -84,9 +84,10 @@ pub struct DeviceReader {
     direct: Option<File>,
     backing: Backing,
     fallback: Option<String>,
-    /// The range [`DeviceReader::prefetch_if_cold`] found with no page
-    /// cached and asked the device for.
-    cold: Option<(u64, u64)>,
+    /// What [`DeviceReader::prefetch_if_cold`] found of its range: true,
+    /// no page cached (and the device asked for it); false, some page
+    /// cached.
+    cold: Option<(u64, u64, bool)>,
 }
 
 impl DeviceReader {
@@ -271,23 +272,23 @@ impl DeviceReader {
     /// cache since came from the device, as after an eviction (a writer of
     /// the file meanwhile changes its bytes, and its ctime, which the
     /// caller compares after its reads). Returns false, and
-    /// asks for nothing, when a page is cached or there is no device.
+    /// asks for nothing, when a page is cached (reads inside the range then
+    /// take the eviction path without asking again) or there is no device.
     pub fn prefetch_if_cold(
         &mut self,
         file: &File,
         offset: u64,
         len: u64,
     ) -> std::io::Result<bool> {
-        if self.path == ReadPath::Cached
-            || !self.backing.has_device()
-            || len == 0
-            || crate::resident(file, offset, len)? != 0
-        {
+        if self.path == ReadPath::Cached || !self.backing.has_device() || len == 0 {
             return Ok(false);
         }
-        prefetch(file, offset, len);
-        self.cold = Some((offset, len));
-        Ok(true)
+        let cold = crate::resident(file, offset, len)? == 0;
+        if cold {
+            prefetch(file, offset, len);
+        }
+        self.cold = Some((offset, len, cold));
+        Ok(cold)
     }
 
     /// Reads `len` bytes at `offset` into `buf[..len]` only if none of
@@ -305,12 +306,18 @@ impl DeviceReader {
         len: usize,
         buf: &mut [u8],
     ) -> std::io::Result<Option<ReadOutcome>> {
-        let prefetched = self
+        // Inside the prefetch's range its answer stands: cold, a device
+        // read; warm, not asked again (a page cached then may still be).
+        let known = self
             .cold
-            .is_some_and(|(at, n)| offset >= at && offset + len as u64 <= at + n);
-        if self.path == ReadPath::Cached
-            || (!prefetched && crate::resident(file, offset, len as u64)? != 0)
-        {
+            .filter(|(at, n, _)| offset >= *at && offset + len as u64 <= at + n)
+            .map(|(_, _, cold)| cold);
+        let cold = match known {
+            _ if self.path == ReadPath::Cached => false,
+            Some(cold) => cold,
+            None => crate::resident(file, offset, len as u64)? == 0,
+        };
+        if !cold {
             return Ok(None);
         }
         file.read_exact_at(&mut buf[..len], offset)?;

@@ -114,15 +114,10 @@ pub struct Profile {
 impl Profile {
     /// Adds one run of `stage` that took `took`.
     pub fn add(&self, stage: Stage, took: Duration) {
-        self.add_many(stage, took, 1);
-    }
-
-    /// Adds `calls` runs of `stage` that took `took` in all.
-    pub fn add_many(&self, stage: Stage, took: Duration, calls: u64) {
         let i = stage.slot();
         let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
         self.nanos[i].fetch_add(nanos, Ordering::Relaxed);
-        self.calls[i].fetch_add(calls, Ordering::Relaxed);
+        self.calls[i].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Runs `f` as one run of `stage`.
@@ -193,7 +188,8 @@ mod tests {
     fn sums_per_stage_and_lists_only_what_ran() {
         let p = Profile::default();
         p.add(Stage::Write, Duration::from_millis(3));
-        p.add_many(Stage::Write, Duration::from_millis(4), 2);
+        p.add(Stage::Write, Duration::from_millis(1));
+        p.add(Stage::Write, Duration::from_millis(3));
         let got = p.time(Stage::Read, || 7);
         assert_eq!(got, 7);
         let s = p.stages();

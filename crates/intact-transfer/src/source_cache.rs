@@ -113,14 +113,18 @@ pub struct SourceKey {
 impl SourceKey {
     /// The key of the open file `f` now.
     pub fn of(f: &File) -> std::io::Result<SourceKey> {
-        let m = f.metadata()?;
-        Ok(SourceKey {
+        Ok(SourceKey::of_metadata(&f.metadata()?))
+    }
+
+    /// The key of a file whose status is `m`.
+    pub fn of_metadata(m: &std::fs::Metadata) -> SourceKey {
+        SourceKey {
             dev: m.dev(),
             ino: m.ino(),
             size: m.len(),
             mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
             ctime_ns: i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec()),
-        })
+        }
     }
 
     /// Whether the ctime is old enough, against a read that started at

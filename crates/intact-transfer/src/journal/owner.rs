@@ -9,7 +9,7 @@
 
 use rusqlite::{params, OptionalExtension};
 
-use super::{db_err, unix_now, Journal};
+use super::{db_err, Journal};
 use crate::TransferError;
 
 /// The session recorded for a file, and when it took the file.
@@ -41,18 +41,6 @@ impl Journal {
         Ok(())
     }
 
-    /// Records that `session` (None: a receiver outside any server
-    /// session) took file row `id`'s lock now.
-    pub fn claim(&self, id: i64, session: Option<[u8; 16]>) -> Result<(), TransferError> {
-        self.db()
-            .execute(
-                "UPDATE files SET session = ?2, session_at = ?3 WHERE id = ?1",
-                params![id, session.map(|s| s.to_vec()), unix_now()],
-            )
-            .map_err(db_err)?;
-        Ok(())
-    }
-
     /// The session recorded for `path`, if any.
     pub fn owner(&self, path: &[u8]) -> Result<Option<Owner>, TransferError> {
         let row: Option<(Option<Vec<u8>>, i64)> = self
@@ -74,6 +62,7 @@ impl Journal {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::journal::unix_now;
 
     #[test]
     fn the_session_that_takes_a_file_is_recorded_and_replaced_by_the_next() {
@@ -82,13 +71,13 @@ mod tests {
         let id = j.start(b"a/f", 10, (0, 0), 4096, None).unwrap();
         assert_eq!(j.owner(b"a/f").unwrap(), None, "nobody yet");
         let t0 = unix_now();
-        j.claim(id, Some([1; 16])).unwrap();
+        j.reopen(id, Some([1; 16])).unwrap();
         let first = j.owner(b"a/f").unwrap().expect("recorded");
         assert_eq!(first.session, [1; 16]);
         assert!(first.since >= t0);
-        j.claim(id, Some([2; 16])).unwrap();
+        j.reopen(id, Some([2; 16])).unwrap();
         assert_eq!(j.owner(b"a/f").unwrap().unwrap().session, [2; 16]);
-        j.claim(id, None).unwrap();
+        j.reopen(id, None).unwrap();
         assert_eq!(j.owner(b"a/f").unwrap(), None);
         // Started again, or reopened: the session that does it holds it.
         j.start(b"a/f", 10, (0, 0), 4096, Some([3; 16])).unwrap();

@@ -12,7 +12,7 @@
 //! - Every other mode hashes the very bytes it sends (FIVER's rule).
 
 use std::fs::File;
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
 use intact_cache::{DeviceReader, ReadPath};
@@ -21,6 +21,7 @@ use rustix::buffer::spare_capacity;
 use rustix::io::Errno;
 
 use crate::source::{check_unchanged, source_read_error};
+use crate::source_cache::SourceKey;
 use crate::verify::{DeviceStats, Reached, VerifyLevel, VerifyMode};
 use crate::{SourceEntry, TransferError};
 
@@ -66,8 +67,8 @@ pub(crate) struct SourceFile {
     mode: VerifyMode,
     /// `riva`: the device reader and what its reads did.
     device: Option<(DeviceReader, DeviceStats)>,
-    /// The file's ctime when it was opened (seconds, nanoseconds).
-    ctime: (i64, i64),
+    /// The version opened (its ctime included).
+    key: SourceKey,
     /// Its ctime was found changed after its reads.
     status_changed: bool,
 }
@@ -107,7 +108,7 @@ impl SourceFile {
             block_size: block_size as u64,
             mode,
             device,
-            ctime: (m.ctime(), m.ctime_nsec()),
+            key: SourceKey::of_metadata(&m),
             status_changed: false,
         })
     }
@@ -118,8 +119,14 @@ impl SourceFile {
     /// from the device, and [`SourceFile::lower`] says so.
     pub(crate) fn check_unchanged(&mut self, e: &SourceEntry) -> Result<(), TransferError> {
         let m = check_unchanged(&self.file, e)?;
-        self.status_changed |= (m.ctime(), m.ctime_nsec()) != self.ctime;
+        // Size and mtime are as scanned: a different key is a new ctime.
+        self.status_changed |= SourceKey::of_metadata(&m) != self.key;
         Ok(())
+    }
+
+    /// The version of the file opened, for the source-digest cache.
+    pub(crate) fn key(&self) -> SourceKey {
+        self.key
     }
 
     /// Starts reading a small file (up to [`PREFETCH_MAX`] bytes) from
@@ -162,18 +169,17 @@ impl SourceFile {
         (offset, (self.size - offset).min(self.block_size) as usize)
     }
 
-    /// Reads block `index` through the cache into `buf`; returns its length.
+    /// Reads block `index` through the cache into `buf`.
     fn read_cached(
         &self,
         e: &SourceEntry,
         index: u64,
         buf: &mut AlignedBuf,
-    ) -> Result<usize, TransferError> {
+    ) -> Result<(), TransferError> {
         let (offset, len) = self.range(index);
         self.file
             .read_exact_at(&mut buf[..len], offset)
-            .map_err(|err| source_read_error(e, err))?;
-        Ok(len)
+            .map_err(|err| source_read_error(e, err))
     }
 
     /// `riva`: reads block `index` from the device into `buf`; whether the

@@ -215,20 +215,19 @@ impl<'a> Stream<'a> {
         self.in_flight += e.size;
         let mut report = report;
         report.read_path = source.as_ref().and_then(SourceFile::read_path);
-        let key = source.as_ref().and_then(|f| {
-            self.ctx
-                .profile
-                .time(Stage::Open, || SourceKey::of(f.file()).ok())
-        });
+        let key = source.as_ref().map(SourceFile::key);
         // The source-digest cache's answer, looked up once; a file it can
         // answer for may never be read (the receiver may hold it whole),
-        // so only the others are prefetched.
+        // so only the others are prefetched. `--reverify` in riva reads a
+        // held file from the device after an eviction: a prefetch would
+        // only be read twice.
         let cached = match (self.ctx.cache, &key) {
             (Some(c), Some(k)) if !opts.reverify => self.ctx.profile.time(Stage::Open, || c.get(k)),
             _ => None,
         };
         let mut source = source;
-        if let (Some(f), None) = (source.as_mut(), &cached) {
+        let reread_anyway = opts.reverify && opts.verify.reads_device();
+        if let (Some(f), None, false) = (source.as_mut(), &cached, reread_anyway) {
             self.ctx.profile.time(Stage::Open, || f.prefetch());
         }
         let mut o = Outgoing {
