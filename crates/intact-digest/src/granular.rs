@@ -32,6 +32,15 @@ pub fn page_crcs(data: &[u8]) -> Vec<u32> {
     out
 }
 
+/// CRC-32C of every 4 KiB page of `data`, in order, as little-endian
+/// bytes (4 per page): the form a catalog stores beside a block's digest.
+/// Sequential: one block at a time, on the caller's thread.
+pub fn page_crc_blob(data: &[u8]) -> Vec<u8> {
+    data.chunks(PAGE_SIZE)
+        .flat_map(|p| crc32c::crc32c(p).to_le_bytes())
+        .collect()
+}
+
 /// How to checksum one fixed-size piece of a stream.
 trait PieceSum: Sync {
     type State: Send;
@@ -233,5 +242,27 @@ impl Granular {
             pages: self.pages.map(Splitter::finish),
             len: self.len,
         }
+    }
+}
+
+#[cfg(test)]
+mod blob_tests {
+    use super::*;
+
+    #[test]
+    fn the_page_blob_holds_each_pages_crc_in_order() {
+        let data: Vec<u8> = (0..3 * PAGE_SIZE + 100).map(|i| (i * 7) as u8).collect();
+        let blob = page_crc_blob(&data);
+        assert_eq!(blob.len(), 4 * 4, "three whole pages and a short one");
+        let want: Vec<u8> = page_crcs(&data)
+            .into_iter()
+            .flat_map(u32::to_le_bytes)
+            .collect();
+        assert_eq!(blob, want);
+        assert_eq!(
+            &blob[12..16],
+            &crc32c::crc32c(&data[3 * PAGE_SIZE..]).to_le_bytes()
+        );
+        assert!(page_crc_blob(&[]).is_empty());
     }
 }

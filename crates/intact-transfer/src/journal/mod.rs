@@ -32,8 +32,10 @@ use rusqlite::{params, Connection, OptionalExtension};
 use crate::verify::{VerifyLevel, VerifyMode};
 use crate::TransferError;
 
+mod catalog;
 mod owner;
 
+pub use catalog::{CatalogFile, CatalogSummary, ScrubMark, ScrubPass, ScrubState};
 pub use owner::Owner;
 
 /// Directory under the root that holds intact's own state; paths from the
@@ -96,6 +98,10 @@ pub struct BlockRecord {
     pub digest: Vec<u8>,
     /// How and when it was verified.
     pub verified: VerifiedAt,
+    /// The CRC-32C of each 4 KiB page of the block, little-endian, computed
+    /// from the received bytes before their digest was checked (checksum
+    /// chaining: see `journal/catalog.rs`); None where none was kept.
+    pub pages: Option<Vec<u8>>,
 }
 
 /// One file's row.
@@ -270,6 +276,8 @@ impl Journal {
         }
         // Whose a file is (added later again: old rows have no owner).
         Journal::add_owner_columns(&db)?;
+        // The at-rest catalog: page checksums and scrub records.
+        Journal::add_catalog_columns(&db)?;
         Ok(Journal { db: Mutex::new(db) })
     }
 
@@ -326,7 +334,8 @@ impl Journal {
              VALUES (?1, ?2, ?3, ?4, ?5, 0, 0, 0, 0, NULL, ?6, ?7)
              ON CONFLICT(path) DO UPDATE SET size = ?2, mtime_sec = ?3, mtime_nsec = ?4,
                  block_size = ?5, done = 0, level = 0, mode = 0, at = 0, digest = NULL,
-                 session = ?6, session_at = ?7
+                 session = ?6, session_at = ?7, scrubbed_at = 0, scrub_state = 0,
+                 scrub_level = 0, rot_bytes = 0
              RETURNING id",
         )
         .and_then(|mut st| {
@@ -395,7 +404,7 @@ impl Journal {
         let db = self.db();
         let mut st = db
             .prepare_cached(
-                "SELECT idx, digest, mode, level, at FROM blocks WHERE file = ?1 ORDER BY idx",
+                "SELECT idx, digest, mode, level, at, pages FROM blocks WHERE file = ?1 ORDER BY idx",
             )
             .map_err(db_err)?;
         let rows = st
@@ -404,6 +413,7 @@ impl Journal {
                     index: r.get::<_, i64>(0)? as u64,
                     digest: r.get(1)?,
                     verified: VerifiedAt::from_row(r.get(2)?, r.get(3)?, r.get(4)?),
+                    pages: r.get(5)?,
                 })
             })
             .map_err(db_err)?;
@@ -411,7 +421,8 @@ impl Journal {
     }
 
     /// Records verified blocks (the caller has fdatasynced their data); a
-    /// block recorded before is replaced, with its new level.
+    /// block recorded before is replaced, with its new level (its page
+    /// CRCs stay if the new record has none and the same digest).
     pub fn add_blocks(&self, id: i64, blocks: &[BlockRecord]) -> Result<(), TransferError> {
         if blocks.is_empty() {
             return Ok(());
@@ -467,7 +478,12 @@ fn end_transaction(db: &Connection) -> Result<(), TransferError> {
 fn insert_blocks(tx: &Connection, id: i64, blocks: &[BlockRecord]) -> Result<(), TransferError> {
     let mut st = tx
         .prepare_cached(
-            "INSERT OR REPLACE INTO blocks (file, idx, digest, mode, level, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            // A record without page CRCs (a block re-verified in place)
+            // keeps those recorded with the same digest.
+            "INSERT INTO blocks (file, idx, digest, mode, level, at, pages) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+             ON CONFLICT(file, idx) DO UPDATE SET digest = excluded.digest, mode = excluded.mode,
+                 level = excluded.level, at = excluded.at,
+                 pages = COALESCE(excluded.pages, CASE WHEN digest = excluded.digest THEN pages END)",
         )
         .map_err(db_err)?;
     for b in blocks {
@@ -477,7 +493,8 @@ fn insert_blocks(tx: &Connection, id: i64, blocks: &[BlockRecord]) -> Result<(),
             b.digest,
             i64::from(b.verified.mode.wire_id()),
             i64::from(b.verified.level.wire_id()),
-            b.verified.at
+            b.verified.at,
+            b.pages
         ])
         .map_err(db_err)?;
     }

@@ -13,8 +13,9 @@ use crate::TransferError;
 
 /// Where a received block stands.
 pub(super) enum Verdict {
-    /// Verified (or not) already, as far as its stage goes.
-    Done(bool),
+    /// Verified (or not) already, as far as its stage goes; with the
+    /// CRC-32C of each page of the bytes received, where kept.
+    Done(bool, Option<Vec<u8>>),
     /// Written; the verifier must re-read it.
     Check(Check),
 }
@@ -49,7 +50,7 @@ pub(super) fn accept_block(
     let digest = Digest::from_bytes(defaults::BLOCK_ALGORITHM, &b.digest);
     if let Some(held) = slot {
         if digest.is_some_and(|d| d.ct_eq(&held)) {
-            return Ok(Verdict::Done(true));
+            return Ok(Verdict::Done(true, None));
         }
         f.verified.set(index as usize, None);
         f.held.forget(index);
@@ -58,18 +59,24 @@ pub(super) fn accept_block(
     let expected = if f.verify.checks_arrival() {
         match digest {
             Some(d) => Some(d),
-            None => return Ok(Verdict::Done(false)),
+            None => return Ok(Verdict::Done(false, None)),
         }
     } else {
         None
     };
     let data = &mut b.data[..];
     let profile = &*opts.profile;
+    // The catalog's page CRCs come from these bytes *before* their digest
+    // is checked (checksum chaining, see journal/catalog.rs): a flip after
+    // the check then shows as a page that no longer matches, at rest.
+    let pages = expected
+        .is_some()
+        .then(|| profile.time(Stage::Check, || intact_digest::page_crc_blob(data)));
     if let Some(d) = &expected {
         if !profile.time(Stage::Check, || {
             hash(defaults::BLOCK_ALGORITHM, data).ct_eq(d)
         }) {
-            return Ok(Verdict::Done(false));
+            return Ok(Verdict::Done(false, None));
         }
     }
     if let Some(hook) = opts.after_check() {
@@ -102,6 +109,7 @@ pub(super) fn accept_block(
             digest: *d,
             file: Arc::clone(&r.file),
             reader: Arc::clone(&r.reader),
+            pages,
         }));
     }
     // Unchecked (`none`): no digest; the data's own marks the slot done.
@@ -109,7 +117,7 @@ pub(super) fn accept_block(
         index as usize,
         Some(expected.unwrap_or_else(|| hash(Algorithm::Crc32c, &[]))),
     );
-    Ok(Verdict::Done(true))
+    Ok(Verdict::Done(true, pages))
 }
 
 /// At FileEnd: every block must have verified, and the file's verify

@@ -214,6 +214,9 @@ impl Incoming {
             index,
             digest: d.as_bytes().to_vec(),
             verified: VerifiedAt::now(self.mode, level),
+            // The journal keeps the page CRCs it has for this block while
+            // its digest stays the same (see Journal::add_blocks).
+            pages: None,
         });
         (index, d.as_bytes().to_vec())
     }

@@ -286,10 +286,10 @@ impl Session<'_> {
                 self.jobs.send(check).map_err(|_| ProtoError::Closed)?;
                 Ok(())
             }
-            Verdict::Done(ok) => {
+            Verdict::Done(ok, pages) => {
                 let digest = Digest::from_bytes(defaults::BLOCK_ALGORITHM, &b.digest);
                 let level = f.arrival_level().min(wire_level(b.source_level));
-                self.block_done(b.file, b.index, ok, digest, level)
+                self.block_done(b.file, b.index, ok, digest, level, pages)
             }
         }
     }
@@ -302,6 +302,7 @@ impl Session<'_> {
         ok: bool,
         digest: Option<Digest>,
         level: VerifyLevel,
+        pages: Option<Vec<u8>>,
     ) -> Result<(), TransferError> {
         let Some(f) = self.files.get_mut(&file) else {
             return Ok(());
@@ -313,6 +314,7 @@ impl Session<'_> {
                     index,
                     digest: d.as_bytes().to_vec(),
                     verified: VerifiedAt::now(f.mode, level),
+                    pages,
                 });
                 f.unjournaled_bytes += u64::from(f.entry.block_size);
                 if f.unjournaled_bytes >= JOURNAL_BATCH {
@@ -353,7 +355,7 @@ impl Session<'_> {
             f.verified.set(c.index as usize, Some(c.digest));
         }
         let level = reread_level(&c.outcome).min(c.source_level);
-        self.block_done(c.id, c.index, ok, Some(c.digest), level)?;
+        self.block_done(c.id, c.index, ok, Some(c.digest), level, c.pages)?;
         let end = self
             .files
             .get(&c.id)

@@ -24,6 +24,8 @@ pub(super) struct Check {
     pub(super) digest: Digest,
     pub(super) file: Arc<File>,
     pub(super) reader: Arc<Mutex<DeviceReader>>,
+    /// The CRC-32C of each page of the bytes received (for the catalog).
+    pub(super) pages: Option<Vec<u8>>,
 }
 
 /// The verifier's verdict on one block.
@@ -35,6 +37,8 @@ pub(super) struct Checked {
     pub(super) ok: Result<bool, std::io::Error>,
     pub(super) outcome: intact_cache::ReadOutcome,
     pub(super) took: Duration,
+    /// As the [`Check`] had them.
+    pub(super) pages: Option<Vec<u8>>,
 }
 
 /// The verifier thread of a session: it takes the blocks queued so far as
@@ -75,6 +79,7 @@ pub(super) fn verifier(jobs: mpsc::Receiver<Check>, events: mpsc::Sender<Event>)
                 ok: r.ok,
                 outcome: r.outcome,
                 took: r.took,
+                pages: c.pages,
             };
             if events.send(Event::Checked(done)).is_err() {
                 return;

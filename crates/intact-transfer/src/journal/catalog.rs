@@ -1,0 +1,369 @@
+//! The at-rest catalog: what the journal keeps of a finished file for as
+//! long as it lives, and what each scrub found.
+//!
+//! A finished file's row (path, size, mtime, whole-file BLAKE3, the mode
+//! and level reached at arrival and when) and its block rows (the block's
+//! XXH3-128 and the CRC-32C of each 4 KiB page) are the catalog: two
+//! checksums per region, as Z²FS keeps two. The page CRCs are computed by
+//! the receiver from the buffer it received *before* that buffer's digest
+//! is checked against the sender's (checksum chaining): the two checks
+//! overlap in time, so a memory flip after the check cannot leave a
+//! catalog that describes the flipped bytes. They cost 4 bytes per 4 KiB
+//! page (0.1%).
+//!
+//! A scrub marks each file it read ([`ScrubMark`]) and keeps its place in
+//! a pass ([`ScrubPass`]), so an interrupted scrub goes on where it
+//! stopped.
+
+use rusqlite::{params, OptionalExtension};
+
+use super::{db_err, unix_now, Journal, VerifiedAt};
+use crate::verify::VerifyLevel;
+use crate::TransferError;
+
+/// What the last scrub of a file found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScrubState {
+    /// Never scrubbed.
+    Never,
+    /// Every checksum held.
+    Clean,
+    /// Some bytes no longer match the catalog (rot).
+    Rot,
+    /// Its size or mtime differ from the catalog: changed by another
+    /// program, which is not rot.
+    Changed,
+    /// Not there (or not a regular file) under its name.
+    Missing,
+    /// It could not be read (an I/O error).
+    Unreadable,
+}
+
+impl ScrubState {
+    fn id(self) -> i64 {
+        match self {
+            ScrubState::Never => 0,
+            ScrubState::Clean => 1,
+            ScrubState::Rot => 2,
+            ScrubState::Changed => 3,
+            ScrubState::Missing => 4,
+            ScrubState::Unreadable => 5,
+        }
+    }
+
+    fn from_id(id: i64) -> ScrubState {
+        match id {
+            1 => ScrubState::Clean,
+            2 => ScrubState::Rot,
+            3 => ScrubState::Changed,
+            4 => ScrubState::Missing,
+            5 => ScrubState::Unreadable,
+            _ => ScrubState::Never,
+        }
+    }
+
+    /// Its name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            ScrubState::Never => "never scrubbed",
+            ScrubState::Clean => "clean",
+            ScrubState::Rot => "rot",
+            ScrubState::Changed => "changed",
+            ScrubState::Missing => "missing",
+            ScrubState::Unreadable => "unreadable",
+        }
+    }
+}
+
+/// A cataloged (finished) file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CatalogFile {
+    /// Row id.
+    pub id: i64,
+    /// Path under the root, as received.
+    pub path: Vec<u8>,
+    /// Size in bytes.
+    pub size: u64,
+    /// Modification time (seconds, nanoseconds).
+    pub mtime: (i64, u32),
+    /// Block size of its block records.
+    pub block_size: u32,
+    /// How it was verified at arrival, and when.
+    pub arrival: VerifiedAt,
+    /// Its whole-file BLAKE3 (None in rows older than that column).
+    pub digest: Option<[u8; 32]>,
+    /// When it was last scrubbed (0: never).
+    pub scrubbed_at: i64,
+}
+
+/// What a scrub found of one file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScrubMark {
+    /// The verdict.
+    pub state: ScrubState,
+    /// The level of the scrub's reads.
+    pub level: VerifyLevel,
+    /// Bytes found rotten.
+    pub rot_bytes: u64,
+}
+
+/// A scrub pass: when it began, the last file it finished (by row id), and
+/// when it ended (0 while it runs or was interrupted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScrubPass {
+    /// Its id.
+    pub id: i64,
+    /// Unix seconds it began.
+    pub started: i64,
+    /// The row id of the last file it finished.
+    pub last_file: i64,
+    /// Unix seconds it finished (0: not finished).
+    pub finished: i64,
+}
+
+/// The catalog in numbers, for `intact status`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CatalogSummary {
+    /// Files cataloged (finished).
+    pub files: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Files per level reached at arrival (level name, count).
+    pub arrival_levels: Vec<(String, u64)>,
+    /// Files per last scrub verdict (state name, count).
+    pub scrub_states: Vec<(String, u64)>,
+    /// Files whose last scrub read reached each level (level name, count).
+    pub scrub_levels: Vec<(String, u64)>,
+    /// Bytes found rotten by the last scrub of each file.
+    pub rot_bytes: u64,
+    /// When the file scrubbed longest ago was scrubbed, if every file
+    /// was: every cataloged file has been read back since then.
+    pub every_file_scrubbed_since: Option<i64>,
+    /// Files never scrubbed.
+    pub never_scrubbed: u64,
+    /// Files still partial (being received, or left by an interrupted run).
+    pub partial: u64,
+}
+
+impl Journal {
+    /// Adds the catalog's columns and tables to an older journal.
+    pub(super) fn add_catalog_columns(db: &rusqlite::Connection) -> Result<(), TransferError> {
+        for (table, column) in [
+            ("blocks", "pages BLOB"),
+            ("files", "scrubbed_at INTEGER NOT NULL DEFAULT 0"),
+            ("files", "scrub_state INTEGER NOT NULL DEFAULT 0"),
+            ("files", "scrub_level INTEGER NOT NULL DEFAULT 0"),
+            ("files", "rot_bytes INTEGER NOT NULL DEFAULT 0"),
+        ] {
+            let name = column.split(' ').next().expect("a name");
+            let has: bool = db
+                .query_row(
+                    &format!("SELECT COUNT(*) FROM pragma_table_info('{table}') WHERE name = ?1"),
+                    params![name],
+                    |r| r.get::<_, i64>(0).map(|n| n > 0),
+                )
+                .map_err(db_err)?;
+            if !has {
+                db.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column}"))
+                    .map_err(db_err)?;
+            }
+        }
+        db.execute_batch(
+            "CREATE TABLE IF NOT EXISTS scrub_passes (
+                 id INTEGER PRIMARY KEY,
+                 started INTEGER NOT NULL,
+                 last_file INTEGER NOT NULL DEFAULT 0,
+                 finished INTEGER NOT NULL DEFAULT 0
+             );",
+        )
+        .map_err(db_err)
+    }
+
+    /// Up to `limit` finished files with row ids above `after`, last
+    /// scrubbed before `scrubbed_before` (unix seconds; never scrubbed
+    /// counts as 0), in id order.
+    pub fn catalog_after(
+        &self,
+        after: i64,
+        scrubbed_before: i64,
+        limit: u32,
+    ) -> Result<Vec<CatalogFile>, TransferError> {
+        let db = self.db();
+        let mut st = db
+            .prepare_cached(
+                "SELECT id, path, size, mtime_sec, mtime_nsec, block_size, mode, level, at, digest, scrubbed_at
+                 FROM files WHERE done = 1 AND id > ?1 AND scrubbed_at < ?2 ORDER BY id LIMIT ?3",
+            )
+            .map_err(db_err)?;
+        let rows = st
+            .query_map(params![after, scrubbed_before, limit], |r| {
+                Ok(CatalogFile {
+                    id: r.get(0)?,
+                    path: r.get(1)?,
+                    size: r.get::<_, i64>(2)? as u64,
+                    mtime: (r.get(3)?, r.get::<_, i64>(4)? as u32),
+                    block_size: r.get::<_, i64>(5)? as u32,
+                    arrival: VerifiedAt::from_row(r.get(6)?, r.get(7)?, r.get(8)?),
+                    digest: r
+                        .get::<_, Option<Vec<u8>>>(9)?
+                        .and_then(|d| <[u8; 32]>::try_from(d).ok()),
+                    scrubbed_at: r.get(10)?,
+                })
+            })
+            .map_err(db_err)?;
+        rows.collect::<Result<_, _>>().map_err(db_err)
+    }
+
+    /// Files and bytes [`Journal::catalog_after`] would list, all pages.
+    pub fn catalog_due(
+        &self,
+        after: i64,
+        scrubbed_before: i64,
+    ) -> Result<(u64, u64), TransferError> {
+        self.db()
+            .query_row(
+                "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM files WHERE done = 1 AND id > ?1 AND scrubbed_at < ?2",
+                params![after, scrubbed_before],
+                |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64)),
+            )
+            .map_err(db_err)
+    }
+
+    /// Records what a scrub found of file `id`, now, and that `pass` got
+    /// past it; left in the open transaction ([`Journal::flush`] commits).
+    pub fn mark_scrubbed(&self, id: i64, mark: ScrubMark, pass: i64) -> Result<(), TransferError> {
+        let db = self.begun()?;
+        db.prepare_cached("UPDATE scrub_passes SET last_file = ?2 WHERE id = ?1")
+            .and_then(|mut st| st.execute(params![pass, id]))
+            .map_err(db_err)?;
+        db.prepare_cached(
+                "UPDATE files SET scrubbed_at = ?2, scrub_state = ?3, scrub_level = ?4, rot_bytes = ?5 WHERE id = ?1",
+            )
+            .and_then(|mut st| {
+                st.execute(params![
+                    id,
+                    unix_now(),
+                    mark.state.id(),
+                    i64::from(mark.level.wire_id()),
+                    mark.rot_bytes as i64
+                ])
+            })
+            .map_err(db_err)?;
+        Ok(())
+    }
+
+    /// The scrub pass left unfinished, if any (the latest).
+    pub fn open_scrub_pass(&self) -> Result<Option<ScrubPass>, TransferError> {
+        self.db()
+            .query_row(
+                "SELECT id, started, last_file, finished FROM scrub_passes ORDER BY id DESC LIMIT 1",
+                [],
+                pass_row,
+            )
+            .optional()
+            .map(|p| p.filter(|p| p.finished == 0))
+            .map_err(db_err)
+    }
+
+    /// Begins a scrub pass now.
+    pub fn begin_scrub_pass(&self) -> Result<ScrubPass, TransferError> {
+        let started = unix_now();
+        let db = self.db();
+        db.execute(
+            "INSERT INTO scrub_passes (started) VALUES (?1)",
+            params![started],
+        )
+        .map_err(db_err)?;
+        Ok(ScrubPass {
+            id: db.last_insert_rowid(),
+            started,
+            last_file: 0,
+            finished: 0,
+        })
+    }
+
+    /// Records that `pass` finished, now.
+    pub fn finish_scrub_pass(&self, pass: i64) -> Result<(), TransferError> {
+        self.flush()?;
+        self.db()
+            .execute(
+                "UPDATE scrub_passes SET finished = ?2 WHERE id = ?1",
+                params![pass, unix_now()],
+            )
+            .map_err(db_err)?;
+        Ok(())
+    }
+
+    /// The catalog in numbers.
+    pub fn catalog_summary(&self) -> Result<CatalogSummary, TransferError> {
+        let db = self.db();
+        let mut s = CatalogSummary::default();
+        let (files, bytes, rot, partial): (i64, i64, i64, i64) = db
+            .query_row(
+                "SELECT COALESCE(SUM(done), 0), COALESCE(SUM(CASE WHEN done = 1 THEN size END), 0),
+                        COALESCE(SUM(CASE WHEN done = 1 THEN rot_bytes END), 0),
+                        COALESCE(SUM(1 - done), 0)
+                 FROM files",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )
+            .map_err(db_err)?;
+        (s.files, s.bytes, s.rot_bytes, s.partial) =
+            (files as u64, bytes as u64, rot as u64, partial as u64);
+        let grouped = |sql: &str, name: &dyn Fn(i64, i64) -> String| {
+            let mut st = db.prepare(sql).map_err(db_err)?;
+            let rows = st
+                .query_map([], |r| {
+                    Ok((
+                        r.get::<_, i64>(0)?,
+                        r.get::<_, i64>(1)?,
+                        r.get::<_, i64>(2)?,
+                    ))
+                })
+                .map_err(db_err)?;
+            let mut out: Vec<(String, u64)> = Vec::new();
+            for row in rows {
+                let (a, b, n) = row.map_err(db_err)?;
+                let key = name(a, b);
+                match out.iter_mut().find(|(k, _)| *k == key) {
+                    Some((_, c)) => *c += n as u64,
+                    None => out.push((key, n as u64)),
+                }
+            }
+            Ok::<_, TransferError>(out)
+        };
+        let level_name =
+            |level: i64, at: i64| VerifiedAt::from_row(0, level, at).level.name().to_string();
+        s.arrival_levels = grouped(
+            "SELECT level, MIN(at, 1), COUNT(*) FROM files WHERE done = 1 GROUP BY level, MIN(at, 1) ORDER BY level",
+            &level_name,
+        )?;
+        s.scrub_states = grouped(
+            "SELECT scrub_state, 0, COUNT(*) FROM files WHERE done = 1 GROUP BY scrub_state ORDER BY scrub_state",
+            &|state, _| ScrubState::from_id(state).name().to_string(),
+        )?;
+        s.scrub_levels = grouped(
+            "SELECT scrub_level, 1, COUNT(*) FROM files WHERE done = 1 AND scrubbed_at > 0 GROUP BY scrub_level ORDER BY scrub_level",
+            &level_name,
+        )?;
+        let (never, oldest): (i64, Option<i64>) = db
+            .query_row(
+                "SELECT COALESCE(SUM(scrubbed_at = 0), 0), MIN(scrubbed_at) FROM files WHERE done = 1",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .map_err(db_err)?;
+        s.never_scrubbed = never as u64;
+        s.every_file_scrubbed_since = oldest.filter(|_| never == 0 && files > 0);
+        Ok(s)
+    }
+}
+
+fn pass_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ScrubPass> {
+    Ok(ScrubPass {
+        id: r.get(0)?,
+        started: r.get(1)?,
+        last_file: r.get(2)?,
+        finished: r.get(3)?,
+    })
+}
