@@ -250,19 +250,10 @@ fn copy_state(root: &Path) -> Result<PathBuf, TransferError> {
     }
     std::fs::create_dir_all(root).map_err(|e| dest_err(root, e))?;
     let canonical = std::fs::canonicalize(root).map_err(|e| dest_err(root, e))?;
-    let base = std::env::var_os("XDG_STATE_HOME")
-        .map(PathBuf::from)
-        .filter(|p| p.is_absolute())
-        .or_else(|| {
-            std::env::var_os("HOME")
-                .map(PathBuf::from)
-                .filter(|p| p.is_absolute())
-                .map(|h| h.join(".local/state"))
-        });
     let private = |dir: &Path| {
         crate::net::private::private_dir(dir).map_err(|e| TransferError::Journal(e.to_string()))
     };
-    let in_home = base.and_then(|base| {
+    let in_home = state_home().and_then(|base| {
         let copies = base.join("intact").join("copies");
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -271,8 +262,7 @@ fn copy_state(root: &Path) -> Result<PathBuf, TransferError> {
             .ok()?;
         private(&copies).ok()?;
         forget_gone(&copies);
-        let name = blake3::hash(canonical.as_os_str().as_bytes()).to_hex();
-        let dir = private(&copies.join(&name.as_str()[..32])).ok()?;
+        let dir = private(&copies.join(state_name(&canonical))).ok()?;
         // Which destination it is for, so that it can go once DST is gone.
         name_destination(&dir, &canonical).ok()?;
         Some(dir)
@@ -284,6 +274,37 @@ fn copy_state(root: &Path) -> Result<PathBuf, TransferError> {
         None => crate::net::private::state_dir(&canonical)
             .map_err(|e| TransferError::Journal(e.to_string())),
     }
+}
+
+/// The user's state directory: `$XDG_STATE_HOME`, else `~/.local/state`
+/// (absolute paths only).
+fn state_home() -> Option<PathBuf> {
+    std::env::var_os("XDG_STATE_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .map(PathBuf::from)
+                .filter(|p| p.is_absolute())
+                .map(|h| h.join(".local/state"))
+        })
+}
+
+/// The name of the state directory of copies into `canonical`.
+fn state_name(canonical: &Path) -> String {
+    let name = blake3::hash(canonical.as_os_str().as_bytes()).to_hex();
+    name.as_str()[..32].to_string()
+}
+
+/// Where copies into `root` kept their journal, if they did (nothing is
+/// created): the user's state directory for it, else `root/.intact`.
+pub(crate) fn existing_copy_state(root: &Path) -> Option<PathBuf> {
+    let canonical = std::fs::canonicalize(root).ok()?;
+    let in_home = state_home()?
+        .join("intact")
+        .join("copies")
+        .join(state_name(&canonical));
+    in_home.join("journal.sqlite").is_file().then_some(in_home)
 }
 
 /// The file in a copy's state directory that names its destination.

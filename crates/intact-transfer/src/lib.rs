@@ -31,6 +31,7 @@ mod profile;
 mod prune;
 mod recheck;
 mod report;
+mod scrub;
 mod select;
 mod source;
 mod source_cache;
@@ -42,7 +43,11 @@ pub use dest::{partial_name, Destination, Mtime, PartialFile};
 pub use error::TransferError;
 pub use hooks::{LinkFault, WriteHook};
 pub use intact_cache::ReadPath;
-pub use journal::{BlockRecord, DoneFile, FileRow, Journal, Owner, VerifiedAt, STATE_DIR};
+pub use journal::unix_now;
+pub use journal::{
+    BlockRecord, CatalogFile, CatalogSummary, DoneFile, FileRow, Journal, Owner, ScrubMark,
+    ScrubPass, ScrubState, VerifiedAt, STATE_DIR,
+};
 pub use keep_set::{KeepSet, Keeps, KEEP_PATH_COST};
 pub use limits::raise_open_file_limit;
 pub use model::RivaModel;
@@ -54,6 +59,9 @@ pub use net::{
 pub use profile::{Profile, Stage, StageTime};
 pub use prune::{prune, prune_under, PruneReport};
 pub use report::{CopyReport, FileReport, Progress};
+pub use scrub::{
+    open_catalog, scrub, FileScrub, RotRange, ScrubOptions, ScrubProgress, ScrubReport,
+};
 pub use select::{Filter, Rule, RuleKind};
 pub use source::{
     scan, scan_with, Placement, Scan, ScanOptions, SourceEntry, SourceKind, SourceSpec,

@@ -42,6 +42,12 @@ pub enum Command {
     /// Print intact's man page (roff), or write one per command into a directory.
     #[command(long_about = crate::generate::MAN_ABOUT)]
     Man(ManArgs),
+    /// Re-read cataloged files from the device and report rot by byte range.
+    #[command(long_about = crate::scrub::SCRUB_ABOUT)]
+    Scrub(crate::scrub::ScrubArgs),
+    /// What the catalog of a root holds: levels at arrival, scrubs, rot.
+    #[command(long_about = crate::scrub::STATUS_ABOUT)]
+    Status(crate::scrub::StatusArgs),
 }
 
 const RELIABILITY_ABOUT: &str = "\

@@ -20,6 +20,7 @@ mod keygen;
 mod ordered;
 mod reliability;
 mod resolve;
+mod scrub;
 mod serve;
 mod stdout;
 mod sum;
@@ -81,6 +82,8 @@ fn run(command: &Command) -> anyhow::Result<ExitCode> {
         Command::Reliability(a) => reliability::run(a),
         Command::Completions(a) => generate::completions(a),
         Command::Man(a) => generate::man(a),
+        Command::Scrub(a) => scrub::run(a),
+        Command::Status(a) => scrub::status(a),
     }
 }
 

@@ -1,0 +1,473 @@
+//! `intact scrub`: every cataloged file re-read from the device and held
+//! against the checksums its arrival left in the catalog (see
+//! `journal/catalog.rs`), so that rot at rest is found, and named by file
+//! and byte range, while a replica still has the good bytes.
+//!
+//! A file's reads go through [`DeviceReader`] (evict-then-read with a
+//! residency count, or a proven `O_DIRECT` read): the level a scrub
+//! reports for a file is `device` only if every one of its reads came from
+//! the device, else `cache` (tmpfs, or a page that would not leave).
+
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use intact_cache::{DeviceReader, ReadPath};
+use intact_digest::{defaults, hash, page_crc_blob, AlignedBuf, PAGE_SIZE};
+use intact_proto::WirePath;
+use serde::Serialize;
+
+use crate::journal::{CatalogFile, Journal, ScrubMark, ScrubState};
+use crate::verify::VerifyLevel;
+use crate::{Destination, TransferError};
+
+/// How a scrub runs.
+#[derive(Debug, Clone, Default)]
+pub struct ScrubOptions {
+    /// Only files last scrubbed before this many seconds ago (never
+    /// scrubbed counts as due).
+    pub older_than: Option<Duration>,
+    /// At most this many bytes read per second.
+    pub rate: Option<u64>,
+    /// Start a new pass even if the last one was interrupted.
+    pub restart: bool,
+    /// Read with `O_DIRECT` (proven by residency counts) instead of
+    /// evict-then-read.
+    pub direct: bool,
+}
+
+/// A byte range of a file that no longer matches the catalog.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RotRange {
+    /// First byte.
+    pub offset: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Which checksums failed over it (`crc32c` per 4 KiB page,
+    /// `xxh3-128` per block, `blake3` for the whole file).
+    pub failed: Vec<&'static str>,
+}
+
+/// What the scrub found of one file.
+#[derive(Debug, Clone, Serialize)]
+pub struct FileScrub {
+    /// Path under the root.
+    pub path: String,
+    /// The verdict.
+    pub state: &'static str,
+    /// The level of this scrub's reads of it (none: nothing was read).
+    pub level: VerifyLevel,
+    /// Bytes read.
+    pub bytes: u64,
+    /// The ranges found rotten.
+    pub rot: Vec<RotRange>,
+    /// Why it was missing, changed or unreadable, or what limited the
+    /// check (e.g. blocks without page checksums).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    /// How it was verified at arrival.
+    pub arrival_level: VerifyLevel,
+}
+
+/// A whole scrub's report.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ScrubReport {
+    /// Where the catalog was.
+    pub catalog: String,
+    /// The scrub went on from an interrupted pass (after this many files
+    /// of it were done).
+    pub resumed: bool,
+    /// Files read.
+    pub files: u64,
+    /// Bytes read.
+    pub bytes: u64,
+    /// Files per verdict.
+    pub clean: u64,
+    /// Files with rot.
+    pub rotten: u64,
+    /// Files changed by another program (not rot).
+    pub changed: u64,
+    /// Files missing.
+    pub missing: u64,
+    /// Files that could not be read.
+    pub unreadable: u64,
+    /// Files whose every read came from the device.
+    pub at_device: u64,
+    /// Files read (some part) through the page cache only.
+    pub below_device: u64,
+    /// Every file other than the clean ones, and every clean one too when
+    /// the caller asked for all.
+    pub reports: Vec<FileScrub>,
+    /// Seconds taken.
+    pub seconds: f64,
+}
+
+impl ScrubReport {
+    /// Whether anything is wrong (rot, missing, unreadable). A changed file
+    /// is reported, not counted as damage.
+    pub fn damaged(&self) -> bool {
+        self.rotten + self.missing + self.unreadable > 0
+    }
+}
+
+/// Progress of a scrub, for a progress bar.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ScrubProgress {
+    /// Files done in this run.
+    pub files: u64,
+    /// Files due in this run.
+    pub files_total: u64,
+    /// Bytes read in this run.
+    pub bytes: u64,
+    /// Bytes due in this run.
+    pub bytes_total: u64,
+}
+
+/// The catalog of `root`: a server's (`root/.intact`), else the one
+/// `intact copy` keeps for copies into `root`. Nothing is created.
+pub fn open_catalog(root: &Path) -> Result<(Journal, PathBuf), TransferError> {
+    let served = root.join(crate::journal::STATE_DIR);
+    if served.join("journal.sqlite").is_file() {
+        return Ok((Journal::open(root)?, served));
+    }
+    if let Some(dir) = crate::copy::existing_copy_state(root) {
+        return Ok((Journal::open_in(&dir)?, dir));
+    }
+    Err(TransferError::Usage(format!(
+        "{}: no catalog there: nothing was received into it by `intact serve` or `intact copy`",
+        root.display()
+    )))
+}
+
+/// Files between commits of scrub marks.
+const MARK_BATCH: u64 = 256;
+
+/// Scrubs every cataloged file of `root` that is due; `progress` is
+/// called after each file. `keep_clean` keeps clean files' reports too.
+pub fn scrub(
+    root: &Path,
+    opts: &ScrubOptions,
+    keep_clean: bool,
+    progress: &mut dyn FnMut(ScrubProgress),
+) -> Result<ScrubReport, TransferError> {
+    let t0 = Instant::now();
+    let (journal, dir) = open_catalog(root)?;
+    let dest = Destination::open(root)?;
+    let mut report = ScrubReport {
+        catalog: dir.join("journal.sqlite").display().to_string(),
+        ..ScrubReport::default()
+    };
+    let pass = match journal.open_scrub_pass()? {
+        Some(p) if !opts.restart => {
+            report.resumed = p.last_file > 0;
+            p
+        }
+        _ => journal.begin_scrub_pass()?,
+    };
+    let before = match opts.older_than {
+        Some(d) => crate::journal::unix_now().saturating_sub(d.as_secs() as i64),
+        None => i64::MAX,
+    };
+    let (files_total, bytes_total) = journal.catalog_due(pass.last_file, before)?;
+    let mut p = ScrubProgress {
+        files_total,
+        bytes_total,
+        ..ScrubProgress::default()
+    };
+    let mut throttle = Throttle::new(opts.rate);
+    let mut buf = AlignedBuf::new(0);
+    let mut after = pass.last_file;
+    loop {
+        let batch = journal.catalog_after(after, before, 512)?;
+        if batch.is_empty() {
+            break;
+        }
+        for cf in batch {
+            after = cf.id;
+            let fs = scrub_file(&dest, &journal, &cf, opts, &mut buf, &mut throttle);
+            let state = state_of(&fs);
+            let rot_bytes = fs.rot.iter().map(|r| r.len).sum();
+            journal.mark_scrubbed(
+                cf.id,
+                ScrubMark {
+                    state,
+                    level: fs.level,
+                    rot_bytes,
+                },
+                pass.id,
+            )?;
+            p.files += 1;
+            p.bytes += fs.bytes;
+            if p.files % MARK_BATCH == 0 {
+                journal.flush()?;
+            }
+            report.files += 1;
+            report.bytes += fs.bytes;
+            match state {
+                ScrubState::Clean => report.clean += 1,
+                ScrubState::Rot => report.rotten += 1,
+                ScrubState::Changed => report.changed += 1,
+                ScrubState::Missing => report.missing += 1,
+                ScrubState::Unreadable | ScrubState::Never => report.unreadable += 1,
+            }
+            if matches!(state, ScrubState::Clean | ScrubState::Rot) {
+                if fs.level == VerifyLevel::Device {
+                    report.at_device += 1;
+                } else {
+                    report.below_device += 1;
+                }
+            }
+            if state != ScrubState::Clean || keep_clean {
+                report.reports.push(fs);
+            }
+            progress(p);
+        }
+    }
+    journal.finish_scrub_pass(pass.id)?;
+    report.seconds = t0.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+fn state_of(fs: &FileScrub) -> ScrubState {
+    match fs.state {
+        "clean" => ScrubState::Clean,
+        "rot" => ScrubState::Rot,
+        "changed" => ScrubState::Changed,
+        "missing" => ScrubState::Missing,
+        _ => ScrubState::Unreadable,
+    }
+}
+
+/// Scrubs one file.
+fn scrub_file(
+    dest: &Destination,
+    journal: &Journal,
+    cf: &CatalogFile,
+    opts: &ScrubOptions,
+    buf: &mut AlignedBuf,
+    throttle: &mut Throttle,
+) -> FileScrub {
+    let mut fs = FileScrub {
+        path: String::from_utf8_lossy(&cf.path).into_owned(),
+        state: ScrubState::Unreadable.name(),
+        level: VerifyLevel::None,
+        bytes: 0,
+        rot: Vec::new(),
+        note: None,
+        arrival_level: cf.arrival.level,
+    };
+    let verdict = |fs: &mut FileScrub, state: ScrubState, note: String| {
+        fs.state = state.name();
+        fs.note = Some(note);
+    };
+    let Ok(wire) = WirePath::parse(&cf.path) else {
+        verdict(
+            &mut fs,
+            ScrubState::Missing,
+            "its cataloged name is not a path".into(),
+        );
+        return fs;
+    };
+    let Some(file) = dest.open_final(&wire) else {
+        verdict(
+            &mut fs,
+            ScrubState::Missing,
+            "not there as a regular file".into(),
+        );
+        return fs;
+    };
+    let meta = match file.metadata() {
+        Ok(m) => m,
+        Err(e) => {
+            verdict(&mut fs, ScrubState::Unreadable, e.to_string());
+            return fs;
+        }
+    };
+    let now = (meta.len(), meta.mtime(), meta.mtime_nsec() as u32);
+    if now != (cf.size, cf.mtime.0, cf.mtime.1) {
+        let mut what = Vec::new();
+        if now.0 != cf.size {
+            what.push(format!("size {} (cataloged {})", now.0, cf.size));
+        }
+        if (now.1, now.2) != cf.mtime {
+            what.push("mtime".to_string());
+        }
+        verdict(
+            &mut fs,
+            ScrubState::Changed,
+            format!(
+                "{} differ from the catalog: changed by another program, not rot",
+                what.join(" and ")
+            ),
+        );
+        return fs;
+    }
+    match check_file(journal, cf, &file, opts, buf, throttle, &mut fs) {
+        Ok(()) => {
+            fs.state = if fs.rot.is_empty() {
+                ScrubState::Clean.name()
+            } else {
+                ScrubState::Rot.name()
+            };
+        }
+        Err(e) => verdict(&mut fs, ScrubState::Unreadable, e.to_string()),
+    }
+    fs
+}
+
+/// Reads `file` block by block and holds every page, block and the whole
+/// against the catalog; fills `fs`'s level, bytes and rot.
+fn check_file(
+    journal: &Journal,
+    cf: &CatalogFile,
+    file: &File,
+    opts: &ScrubOptions,
+    buf: &mut AlignedBuf,
+    throttle: &mut Throttle,
+    fs: &mut FileScrub,
+) -> Result<(), TransferError> {
+    let io = |e: std::io::Error| TransferError::Destination {
+        path: fs.path.clone(),
+        source: e,
+    };
+    let records = journal.blocks(cf.id)?;
+    let bs = u64::from(cf.block_size.max(1));
+    let path = if opts.direct {
+        ReadPath::Direct
+    } else {
+        ReadPath::Evict
+    };
+    let mut reader =
+        DeviceReader::new(file, path).map_err(|e| io(std::io::Error::other(e.to_string())))?;
+    if buf.len() < bs as usize {
+        *buf = AlignedBuf::new(bs as usize);
+    }
+    let mut whole = blake3::Hasher::new();
+    let mut all_device = cf.size > 0;
+    let mut without_pages = 0u64;
+    let blocks = cf.size.div_ceil(bs);
+    let mut records = records.into_iter().peekable();
+    for index in 0..blocks {
+        let offset = index * bs;
+        let len = (cf.size - offset).min(bs) as usize;
+        let outcome = reader.read(file, offset, len, buf).map_err(io)?;
+        all_device &= outcome.device;
+        fs.bytes += len as u64;
+        throttle.spend(len as u64);
+        let data = &buf[..len];
+        whole.update(data);
+        while records.peek().is_some_and(|r| r.index < index) {
+            records.next();
+        }
+        let Some(rec) = records.next_if(|r| r.index == index) else {
+            continue;
+        };
+        let block_ok = hash(defaults::BLOCK_ALGORITHM, data).as_bytes() == rec.digest;
+        match &rec.pages {
+            Some(pages) if pages.len() == len.div_ceil(PAGE_SIZE) * 4 => {
+                let now = page_crc_blob(data);
+                for (p, (a, b)) in pages.chunks(4).zip(now.chunks(4)).enumerate() {
+                    if a != b {
+                        let start = offset + (p * PAGE_SIZE) as u64;
+                        let end = (start + PAGE_SIZE as u64).min(offset + len as u64);
+                        let mut failed = vec!["crc32c"];
+                        if !block_ok {
+                            failed.push("xxh3-128");
+                        }
+                        add_range(&mut fs.rot, start, end - start, failed);
+                    }
+                }
+                if !block_ok && now == *pages {
+                    // The pages hold but the block does not: name the block.
+                    add_range(&mut fs.rot, offset, len as u64, vec!["xxh3-128"]);
+                }
+            }
+            _ => {
+                without_pages += 1;
+                if !block_ok {
+                    add_range(&mut fs.rot, offset, len as u64, vec!["xxh3-128"]);
+                }
+            }
+        }
+    }
+    if let Some(d) = cf.digest {
+        if whole.finalize() != blake3::Hash::from_bytes(d) && fs.rot.is_empty() {
+            add_range(&mut fs.rot, 0, cf.size, vec!["blake3"]);
+        }
+    }
+    if without_pages > 0 {
+        fs.note = Some(format!(
+            "{without_pages} block(s) have no page checksums in the catalog (received by an older build): checked per block"
+        ));
+    }
+    if cf.digest.is_none() && blocks > 0 && fs.note.is_none() {
+        fs.note = Some("no whole-file digest in the catalog (an older build's record)".into());
+    }
+    fs.level = if all_device {
+        VerifyLevel::Device
+    } else {
+        VerifyLevel::Cache
+    };
+    Ok(())
+}
+
+/// Adds a rotten range, merging it with the last one when they touch and
+/// the same checksums failed.
+fn add_range(rot: &mut Vec<RotRange>, offset: u64, len: u64, failed: Vec<&'static str>) {
+    if let Some(last) = rot.last_mut() {
+        if last.offset + last.len == offset && last.failed == failed {
+            last.len += len;
+            return;
+        }
+    }
+    rot.push(RotRange {
+        offset,
+        len,
+        failed,
+    });
+}
+
+/// Keeps reads under a byte rate.
+struct Throttle {
+    rate: Option<u64>,
+    start: Instant,
+    spent: u64,
+}
+
+impl Throttle {
+    fn new(rate: Option<u64>) -> Throttle {
+        Throttle {
+            rate: rate.filter(|&r| r > 0),
+            start: Instant::now(),
+            spent: 0,
+        }
+    }
+
+    fn spend(&mut self, bytes: u64) {
+        let Some(rate) = self.rate else { return };
+        self.spent += bytes;
+        let due = Duration::from_secs_f64(self.spent as f64 / rate as f64);
+        if let Some(wait) = due.checked_sub(self.start.elapsed()) {
+            std::thread::sleep(wait);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn touching_ranges_with_the_same_failures_merge() {
+        let mut rot = Vec::new();
+        add_range(&mut rot, 0, 4096, vec!["crc32c"]);
+        add_range(&mut rot, 4096, 4096, vec!["crc32c"]);
+        add_range(&mut rot, 8192, 100, vec!["crc32c", "xxh3-128"]);
+        add_range(&mut rot, 16384, 10, vec!["crc32c", "xxh3-128"]);
+        assert_eq!(rot.len(), 3);
+        assert_eq!((rot[0].offset, rot[0].len), (0, 8192));
+        assert_eq!((rot[1].offset, rot[1].len), (8192, 100));
+        assert_eq!(rot[2].offset, 16384);
+    }
+}

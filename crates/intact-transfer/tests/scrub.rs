@@ -1,0 +1,204 @@
+//! The at-rest catalog and `scrub`: rot made on the device under a
+//! cataloged file (a loop-mounted ext4, root only) is found and named by
+//! page; a file another program changed is reported changed, not rotten;
+//! a tmpfs root is scrubbed at level `cache`; an interrupted scrub goes on
+//! where it stopped.
+
+use std::fs::{self, File};
+use std::path::Path;
+use std::sync::Arc;
+
+use intact_faults::LoopFs;
+use intact_transfer::{
+    copy, open_catalog, scrub, CopyOptions, ScrubOptions, ScrubReport, VerifyLevel, VerifyMode,
+};
+
+const BS: usize = 256 * 1024;
+
+fn opts(verify: VerifyMode) -> CopyOptions {
+    CopyOptions {
+        verify,
+        block_size: BS,
+        streams: 1,
+        retries: 2,
+        ..CopyOptions::default()
+    }
+}
+
+fn run_scrub(root: &Path, o: &ScrubOptions) -> ScrubReport {
+    scrub(root, o, true, &mut |_| {}).expect("scrub runs")
+}
+
+fn file<'a>(r: &'a ScrubReport, path: &str) -> &'a intact_transfer::FileScrub {
+    r.reports
+        .iter()
+        .find(|f| f.path == path)
+        .unwrap_or_else(|| panic!("{path} not in {r:?}"))
+}
+
+#[test]
+fn scrub_names_the_page_a_device_flip_hit_and_only_that_page() {
+    if let Err(why) = intact_faults::usable() {
+        intact_testkit::skip(
+            "scrub_names_the_page_a_device_flip_hit_and_only_that_page",
+            &why,
+        );
+        return;
+    }
+    let lfs = Arc::new(LoopFs::new(Path::new(env!("CARGO_TARGET_TMPDIR")), 64).unwrap());
+    let src = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let big = intact_sample::bytes(3 * BS + 5000, 11);
+    let small = intact_sample::bytes(10_000, 12);
+    fs::write(src.path().join("big"), &big).unwrap();
+    fs::write(src.path().join("small"), &small).unwrap();
+    let dst = lfs.mnt().join("dst");
+    let r = copy(
+        &[src.path().join("big"), src.path().join("small")],
+        &dst,
+        &opts(VerifyMode::Riva),
+        &|_| {},
+    )
+    .unwrap();
+    assert_eq!(r.failed, 0, "{r:?}");
+
+    // Clean at first, read from the device.
+    let first = run_scrub(&dst, &ScrubOptions::default());
+    assert_eq!(
+        (first.files, first.clean, first.rotten),
+        (2, 2, 0),
+        "{first:?}"
+    );
+    assert_eq!(file(&first, "big").level, VerifyLevel::Device);
+
+    // One bit flipped on the device in block 1, page 3 of that block.
+    let at = BS as u64 + 3 * 4096 + 777;
+    let f = File::open(dst.join("big")).unwrap();
+    lfs.flip_bit_under(&f, at).unwrap();
+    let on_device = lfs.device_byte_under(&f, at).unwrap();
+    assert_ne!(
+        on_device, big[at as usize],
+        "the flip did not reach the device"
+    );
+
+    let second = run_scrub(&dst, &ScrubOptions::default());
+    assert_eq!((second.rotten, second.clean), (1, 1), "{second:?}");
+    assert!(second.damaged());
+    let b = file(&second, "big");
+    assert_eq!(b.state, "rot");
+    assert_eq!(
+        b.level,
+        VerifyLevel::Device,
+        "rot is named only from a device read"
+    );
+    assert_eq!(b.rot.len(), 1, "{b:?}");
+    let page = at / 4096 * 4096;
+    assert_eq!((b.rot[0].offset, b.rot[0].len), (page, 4096), "{b:?}");
+    assert_eq!(b.rot[0].failed, vec!["crc32c", "xxh3-128"]);
+    assert_eq!(file(&second, "small").state, "clean");
+
+    // The status counts it.
+    let (journal, _) = open_catalog(&dst).unwrap();
+    let s = journal.catalog_summary().unwrap();
+    drop(journal);
+    assert_eq!(s.files, 2);
+    assert_eq!(s.rot_bytes, 4096);
+    assert!(s.scrub_states.contains(&("rot".to_string(), 1)), "{s:?}");
+
+    // Put right on the device: the next scrub is clean again.
+    lfs.flip_bit_under(&f, at).unwrap();
+    assert_eq!(lfs.device_byte_under(&f, at).unwrap(), big[at as usize]);
+    let third = run_scrub(&dst, &ScrubOptions::default());
+    assert_eq!((third.clean, third.rotten), (2, 0), "{third:?}");
+}
+
+#[test]
+fn a_file_another_program_changed_is_reported_changed_and_one_removed_missing() {
+    let src = tempfile::tempdir().unwrap();
+    let dst = tempfile::tempdir().unwrap();
+    for (name, seed) in [("a", 1), ("b", 2), ("c", 3)] {
+        fs::write(src.path().join(name), intact_sample::bytes(50_000, seed)).unwrap();
+    }
+    let sources: Vec<_> = ["a", "b", "c"].iter().map(|n| src.path().join(n)).collect();
+    let r = copy(&sources, dst.path(), &opts(VerifyMode::Block), &|_| {}).unwrap();
+    assert_eq!(r.failed, 0, "{r:?}");
+    // Same size, new bytes, new mtime: another program's write.
+    fs::write(dst.path().join("a"), intact_sample::bytes(50_000, 9)).unwrap();
+    let t = std::time::SystemTime::now() + std::time::Duration::from_secs(5);
+    File::options()
+        .write(true)
+        .open(dst.path().join("a"))
+        .unwrap()
+        .set_modified(t)
+        .unwrap();
+    fs::remove_file(dst.path().join("b")).unwrap();
+    let rep = run_scrub(dst.path(), &ScrubOptions::default());
+    assert_eq!(
+        (rep.changed, rep.missing, rep.clean, rep.rotten),
+        (1, 1, 1, 0),
+        "{rep:?}"
+    );
+    let a = file(&rep, "a");
+    assert_eq!(a.state, "changed");
+    assert!(a.note.as_deref().unwrap().contains("not rot"), "{a:?}");
+    assert!(a.rot.is_empty());
+    assert_eq!(file(&rep, "b").state, "missing");
+    assert!(rep.damaged(), "a missing file is damage");
+}
+
+#[test]
+fn a_tmpfs_root_is_scrubbed_at_level_cache_never_device() {
+    let Some(tmpfs) = intact_testkit::tmpfs("a_tmpfs_root_is_scrubbed_at_level_cache_never_device")
+    else {
+        return;
+    };
+    let src = tempfile::tempdir().unwrap();
+    let dst = tmpfs.path().join("dst");
+    fs::write(src.path().join("f"), intact_sample::bytes(300_000, 5)).unwrap();
+    copy(
+        &[src.path().join("f")],
+        &dst,
+        &opts(VerifyMode::Riva),
+        &|_| {},
+    )
+    .unwrap();
+    let rep = run_scrub(&dst, &ScrubOptions::default());
+    assert_eq!((rep.files, rep.clean), (1, 1), "{rep:?}");
+    assert_eq!(file(&rep, "f").level, VerifyLevel::Cache);
+    assert_eq!((rep.at_device, rep.below_device), (0, 1));
+}
+
+#[test]
+fn an_interrupted_scrub_goes_on_after_the_last_file_it_finished() {
+    let src = tempfile::tempdir().unwrap();
+    let dst = tempfile::tempdir().unwrap();
+    let names: Vec<String> = (0..6).map(|i| format!("f{i}")).collect();
+    for (i, n) in names.iter().enumerate() {
+        fs::write(src.path().join(n), intact_sample::bytes(20_000, i as u64)).unwrap();
+    }
+    let sources: Vec<_> = names.iter().map(|n| src.path().join(n)).collect();
+    copy(&sources, dst.path(), &opts(VerifyMode::Block), &|_| {}).unwrap();
+    // Stopped (by a panic in the progress callback) after two files.
+    let stopped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        scrub(dst.path(), &ScrubOptions::default(), false, &mut |p| {
+            if p.files == 2 {
+                panic!("interrupted");
+            }
+        })
+    }));
+    assert!(stopped.is_err(), "the scrub was to be interrupted");
+    let rest = run_scrub(dst.path(), &ScrubOptions::default());
+    assert!(rest.resumed, "{rest:?}");
+    assert_eq!(rest.files, 4, "only the files after the second: {rest:?}");
+    // A new pass reads them all; --older-than then finds none due.
+    let all = run_scrub(dst.path(), &ScrubOptions::default());
+    assert!(!all.resumed);
+    assert_eq!(all.files, 6);
+    let due = run_scrub(
+        dst.path(),
+        &ScrubOptions {
+            older_than: Some(std::time::Duration::from_secs(3600)),
+            ..ScrubOptions::default()
+        },
+    );
+    assert_eq!(due.files, 0, "{due:?}");
+}
