@@ -158,12 +158,13 @@ pub fn scrub(
         catalog: dir.join("journal.sqlite").display().to_string(),
         ..ScrubReport::default()
     };
-    let pass = match journal.open_scrub_pass()? {
+    let selection = opts.older_than.map_or(-1, |d| d.as_secs() as i64);
+    let pass = match journal.open_scrub_pass(selection)? {
         Some(p) if !opts.restart => {
             report.resumed = p.last_file > 0;
             p
         }
-        _ => journal.begin_scrub_pass()?,
+        _ => journal.begin_scrub_pass(selection)?,
     };
     let before = match opts.older_than {
         Some(d) => crate::journal::unix_now().saturating_sub(d.as_secs() as i64),
@@ -178,6 +179,7 @@ pub fn scrub(
     let mut throttle = Throttle::new(opts.rate);
     let mut buf = AlignedBuf::new(0);
     let mut after = pass.last_file;
+    let mut flushed = Instant::now();
     loop {
         let batch = journal.catalog_after(after, before, 512)?;
         if batch.is_empty() {
@@ -185,7 +187,7 @@ pub fn scrub(
         }
         for cf in batch {
             after = cf.id;
-            let fs = scrub_file(&dest, &journal, &cf, opts, &mut buf, &mut throttle);
+            let fs = scrub_file(&dest, &journal, &cf, opts, &mut buf, &mut throttle)?;
             let state = state_of(&fs);
             let rot_bytes = fs.rot.iter().map(|r| r.len).sum();
             journal.mark_scrubbed(
@@ -199,8 +201,11 @@ pub fn scrub(
             )?;
             p.files += 1;
             p.bytes += fs.bytes;
-            if p.files % MARK_BATCH == 0 {
+            // Committed often enough that a killed scrub reads again at
+            // most a second's or MARK_BATCH files' worth.
+            if p.files % MARK_BATCH == 0 || flushed.elapsed() >= Duration::from_secs(1) {
                 journal.flush()?;
+                flushed = Instant::now();
             }
             report.files += 1;
             report.bytes += fs.bytes;
@@ -239,7 +244,11 @@ fn state_of(fs: &FileScrub) -> ScrubState {
     }
 }
 
-/// Scrubs one file.
+/// Largest block size a catalog row may name (a larger one is a damaged row).
+const MAX_BLOCK_SIZE: u32 = 1 << 30;
+
+/// Scrubs one file; an error is the catalog's own (the file's problems
+/// are its verdict).
 fn scrub_file(
     dest: &Destination,
     journal: &Journal,
@@ -247,7 +256,7 @@ fn scrub_file(
     opts: &ScrubOptions,
     buf: &mut AlignedBuf,
     throttle: &mut Throttle,
-) -> FileScrub {
+) -> Result<FileScrub, TransferError> {
     let mut fs = FileScrub {
         path: String::from_utf8_lossy(&cf.path).into_owned(),
         state: ScrubState::Unreadable.name(),
@@ -267,21 +276,26 @@ fn scrub_file(
             ScrubState::Missing,
             "its cataloged name is not a path".into(),
         );
-        return fs;
+        return Ok(fs);
     };
+    if cf.block_size == 0 || cf.block_size > MAX_BLOCK_SIZE {
+        let why = format!("its catalog row is damaged (block size {})", cf.block_size);
+        verdict(&mut fs, ScrubState::Unreadable, why);
+        return Ok(fs);
+    }
     let Some(file) = dest.open_final(&wire) else {
         verdict(
             &mut fs,
             ScrubState::Missing,
             "not there as a regular file".into(),
         );
-        return fs;
+        return Ok(fs);
     };
     let meta = match file.metadata() {
         Ok(m) => m,
         Err(e) => {
             verdict(&mut fs, ScrubState::Unreadable, e.to_string());
-            return fs;
+            return Ok(fs);
         }
     };
     let now = (meta.len(), meta.mtime(), meta.mtime_nsec() as u32);
@@ -301,37 +315,45 @@ fn scrub_file(
                 what.join(" and ")
             ),
         );
-        return fs;
+        return Ok(fs);
     }
-    match check_file(journal, cf, &file, opts, buf, throttle, &mut fs) {
-        Ok(()) => {
+    let records = journal.blocks(cf.id)?;
+    match check_file(records, cf, &file, opts, buf, throttle, &mut fs) {
+        Ok(0) => {
             fs.state = if fs.rot.is_empty() {
                 ScrubState::Clean.name()
             } else {
                 ScrubState::Rot.name()
             };
         }
+        Ok(unchecked) if fs.rot.is_empty() => {
+            let why = format!(
+                "{unchecked} of its bytes have no checksum in the catalog (no block record and no whole-file digest): not checked"
+            );
+            verdict(&mut fs, ScrubState::Unreadable, why);
+        }
+        Ok(_) => fs.state = ScrubState::Rot.name(),
         Err(e) => verdict(&mut fs, ScrubState::Unreadable, e.to_string()),
     }
-    fs
+    Ok(fs)
 }
 
 /// Reads `file` block by block and holds every page, block and the whole
-/// against the catalog; fills `fs`'s level, bytes and rot.
+/// against the catalog (`records`, its blocks); fills `fs`'s level, bytes
+/// and rot. Returns how many bytes no checksum covered.
 fn check_file(
-    journal: &Journal,
+    records: Vec<crate::journal::BlockRecord>,
     cf: &CatalogFile,
     file: &File,
     opts: &ScrubOptions,
     buf: &mut AlignedBuf,
     throttle: &mut Throttle,
     fs: &mut FileScrub,
-) -> Result<(), TransferError> {
+) -> Result<u64, TransferError> {
     let io = |e: std::io::Error| TransferError::Destination {
         path: fs.path.clone(),
         source: e,
     };
-    let records = journal.blocks(cf.id)?;
     let bs = u64::from(cf.block_size.max(1));
     let path = if opts.direct {
         ReadPath::Direct
@@ -346,6 +368,8 @@ fn check_file(
     let mut whole = blake3::Hasher::new();
     let mut all_device = cf.size > 0;
     let mut without_pages = 0u64;
+    let mut malformed_pages = 0u64;
+    let mut unrecorded = 0u64;
     let blocks = cf.size.div_ceil(bs);
     let mut records = records.into_iter().peekable();
     for index in 0..blocks {
@@ -361,6 +385,7 @@ fn check_file(
             records.next();
         }
         let Some(rec) = records.next_if(|r| r.index == index) else {
+            unrecorded += len as u64;
             continue;
         };
         let block_ok = hash(defaults::BLOCK_ALGORITHM, data).as_bytes() == rec.digest;
@@ -383,8 +408,12 @@ fn check_file(
                     add_range(&mut fs.rot, offset, len as u64, vec!["xxh3-128"]);
                 }
             }
-            _ => {
-                without_pages += 1;
+            other => {
+                if other.is_some() {
+                    malformed_pages += 1;
+                } else {
+                    without_pages += 1;
+                }
                 if !block_ok {
                     add_range(&mut fs.rot, offset, len as u64, vec!["xxh3-128"]);
                 }
@@ -401,6 +430,11 @@ fn check_file(
             "{without_pages} block(s) have no page checksums in the catalog (received by an older build): checked per block"
         ));
     }
+    if malformed_pages > 0 {
+        fs.note = Some(format!(
+            "{malformed_pages} block(s) have malformed page checksums in the catalog: checked per block"
+        ));
+    }
     if cf.digest.is_none() && blocks > 0 && fs.note.is_none() {
         fs.note = Some("no whole-file digest in the catalog (an older build's record)".into());
     }
@@ -409,7 +443,9 @@ fn check_file(
     } else {
         VerifyLevel::Cache
     };
-    Ok(())
+    // Without a whole-file digest, bytes no block record covers were not
+    // checked at all.
+    Ok(if cf.digest.is_none() { unrecorded } else { 0 })
 }
 
 /// Adds a rotten range, merging it with the last one when they touch and

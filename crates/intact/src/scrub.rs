@@ -34,8 +34,9 @@ is rotten, missing or unreadable, 2 for a usage error.";
 pub const STATUS_ABOUT: &str = "\
 What intact's catalog of ROOT holds: files and bytes cataloged, the levels
 they reached at arrival, what their last scrub found and at which level,
-files never scrubbed, and the oldest scrub (every file has been read back
-from the device since then).";
+files never scrubbed, and, when every file's last scrub read all of it
+from the device, the oldest such scrub (every file has been read back
+since then).";
 
 /// `intact scrub`.
 #[derive(Args, Debug)]
@@ -186,7 +187,8 @@ pub fn status(a: &StatusArgs) -> anyhow::Result<ExitCode> {
             "last_scrub_levels": s.scrub_levels.iter().map(|(k, n)| (k.clone(), *n)).collect::<std::collections::BTreeMap<_, _>>(),
             "rot_bytes": s.rot_bytes,
             "never_scrubbed": s.never_scrubbed,
-            "every_file_scrubbed_since": s.every_file_scrubbed_since,
+            "not_read_back": s.not_read_back,
+            "every_file_read_back_since": s.every_file_read_back_since,
         });
         outln!("{}", serde_json::to_string_pretty(&v)?)?;
         return Ok(ExitCode::SUCCESS);
@@ -215,13 +217,17 @@ pub fn status(a: &StatusArgs) -> anyhow::Result<ExitCode> {
         "rot found:        {} bytes (at each file's last scrub)",
         s.rot_bytes
     )?;
-    match s.every_file_scrubbed_since {
+    match s.every_file_read_back_since {
         Some(t) => outln!(
-            "every file scrubbed since {} ({} ago)",
+            "every file read back from the device and checked since {} ({} ago)",
             t,
             age(intact_transfer::unix_now().saturating_sub(t))
         )?,
-        None => outln!("never scrubbed:   {} files", s.never_scrubbed)?,
+        None => outln!(
+            "not read back:    {} files by their last scrub ({} never scrubbed)",
+            s.not_read_back,
+            s.never_scrubbed
+        )?,
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -136,9 +136,14 @@ pub struct CatalogSummary {
     pub scrub_levels: Vec<(String, u64)>,
     /// Bytes found rotten by the last scrub of each file.
     pub rot_bytes: u64,
-    /// When the file scrubbed longest ago was scrubbed, if every file
-    /// was: every cataloged file has been read back since then.
-    pub every_file_scrubbed_since: Option<i64>,
+    /// When the file scrubbed longest ago was scrubbed, if every file's
+    /// last scrub read all of it from the device and found it clean or
+    /// rotten: every cataloged file has been read back since then.
+    pub every_file_read_back_since: Option<i64>,
+    /// Files whose last scrub did not read them whole from the device
+    /// (never scrubbed, missing, changed, unreadable, or read through the
+    /// page cache only).
+    pub not_read_back: u64,
     /// Files never scrubbed.
     pub never_scrubbed: u64,
     /// Files still partial (being received, or left by an interrupted run).
@@ -148,32 +153,23 @@ pub struct CatalogSummary {
 impl Journal {
     /// Adds the catalog's columns and tables to an older journal.
     pub(super) fn add_catalog_columns(db: &rusqlite::Connection) -> Result<(), TransferError> {
-        for (table, column) in [
-            ("blocks", "pages BLOB"),
-            ("files", "scrubbed_at INTEGER NOT NULL DEFAULT 0"),
-            ("files", "scrub_state INTEGER NOT NULL DEFAULT 0"),
-            ("files", "scrub_level INTEGER NOT NULL DEFAULT 0"),
-            ("files", "rot_bytes INTEGER NOT NULL DEFAULT 0"),
-        ] {
-            let name = column.split(' ').next().expect("a name");
-            let has: bool = db
-                .query_row(
-                    &format!("SELECT COUNT(*) FROM pragma_table_info('{table}') WHERE name = ?1"),
-                    params![name],
-                    |r| r.get::<_, i64>(0).map(|n| n > 0),
-                )
-                .map_err(db_err)?;
-            if !has {
-                db.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column}"))
-                    .map_err(db_err)?;
-            }
-        }
+        super::add_missing_columns(
+            db,
+            &[
+                ("blocks", "pages BLOB"),
+                ("files", "scrubbed_at INTEGER NOT NULL DEFAULT 0"),
+                ("files", "scrub_state INTEGER NOT NULL DEFAULT 0"),
+                ("files", "scrub_level INTEGER NOT NULL DEFAULT 0"),
+                ("files", "rot_bytes INTEGER NOT NULL DEFAULT 0"),
+            ],
+        )?;
         db.execute_batch(
             "CREATE TABLE IF NOT EXISTS scrub_passes (
                  id INTEGER PRIMARY KEY,
                  started INTEGER NOT NULL,
                  last_file INTEGER NOT NULL DEFAULT 0,
-                 finished INTEGER NOT NULL DEFAULT 0
+                 finished INTEGER NOT NULL DEFAULT 0,
+                 older_than INTEGER NOT NULL DEFAULT -1
              );",
         )
         .map_err(db_err)
@@ -252,12 +248,15 @@ impl Journal {
         Ok(())
     }
 
-    /// The scrub pass left unfinished, if any (the latest).
-    pub fn open_scrub_pass(&self) -> Result<Option<ScrubPass>, TransferError> {
+    /// The scrub pass left unfinished, if any (the latest), when it was
+    /// begun for the same `older_than` (seconds, -1 for none): a pass
+    /// only goes on with the selection it began with.
+    pub fn open_scrub_pass(&self, older_than: i64) -> Result<Option<ScrubPass>, TransferError> {
         self.db()
             .query_row(
-                "SELECT id, started, last_file, finished FROM scrub_passes ORDER BY id DESC LIMIT 1",
-                [],
+                "SELECT id, started, last_file, finished FROM scrub_passes
+                 WHERE id = (SELECT MAX(id) FROM scrub_passes) AND older_than = ?1",
+                params![older_than],
                 pass_row,
             )
             .optional()
@@ -265,13 +264,14 @@ impl Journal {
             .map_err(db_err)
     }
 
-    /// Begins a scrub pass now.
-    pub fn begin_scrub_pass(&self) -> Result<ScrubPass, TransferError> {
+    /// Begins a scrub pass now, for files due by `older_than` (seconds,
+    /// -1 for all).
+    pub fn begin_scrub_pass(&self, older_than: i64) -> Result<ScrubPass, TransferError> {
         let started = unix_now();
         let db = self.db();
         db.execute(
-            "INSERT INTO scrub_passes (started) VALUES (?1)",
-            params![started],
+            "INSERT INTO scrub_passes (started, older_than) VALUES (?1, ?2)",
+            params![started, older_than],
         )
         .map_err(db_err)?;
         Ok(ScrubPass {
@@ -346,15 +346,21 @@ impl Journal {
             "SELECT scrub_level, 1, COUNT(*) FROM files WHERE done = 1 AND scrubbed_at > 0 GROUP BY scrub_level ORDER BY scrub_level",
             &level_name,
         )?;
-        let (never, oldest): (i64, Option<i64>) = db
+        let device = i64::from(VerifyLevel::Device.wire_id());
+        let (never, not_back, oldest): (i64, i64, Option<i64>) = db
             .query_row(
-                "SELECT COALESCE(SUM(scrubbed_at = 0), 0), MIN(scrubbed_at) FROM files WHERE done = 1",
-                [],
-                |r| Ok((r.get(0)?, r.get(1)?)),
+                "SELECT COALESCE(SUM(scrubbed_at = 0), 0),
+                        COALESCE(SUM(NOT (scrub_state IN (1, 2) AND scrub_level = ?1)), 0),
+                        MIN(scrubbed_at)
+                 FROM files WHERE done = 1",
+                params![device],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
             )
             .map_err(db_err)?;
         s.never_scrubbed = never as u64;
-        s.every_file_scrubbed_since = oldest.filter(|_| never == 0 && files > 0);
+        s.not_read_back = not_back as u64;
+        // Only when every file's last scrub read all of it from the device.
+        s.every_file_read_back_since = oldest.filter(|_| not_back == 0 && files > 0);
         Ok(s)
     }
 }

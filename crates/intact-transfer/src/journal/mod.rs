@@ -162,6 +162,25 @@ fn db_err(e: rusqlite::Error) -> TransferError {
     TransferError::Journal(e.to_string())
 }
 
+/// Adds each `(table, "name TYPE …")` column an older journal lacks.
+fn add_missing_columns(db: &Connection, columns: &[(&str, &str)]) -> Result<(), TransferError> {
+    for (table, column) in columns {
+        let name = column.split(' ').next().expect("a name");
+        let has: bool = db
+            .query_row(
+                &format!("SELECT COUNT(*) FROM pragma_table_info('{table}') WHERE name = ?1"),
+                params![name],
+                |r| r.get::<_, i64>(0).map(|n| n > 0),
+            )
+            .map_err(db_err)?;
+        if !has {
+            db.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column}"))
+                .map_err(db_err)?;
+        }
+    }
+    Ok(())
+}
+
 impl Journal {
     /// Opens (creating it if needed) the journal of `root`, in
     /// `root/.intact`.

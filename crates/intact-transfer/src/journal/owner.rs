@@ -24,20 +24,13 @@ pub struct Owner {
 impl Journal {
     /// Adds the owner columns to an older journal.
     pub(super) fn add_owner_columns(db: &rusqlite::Connection) -> Result<(), TransferError> {
-        for column in ["session BLOB", "session_at INTEGER NOT NULL DEFAULT 0"] {
-            let name = column.split(' ').next().expect("a name");
-            let has: bool = db
-                .query_row(
-                    "SELECT COUNT(*) FROM pragma_table_info('files') WHERE name = ?1",
-                    params![name],
-                    |r| r.get::<_, i64>(0).map(|n| n > 0),
-                )
-                .map_err(db_err)?;
-            if !has {
-                db.execute_batch(&format!("ALTER TABLE files ADD COLUMN {column}"))
-                    .map_err(db_err)?;
-            }
-        }
+        super::add_missing_columns(
+            db,
+            &[
+                ("files", "session BLOB"),
+                ("files", "session_at INTEGER NOT NULL DEFAULT 0"),
+            ],
+        )?;
         Ok(())
     }
 
