@@ -202,3 +202,38 @@ fn an_interrupted_scrub_goes_on_after_the_last_file_it_finished() {
     );
     assert_eq!(due.files, 0, "{due:?}");
 }
+
+#[test]
+fn a_file_without_block_records_is_held_against_its_whole_file_digest() {
+    let src = tempfile::tempdir().unwrap();
+    let dst = tempfile::tempdir().unwrap();
+    let data = intact_sample::bytes(40_000, 21);
+    fs::write(src.path().join("n"), &data).unwrap();
+    // `none` records no block digests: only the whole-file BLAKE3.
+    let r = copy(
+        &[src.path().join("n")],
+        dst.path(),
+        &opts(VerifyMode::None),
+        &|_| {},
+    )
+    .unwrap();
+    assert_eq!(r.failed, 0, "{r:?}");
+    assert_eq!(run_scrub(dst.path(), &ScrubOptions::default()).clean, 1);
+    // One byte changed in place, size and mtime kept: only the bytes tell.
+    let path = dst.path().join("n");
+    let mtime = fs::metadata(&path).unwrap().modified().unwrap();
+    let mut changed = data.clone();
+    changed[12_345] ^= 0x40;
+    fs::write(&path, &changed).unwrap();
+    File::options()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+    let rep = run_scrub(dst.path(), &ScrubOptions::default());
+    let n = file(&rep, "n");
+    assert_eq!(n.state, "rot", "{rep:?}");
+    assert_eq!((n.rot[0].offset, n.rot[0].len), (0, 40_000));
+    assert_eq!(n.rot[0].failed, vec!["blake3"]);
+}

@@ -162,8 +162,13 @@ fn db_err(e: rusqlite::Error) -> TransferError {
     TransferError::Journal(e.to_string())
 }
 
-/// Adds each `(table, "name TYPE …")` column an older journal lacks.
-fn add_missing_columns(db: &Connection, columns: &[(&str, &str)]) -> Result<(), TransferError> {
+/// Adds each `(table, "name TYPE …")` column an older journal lacks;
+/// returns the `(table, name)` of those it added.
+fn add_missing_columns<'a>(
+    db: &Connection,
+    columns: &[(&'a str, &'a str)],
+) -> Result<Vec<(&'a str, &'a str)>, TransferError> {
+    let mut added = Vec::new();
     for (table, column) in columns {
         let name = column.split(' ').next().expect("a name");
         let has: bool = db
@@ -176,9 +181,10 @@ fn add_missing_columns(db: &Connection, columns: &[(&str, &str)]) -> Result<(), 
         if !has {
             db.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column}"))
                 .map_err(db_err)?;
+            added.push((*table, name));
         }
     }
-    Ok(())
+    Ok(added)
 }
 
 impl Journal {
@@ -252,45 +258,24 @@ impl Journal {
         )
         .map_err(db_err)?;
         // How and when each record was verified (added after the first
-        // journals were written: old rows read as level none).
-        for (table, column) in [
-            ("files", "mode"),
-            ("files", "at"),
-            ("blocks", "mode"),
-            ("blocks", "level"),
-            ("blocks", "at"),
-        ] {
-            let has: bool = db
-                .query_row(
-                    &format!("SELECT COUNT(*) FROM pragma_table_info('{table}') WHERE name = ?1"),
-                    params![column],
-                    |r| r.get::<_, i64>(0).map(|n| n > 0),
-                )
-                .map_err(db_err)?;
-            if !has {
-                db.execute_batch(&format!(
-                    "ALTER TABLE {table} ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0"
-                ))
-                .map_err(db_err)?;
-                if (table, column) == ("files", "mode") {
-                    // Older builds wrote files.level by rules that could
-                    // claim more than was checked: none of it is trusted.
-                    db.execute_batch("UPDATE files SET level = 0")
-                        .map_err(db_err)?;
-                }
-            }
-        }
-        // The whole-file digest (added later still: old rows have none, so
+        // journals were written: old rows read as level none), and the
+        // whole-file digest (added later still: old rows have none, so
         // they are never answered as unchanged).
-        let has: bool = db
-            .query_row(
-                "SELECT COUNT(*) FROM pragma_table_info('files') WHERE name = 'digest'",
-                [],
-                |r| r.get::<_, i64>(0).map(|n| n > 0),
-            )
-            .map_err(db_err)?;
-        if !has {
-            db.execute_batch("ALTER TABLE files ADD COLUMN digest BLOB")
+        let added = add_missing_columns(
+            &db,
+            &[
+                ("files", "mode INTEGER NOT NULL DEFAULT 0"),
+                ("files", "at INTEGER NOT NULL DEFAULT 0"),
+                ("blocks", "mode INTEGER NOT NULL DEFAULT 0"),
+                ("blocks", "level INTEGER NOT NULL DEFAULT 0"),
+                ("blocks", "at INTEGER NOT NULL DEFAULT 0"),
+                ("files", "digest BLOB"),
+            ],
+        )?;
+        if added.contains(&("files", "mode")) {
+            // Older builds wrote files.level by rules that could claim
+            // more than was checked: none of it is trusted.
+            db.execute_batch("UPDATE files SET level = 0")
                 .map_err(db_err)?;
         }
         // Whose a file is (added later again: old rows have no owner).
