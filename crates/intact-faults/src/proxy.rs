@@ -66,9 +66,12 @@ impl Victim {
             pid = self.0 .0.load(Ordering::SeqCst);
         }
         if pid > 0 {
+            // Marked before the signal: the test wakes as soon as the
+            // process is reaped, and a proxy thread preempted between the
+            // kill and a later store would make it look alive.
+            self.0 .2.store(true, Ordering::SeqCst);
             // SAFETY: a signal to a process this test spawned and named.
             unsafe { libc::kill(pid, libc::SIGKILL) };
-            self.0 .2.store(true, Ordering::SeqCst);
         }
     }
 }

@@ -58,6 +58,13 @@ fn send(
         v.set(child.id());
     }
     let out = child.wait_with_output().unwrap();
+    // Shown only when the test fails: what the sender said about it.
+    eprintln!(
+        "intact send {:?}: {}\n{}",
+        out.status,
+        addr,
+        String::from_utf8_lossy(&out.stderr)
+    );
     (out.status, serde_json::from_slice(&out.stdout).ok())
 }
 
