@@ -51,8 +51,9 @@ use crate::{ClientKey, Connection, Key, Message, ProtoError, SessionId, SessionS
 /// session id; 5: the `--delete` exchange; 6: sealed frames, FileEnd's
 /// whole-file digest is checked, and a file held whole is answered with
 /// its recorded digest; 7: ephemeral X25519 in the keys, streams grouped
-/// by a session secret sent in a Join, Hello carrying only its tag).
-pub const VERSION: u16 = 7;
+/// by a session secret sent in a Join, Hello carrying only its tag; 8:
+/// the pull exchange, Fetch and Fetched).
+pub const VERSION: u16 = 8;
 
 /// The reason a server gives a client whose proof is wrong.
 pub const AUTH_FAILED: &str = "authentication failed";

@@ -1,4 +1,10 @@
-//! The messages of protocol version 7 and their byte encoding.
+//! The messages of protocol version 8 and their byte encoding.
+//!
+//! Version 8 added the pull exchange: [`Message::Fetch`] asks a server
+//! for a byte range of a file under the client's root, answered by
+//! [`Message::Fetched`] (the bytes, or why not). `intact scrub
+//! --repair-from HOST:PORT` uses it to fetch the pages it found rotten;
+//! a server answers only when started with `--allow-fetch`.
 //!
 //! Version 7 added an ephemeral X25519 key share to Hello (mixed into the
 //! frame keys for forward secrecy, see [`crate::seal`]), made Hello's
@@ -288,6 +294,25 @@ pub enum Message {
     /// The sender will send nothing more until it gets results: the
     /// receiver should commit what it has verified and answer now.
     Waiting,
+    /// Version 8: the client asks for `len` bytes of the regular file
+    /// `path` (under its root) from `offset`; answered by
+    /// [`Message::Fetched`]. One request at a time per connection.
+    Fetch {
+        /// The file, relative to the client's root on the server.
+        path: WirePath,
+        /// First byte.
+        offset: u64,
+        /// Bytes wanted, at most [`MAX_BLOCK`].
+        len: u32,
+    },
+    /// Version 8: the answer to a [`Message::Fetch`]: the bytes (fewer
+    /// than asked only at the end of the file), or why not.
+    Fetched {
+        /// The offset asked for.
+        offset: u64,
+        /// The bytes, at most [`MAX_BLOCK`], or the reason.
+        result: Result<Vec<u8>, String>,
+    },
     /// The receiver's answer to a file's Entry: what it already holds.
     /// (A file it holds whole and unchanged is answered by a FileResult.)
     Status {
@@ -315,6 +340,8 @@ const DELETE_RUN: u8 = 14;
 const DELETE_REPORT: u8 = 15;
 const DELETE_DONE: u8 = 16;
 const JOIN: u8 = 17;
+const FETCH: u8 = 18;
+const FETCHED: u8 = 19;
 
 /// Largest Join payload, in bytes (a sealed secret is 48).
 pub const MAX_JOIN: usize = 64;
@@ -351,6 +378,8 @@ impl Message {
             Message::DeleteRun => "DeleteRun",
             Message::DeleteReport { .. } => "DeleteReport",
             Message::DeleteDone => "DeleteDone",
+            Message::Fetch { .. } => "Fetch",
+            Message::Fetched { .. } => "Fetched",
         }
     }
 
@@ -498,6 +527,26 @@ impl Message {
                 }
             }
             Message::DeleteDone => w.u8(DELETE_DONE),
+            Message::Fetch { path, offset, len } => {
+                w.u8(FETCH);
+                w.bytes(path.as_bytes());
+                w.u64(*offset);
+                w.u32(*len);
+            }
+            Message::Fetched { offset, result } => {
+                w.u8(FETCHED);
+                w.u64(*offset);
+                match result {
+                    Ok(data) => {
+                        w.u8(0);
+                        w.bytes(&data[..data.len().min(MAX_BLOCK)]);
+                    }
+                    Err(why) => {
+                        w.u8(1);
+                        w.bytes(truncate_text(why).as_bytes());
+                    }
+                }
+            }
             Message::Status { file, holding } => {
                 w.u8(STATUS);
                 w.u64(*file);
@@ -569,6 +618,8 @@ impl Message {
             DELETE_REPORT => "DeleteReport",
             DELETE_DONE => "DeleteDone",
             JOIN => "Join",
+            FETCH => "Fetch",
+            FETCHED => "Fetched",
             other => return Err(ProtoError::UnknownType(other)),
         };
         let mut r = Reader { buf: rest, name };
@@ -737,6 +788,24 @@ impl Message {
                 }
             }
             DELETE_DONE => Message::DeleteDone,
+            FETCH => {
+                let path = WirePath::parse(r.bytes(MAX_PATH_LEN)?)?;
+                let offset = r.u64()?;
+                let len = r.u32()?;
+                if len as usize > MAX_BLOCK {
+                    return Err(r.bad("range longer than a block"));
+                }
+                Message::Fetch { path, offset, len }
+            }
+            FETCHED => {
+                let offset = r.u64()?;
+                let result = match r.u8()? {
+                    0 => Ok(r.bytes(MAX_BLOCK)?.to_vec()),
+                    1 => Err(r.text()?),
+                    _ => return Err(r.bad("unknown fetch result")),
+                };
+                Message::Fetched { offset, result }
+            }
             _ => Message::Bye,
         };
         if !r.buf.is_empty() {

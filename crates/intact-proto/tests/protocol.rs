@@ -179,6 +179,13 @@ fn arb_message() -> impl Strategy<Value = Message> {
                 errors,
             }),
         Just(Message::DeleteDone),
+        (arb_path(), any::<u64>(), 0..=intact_proto::MAX_BLOCK as u32)
+            .prop_map(|(path, offset, len)| Message::Fetch { path, offset, len }),
+        (
+            any::<u64>(),
+            proptest::result::maybe_ok(proptest::collection::vec(any::<u8>(), 0..200), ".{0,40}")
+        )
+            .prop_map(|(offset, result)| Message::Fetched { offset, result }),
         (
             any::<u64>(),
             proptest::option::of(proptest::collection::vec(

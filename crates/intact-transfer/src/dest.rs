@@ -45,7 +45,7 @@ pub struct Mtime {
 }
 
 impl Mtime {
-    fn timestamps(self) -> Timestamps {
+    pub(crate) fn timestamps(self) -> Timestamps {
         let t = Timespec {
             tv_sec: self.sec,
             tv_nsec: self.nsec.into(),
@@ -225,6 +225,22 @@ impl Destination {
             &dir,
             &name,
             OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .ok()?;
+        let st = rfs::fstat(&fd).ok()?;
+        (rfs::FileType::from_raw_mode(st.st_mode) == rfs::FileType::RegularFile)
+            .then(|| File::from(fd))
+    }
+
+    /// As [`Destination::open_final`], open for writing too (a repair
+    /// writes good bytes over rotten ones in place).
+    pub fn open_final_rw(&self, path: &WirePath) -> Option<File> {
+        let (dir, name) = self.parent(path, false).ok()?;
+        let fd = rfs::openat(
+            &dir,
+            &name,
+            OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC,
             Mode::empty(),
         )
         .ok()?;

@@ -30,6 +30,7 @@ mod net;
 mod profile;
 mod prune;
 mod recheck;
+mod replica;
 mod report;
 mod scrub;
 mod select;
@@ -58,9 +59,11 @@ pub use net::{
 };
 pub use profile::{Profile, Stage, StageTime};
 pub use prune::{prune, prune_under, PruneReport};
+pub use replica::Replica;
 pub use report::{CopyReport, FileReport, Progress};
 pub use scrub::{
-    open_catalog, scrub, FileScrub, RotRange, ScrubOptions, ScrubProgress, ScrubReport,
+    open_catalog, scrub, scrub_catalog, FileScrub, Repair, RotRange, ScrubOptions, ScrubProgress,
+    ScrubReport,
 };
 pub use select::{Filter, Rule, RuleKind};
 pub use source::{

@@ -26,7 +26,7 @@ fn opts(verify: VerifyMode) -> CopyOptions {
 }
 
 fn run_scrub(root: &Path, o: &ScrubOptions) -> ScrubReport {
-    scrub(root, o, true, &mut |_| {}).expect("scrub runs")
+    scrub(root, o, None, true, &mut |_| {}).expect("scrub runs")
 }
 
 fn file<'a>(r: &'a ScrubReport, path: &str) -> &'a intact_transfer::FileScrub {
@@ -179,11 +179,17 @@ fn an_interrupted_scrub_goes_on_after_the_last_file_it_finished() {
     copy(&sources, dst.path(), &opts(VerifyMode::Block), &|_| {}).unwrap();
     // Stopped (by a panic in the progress callback) after two files.
     let stopped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        scrub(dst.path(), &ScrubOptions::default(), false, &mut |p| {
-            if p.files == 2 {
-                panic!("interrupted");
-            }
-        })
+        scrub(
+            dst.path(),
+            &ScrubOptions::default(),
+            None,
+            false,
+            &mut |p| {
+                if p.files == 2 {
+                    panic!("interrupted");
+                }
+            },
+        )
     }));
     assert!(stopped.is_err(), "the scrub was to be interrupted");
     let rest = run_scrub(dst.path(), &ScrubOptions::default());

@@ -327,6 +327,13 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N", default_value_t = intact_transfer::MAX_KEEP_PATHS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_delete_paths: usize,
 
+    /// Let clients fetch byte ranges of the files under their root (the
+    /// root, or a keyring client's subtree): what `intact scrub
+    /// --repair-from HOST:PORT` asks a replica for. Off by default: a
+    /// client that may write here may not read here unless this is given.
+    #[arg(long)]
+    pub allow_fetch: bool,
+
     /// Log a line per stream and per refused connection, not only one per
     /// client session (with its totals) and one per failure.
     #[arg(short, long)]

@@ -221,7 +221,7 @@ fn symlink_notes(sources: &[std::path::PathBuf], copy_links: bool, p: &PipelineA
 
 /// Splits HOST:PORT[:/subdir] (HOST may be [IPv6]). Anything else is a
 /// usage error (exit 2) that says what was expected.
-fn parse_target(t: &str) -> anyhow::Result<(String, Option<intact_proto::WirePath>)> {
+pub(crate) fn parse_target(t: &str) -> anyhow::Result<(String, Option<intact_proto::WirePath>)> {
     let usage_of = |what: &str| {
         usage(format!(
             "'{t}' is not HOST:PORT or HOST:PORT:/subdir ({what}); the last argument of send is the server, e.g. 127.0.0.1:4750 or [::1]:4750:/inbox"

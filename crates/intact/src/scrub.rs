@@ -1,12 +1,12 @@
 //! `intact scrub ROOT` and `intact status ROOT`: the at-rest catalog
 //! checked against the device, and read as one screen.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
-use intact_transfer::{open_catalog, ScrubOptions, ScrubReport};
+use intact_transfer::{open_catalog, Replica, ScrubOptions, ScrubReport};
 
 use crate::stdout::outln;
 
@@ -24,12 +24,19 @@ failed. A file whose size or mtime changed is reported as changed by
 another program, never as rot. A scrub that is interrupted goes on where
 it stopped the next time (--restart starts over).
 
+With --repair-from, rotten pages are fetched from a replica (a directory
+with the same tree, or an `intact serve --allow-fetch` server), checked
+against the catalog before anything is written, written in place, synced
+and re-read the same way; only then is the file called repaired, and its
+mtime is set back to the cataloged one.
+
 The catalog is ROOT/.intact/journal.sqlite for a root `intact serve`
 receives into, or the state `intact copy` keeps for copies into ROOT. A
 running server holds its root's catalog: scrub while it is stopped.
 
-Exit status: 0 when every file scrubbed is clean (or changed), 1 when any
-is rotten, missing or unreadable, 2 for a usage error.";
+Exit status: 0 when every file scrubbed is clean, changed or repaired, 1
+when any is rotten (and not repaired), missing or unreadable, 2 for a usage
+error.";
 
 pub const STATUS_ABOUT: &str = "\
 What intact's catalog of ROOT holds: files and bytes cataloged, the levels
@@ -60,6 +67,16 @@ pub struct ScrubArgs {
     /// of evict-then-read.
     #[arg(long)]
     pub direct: bool,
+    /// Repair rot from a replica: a directory holding the same tree, or an
+    /// intact server started with --allow-fetch (HOST:PORT, or
+    /// HOST:PORT:/subdir). Only the rotten pages are fetched; they are
+    /// checked against the catalog, written, and re-read before the file
+    /// is called repaired.
+    #[arg(long, value_name = "DIR|HOST:PORT")]
+    pub repair_from: Option<PathBuf>,
+    /// Pre-shared key file for a --repair-from server (as for `intact send`).
+    #[arg(long, value_name = "F", requires = "repair_from")]
+    pub key_file: Option<PathBuf>,
 }
 
 /// `intact status`.
@@ -99,6 +116,11 @@ pub fn run(a: &ScrubArgs) -> anyhow::Result<ExitCode> {
         rate: a.rate,
         restart: a.restart,
         direct: a.direct,
+        stop: None,
+    };
+    let mut replica = match &a.repair_from {
+        Some(from) => Some(replica(from, a.key_file.as_deref())?),
+        None => None,
     };
     let bar = std::io::IsTerminal::is_terminal(&std::io::stderr())
         .then(|| crate::hashing::progress_bar(0));
@@ -109,8 +131,11 @@ pub fn run(a: &ScrubArgs) -> anyhow::Result<ExitCode> {
             pb.set_message(format!("{}/{} files", p.files, p.files_total));
         }
     };
-    let report =
-        intact_transfer::scrub(&a.root, &opts, a.json, &mut progress).map_err(usage_or_error)?;
+    let report = intact_transfer::scrub(&a.root, &opts, replica.as_mut(), a.json, &mut progress)
+        .map_err(usage_or_error)?;
+    if let Some(r) = replica {
+        r.close();
+    }
     if let Some(pb) = bar {
         pb.finish_and_clear();
     }
@@ -126,12 +151,32 @@ pub fn run(a: &ScrubArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// The replica `from` names: an existing directory, else HOST:PORT[:/subdir].
+fn replica(from: &Path, key: Option<&Path>) -> anyhow::Result<Replica> {
+    if from.is_dir() {
+        return Ok(Replica::local(from)?);
+    }
+    let text = from
+        .to_str()
+        .ok_or_else(|| crate::exit::usage("--repair-from is neither a directory nor HOST:PORT"))?;
+    let (addr, subdir) = crate::copy::parse_target(text).map_err(|_| {
+        crate::exit::usage(format!(
+            "--repair-from '{text}' is neither a directory nor HOST:PORT[:/subdir]"
+        ))
+    })?;
+    let key = match key {
+        Some(f) => Some(intact_proto::Key::from_file(f)?),
+        None => None,
+    };
+    Ok(Replica::remote(&addr, subdir, key.as_ref())?)
+}
+
 fn print_report(r: &ScrubReport) -> anyhow::Result<()> {
     for f in &r.reports {
         let (mark, name) = crate::summary::printable(&f.path);
         let path = format!("{mark}{name}");
         match f.state {
-            "rot" => {
+            "rot" | "repaired" => {
                 for range in &f.rot {
                     outln!(
                         "ROT {path}: bytes {}..{} ({} bytes): {} mismatch, read at level {}",
@@ -141,6 +186,17 @@ fn print_report(r: &ScrubReport) -> anyhow::Result<()> {
                         range.failed.join(" and "),
                         f.level
                     )?;
+                }
+                if let Some(rep) = &f.repair {
+                    match &rep.error {
+                        None => outln!(
+                            "REPAIRED {path}: {} bytes from {}, re-read at level {} and found good",
+                            rep.bytes,
+                            rep.from,
+                            rep.level
+                        )?,
+                        Some(why) => outln!("NOT REPAIRED {path}: {why}")?,
+                    }
                 }
             }
             state => outln!(
@@ -152,13 +208,14 @@ fn print_report(r: &ScrubReport) -> anyhow::Result<()> {
     }
     let mib = r.bytes as f64 / (1024.0 * 1024.0);
     outln!(
-        "scrubbed {} files, {:.1} MiB in {:.1} s{}: {} clean, {} rotten, {} changed by another program, {} missing, {} unreadable",
+        "scrubbed {} files, {:.1} MiB in {:.1} s{}: {} clean, {} rotten, {} repaired, {} changed by another program, {} missing, {} unreadable",
         r.files,
         mib,
         r.seconds,
         if r.resumed { " (went on with an interrupted pass)" } else { "" },
         r.clean,
         r.rotten,
+        r.repaired,
         r.changed,
         r.missing,
         r.unreadable
@@ -186,6 +243,9 @@ pub fn status(a: &StatusArgs) -> anyhow::Result<ExitCode> {
             "last_scrub": s.scrub_states.iter().map(|(k, n)| (k.clone(), *n)).collect::<std::collections::BTreeMap<_, _>>(),
             "last_scrub_levels": s.scrub_levels.iter().map(|(k, n)| (k.clone(), *n)).collect::<std::collections::BTreeMap<_, _>>(),
             "rot_bytes": s.rot_bytes,
+            "repairs": s.repairs,
+            "repaired_bytes": s.repaired_bytes,
+            "last_repair": s.last_repair,
             "never_scrubbed": s.never_scrubbed,
             "not_read_back": s.not_read_back,
             "every_file_read_back_since": s.every_file_read_back_since,
@@ -214,8 +274,17 @@ pub fn status(a: &StatusArgs) -> anyhow::Result<ExitCode> {
     outln!("last scrub found: {}", list(&s.scrub_states))?;
     outln!("last scrub level: {}", list(&s.scrub_levels))?;
     outln!(
-        "rot found:        {} bytes (at each file's last scrub)",
+        "rot found:        {} bytes not repaired (at each file's last scrub)",
         s.rot_bytes
+    )?;
+    outln!(
+        "repaired:         {} repairs, {} bytes{}",
+        s.repairs,
+        s.repaired_bytes,
+        s.last_repair.map_or(String::new(), |t| format!(
+            ", the last {} ago",
+            age(intact_transfer::unix_now().saturating_sub(t))
+        ))
     )?;
     match s.every_file_read_back_since {
         Some(t) => outln!(

@@ -61,6 +61,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
         receive: intact_transfer::ReceiveOptions {
             max_delete_paths: Some(args.max_delete_paths),
             keep_special_bits: args.keep_special_bits,
+            allow_fetch: args.allow_fetch,
             limits: intact_transfer::ReceiveLimits {
                 admit_wait: Duration::from_secs(args.admit_wait),
                 ..Default::default()

@@ -37,6 +37,9 @@ pub enum ScrubState {
     Missing,
     /// It could not be read (an I/O error).
     Unreadable,
+    /// It had rot, and the rotten bytes were fetched from a replica,
+    /// checked against the catalog, written, and re-read clean.
+    Repaired,
 }
 
 impl ScrubState {
@@ -48,6 +51,7 @@ impl ScrubState {
             ScrubState::Changed => 3,
             ScrubState::Missing => 4,
             ScrubState::Unreadable => 5,
+            ScrubState::Repaired => 6,
         }
     }
 
@@ -58,6 +62,7 @@ impl ScrubState {
             3 => ScrubState::Changed,
             4 => ScrubState::Missing,
             5 => ScrubState::Unreadable,
+            6 => ScrubState::Repaired,
             _ => ScrubState::Never,
         }
     }
@@ -71,6 +76,7 @@ impl ScrubState {
             ScrubState::Changed => "changed",
             ScrubState::Missing => "missing",
             ScrubState::Unreadable => "unreadable",
+            ScrubState::Repaired => "repaired",
         }
     }
 }
@@ -134,8 +140,14 @@ pub struct CatalogSummary {
     pub scrub_states: Vec<(String, u64)>,
     /// Files whose last scrub read reached each level (level name, count).
     pub scrub_levels: Vec<(String, u64)>,
-    /// Bytes found rotten by the last scrub of each file.
+    /// Bytes found rotten by the last scrub of each file and not repaired.
     pub rot_bytes: u64,
+    /// Repairs from a replica ever made (each one re-read clean after).
+    pub repairs: u64,
+    /// Bytes those repairs wrote.
+    pub repaired_bytes: u64,
+    /// When the last repair was made (unix seconds).
+    pub last_repair: Option<i64>,
     /// When the file scrubbed longest ago was scrubbed, if every file's
     /// last scrub read all of it from the device and found it clean or
     /// rotten: every cataloged file has been read back since then.
@@ -170,6 +182,13 @@ impl Journal {
                  last_file INTEGER NOT NULL DEFAULT 0,
                  finished INTEGER NOT NULL DEFAULT 0,
                  older_than INTEGER NOT NULL DEFAULT -1
+             );
+             CREATE TABLE IF NOT EXISTS repairs (
+                 id INTEGER PRIMARY KEY,
+                 path BLOB NOT NULL,
+                 at INTEGER NOT NULL,
+                 bytes INTEGER NOT NULL,
+                 replica TEXT NOT NULL
              );",
         )
         .map_err(db_err)
@@ -248,6 +267,23 @@ impl Journal {
         Ok(())
     }
 
+    /// Records that `bytes` of `path` were repaired from `replica`, now
+    /// (in the open transaction, with the file's scrub mark).
+    pub fn record_repair(
+        &self,
+        path: &[u8],
+        bytes: u64,
+        replica: &str,
+    ) -> Result<(), TransferError> {
+        self.begun()?
+            .prepare_cached(
+                "INSERT INTO repairs (path, at, bytes, replica) VALUES (?1, ?2, ?3, ?4)",
+            )
+            .and_then(|mut st| st.execute(params![path, unix_now(), bytes as i64, replica]))
+            .map_err(db_err)?;
+        Ok(())
+    }
+
     /// The scrub pass left unfinished, if any (the latest), when it was
     /// begun for the same `older_than` (seconds, -1 for none): a pass
     /// only goes on with the selection it began with.
@@ -301,7 +337,7 @@ impl Journal {
         let (files, bytes, rot, partial): (i64, i64, i64, i64) = db
             .query_row(
                 "SELECT COALESCE(SUM(done), 0), COALESCE(SUM(CASE WHEN done = 1 THEN size END), 0),
-                        COALESCE(SUM(CASE WHEN done = 1 THEN rot_bytes END), 0),
+                        COALESCE(SUM(CASE WHEN done = 1 AND scrub_state = 2 THEN rot_bytes END), 0),
                         COALESCE(SUM(1 - done), 0)
                  FROM files",
                 [],
@@ -310,6 +346,14 @@ impl Journal {
             .map_err(db_err)?;
         (s.files, s.bytes, s.rot_bytes, s.partial) =
             (files as u64, bytes as u64, rot as u64, partial as u64);
+        let (repairs, repaired, last): (i64, i64, Option<i64>) = db
+            .query_row(
+                "SELECT COUNT(*), COALESCE(SUM(bytes), 0), MAX(at) FROM repairs",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .map_err(db_err)?;
+        (s.repairs, s.repaired_bytes, s.last_repair) = (repairs as u64, repaired as u64, last);
         let grouped = |sql: &str, name: &dyn Fn(i64, i64) -> String| {
             let mut st = db.prepare(sql).map_err(db_err)?;
             let rows = st
@@ -350,7 +394,7 @@ impl Journal {
         let (never, not_back, oldest): (i64, i64, Option<i64>) = db
             .query_row(
                 "SELECT COALESCE(SUM(scrubbed_at = 0), 0),
-                        COALESCE(SUM(NOT (scrub_state IN (1, 2) AND scrub_level = ?1)), 0),
+                        COALESCE(SUM(NOT (scrub_state IN (1, 2, 6) AND scrub_level = ?1)), 0),
                         MIN(scrubbed_at)
                  FROM files WHERE done = 1",
                 params![device],

@@ -61,6 +61,7 @@ mod begin;
 mod commit;
 mod data_clock;
 mod digests;
+mod fetch;
 mod hooks;
 mod incoming;
 mod resume;
@@ -199,6 +200,11 @@ pub struct ReceiveOptions {
     /// Where the receiver's stage times are summed (shared by clones: a
     /// copy's sender half sums into the same one).
     pub profile: std::sync::Arc<crate::profile::Profile>,
+    /// Answer [`intact_proto::Message::Fetch`] (version 8's pull of byte
+    /// ranges, for `intact scrub --repair-from`) with the bytes of files
+    /// under the session's root (`intact serve --allow-fetch`). Off: a
+    /// Fetch is refused and its session ends.
+    pub allow_fetch: bool,
 }
 
 /// How long a frame may wait for its session's share of the server's

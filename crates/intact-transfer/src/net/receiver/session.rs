@@ -184,6 +184,21 @@ impl Session<'_> {
                     self.summary.deleted += report.deleted.len() as u64;
                 }
             }
+            Message::Fetch { path, offset, len } => {
+                if !self.opts.allow_fetch {
+                    self.refuse_unless::<()>(Err(
+                        "this server does not serve ranges of its files (start it with `intact serve --allow-fetch` to let clients repair from it)".into(),
+                    ))?;
+                }
+                let (reply, _held) = super::fetch::answer(
+                    self.dest,
+                    self.shares.memory.as_ref(),
+                    &path,
+                    offset,
+                    len,
+                )?;
+                self.out.send(reply)?;
+            }
             Message::Waiting => {
                 // The sender blocks until it hears back: commit the group
                 // now, so small files share one syncfs and their results go.
@@ -192,7 +207,7 @@ impl Session<'_> {
             other => {
                 return Err(ProtoError::Unexpected {
                     got: other.name(),
-                    wanted: "Entry, Block, FileEnd or Bye",
+                    wanted: "Entry, Block, FileEnd, Fetch or Bye",
                 }
                 .into())
             }

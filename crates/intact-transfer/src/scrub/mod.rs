@@ -8,6 +8,7 @@
 //! reports for a file is `device` only if every one of its reads came from
 //! the device, else `cache` (tmpfs, or a page that would not leave).
 
+use std::collections::BTreeSet;
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -18,9 +19,13 @@ use intact_digest::{defaults, hash, page_crc_blob, AlignedBuf, PAGE_SIZE};
 use intact_proto::WirePath;
 use serde::Serialize;
 
-use crate::journal::{CatalogFile, Journal, ScrubMark, ScrubState};
+use crate::journal::{BlockRecord, CatalogFile, Journal, ScrubMark, ScrubState};
+use crate::Replica;
+
+mod repair;
 use crate::verify::VerifyLevel;
 use crate::{Destination, TransferError};
+pub use repair::Repair;
 
 /// How a scrub runs.
 #[derive(Debug, Clone, Default)]
@@ -35,6 +40,8 @@ pub struct ScrubOptions {
     /// Read with `O_DIRECT` (proven by residency counts) instead of
     /// evict-then-read.
     pub direct: bool,
+    /// Stop (between files, the pass left open to go on) once this is set.
+    pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 /// A byte range of a file that no longer matches the catalog.
@@ -68,6 +75,9 @@ pub struct FileScrub {
     pub note: Option<String>,
     /// How it was verified at arrival.
     pub arrival_level: VerifyLevel,
+    /// What a repair from a replica did (only with one, only of rot).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub repair: Option<Repair>,
 }
 
 /// A whole scrub's report.
@@ -84,8 +94,20 @@ pub struct ScrubReport {
     pub bytes: u64,
     /// Files per verdict.
     pub clean: u64,
-    /// Files with rot.
+    /// Files with rot (not repaired).
     pub rotten: u64,
+    /// Files with rot repaired from the replica in this run (re-read and
+    /// found clean after the repair).
+    pub repaired: u64,
+    /// Bytes written by those repairs.
+    pub repaired_bytes: u64,
+    /// Bytes fetched from the replica.
+    pub fetched_bytes: u64,
+    /// The replica repairs came from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replica: Option<String>,
+    /// The scrub was stopped before its pass ended (it goes on next time).
+    pub stopped: bool,
     /// Files changed by another program (not rot).
     pub changed: u64,
     /// Files missing.
@@ -148,14 +170,32 @@ const MARK_BATCH: u64 = 256;
 pub fn scrub(
     root: &Path,
     opts: &ScrubOptions,
+    replica: Option<&mut Replica>,
+    keep_clean: bool,
+    progress: &mut dyn FnMut(ScrubProgress),
+) -> Result<ScrubReport, TransferError> {
+    let (journal, dir) = open_catalog(root)?;
+    let dest = Destination::open(root)?;
+    let name = dir.join("journal.sqlite").display().to_string();
+    scrub_catalog(&dest, &journal, name, opts, replica, keep_clean, progress)
+}
+
+/// Scrubs the files `journal` catalogs under `dest` (a server's own
+/// journal and destination, shared with its sessions; `catalog` names it
+/// in the report).
+pub fn scrub_catalog(
+    dest: &Destination,
+    journal: &Journal,
+    catalog: String,
+    opts: &ScrubOptions,
+    mut replica: Option<&mut Replica>,
     keep_clean: bool,
     progress: &mut dyn FnMut(ScrubProgress),
 ) -> Result<ScrubReport, TransferError> {
     let t0 = Instant::now();
-    let (journal, dir) = open_catalog(root)?;
-    let dest = Destination::open(root)?;
     let mut report = ScrubReport {
-        catalog: dir.join("journal.sqlite").display().to_string(),
+        catalog,
+        replica: replica.as_ref().map(|r| r.name().to_string()),
         ..ScrubReport::default()
     };
     let selection = opts.older_than.map_or(-1, |d| d.as_secs() as i64);
@@ -180,16 +220,36 @@ pub fn scrub(
     let mut buf = AlignedBuf::new(0);
     let mut after = pass.last_file;
     let mut flushed = Instant::now();
-    loop {
+    let stopped = || {
+        opts.stop
+            .as_ref()
+            .is_some_and(|s| s.load(std::sync::atomic::Ordering::SeqCst))
+    };
+    'pass: loop {
         let batch = journal.catalog_after(after, before, 512)?;
         if batch.is_empty() {
             break;
         }
         for cf in batch {
+            if stopped() {
+                report.stopped = true;
+                break 'pass;
+            }
             after = cf.id;
-            let fs = scrub_file(&dest, &journal, &cf, opts, &mut buf, &mut throttle)?;
+            let fs = scrub_file(
+                dest,
+                journal,
+                &cf,
+                opts,
+                replica.as_deref_mut(),
+                &mut buf,
+                &mut throttle,
+            )?;
             let state = state_of(&fs);
             let rot_bytes = fs.rot.iter().map(|r| r.len).sum();
+            if let (ScrubState::Repaired, Some(r)) = (state, &fs.repair) {
+                journal.record_repair(&cf.path, r.bytes, &r.from)?;
+            }
             journal.mark_scrubbed(
                 cf.id,
                 ScrubMark {
@@ -212,11 +272,18 @@ pub fn scrub(
             match state {
                 ScrubState::Clean => report.clean += 1,
                 ScrubState::Rot => report.rotten += 1,
+                ScrubState::Repaired => {
+                    report.repaired += 1;
+                    report.repaired_bytes += fs.repair.as_ref().map_or(0, |r| r.bytes);
+                }
                 ScrubState::Changed => report.changed += 1,
                 ScrubState::Missing => report.missing += 1,
                 ScrubState::Unreadable | ScrubState::Never => report.unreadable += 1,
             }
-            if matches!(state, ScrubState::Clean | ScrubState::Rot) {
+            if matches!(
+                state,
+                ScrubState::Clean | ScrubState::Rot | ScrubState::Repaired
+            ) {
                 if fs.level == VerifyLevel::Device {
                     report.at_device += 1;
                 } else {
@@ -229,7 +296,12 @@ pub fn scrub(
             progress(p);
         }
     }
-    journal.finish_scrub_pass(pass.id)?;
+    if report.stopped {
+        journal.flush()?;
+    } else {
+        journal.finish_scrub_pass(pass.id)?;
+    }
+    report.fetched_bytes = replica.map_or(0, |r| r.fetched());
     report.seconds = t0.elapsed().as_secs_f64();
     Ok(report)
 }
@@ -238,6 +310,7 @@ fn state_of(fs: &FileScrub) -> ScrubState {
     match fs.state {
         "clean" => ScrubState::Clean,
         "rot" => ScrubState::Rot,
+        "repaired" => ScrubState::Repaired,
         "changed" => ScrubState::Changed,
         "missing" => ScrubState::Missing,
         _ => ScrubState::Unreadable,
@@ -254,6 +327,7 @@ fn scrub_file(
     journal: &Journal,
     cf: &CatalogFile,
     opts: &ScrubOptions,
+    replica: Option<&mut Replica>,
     buf: &mut AlignedBuf,
     throttle: &mut Throttle,
 ) -> Result<FileScrub, TransferError> {
@@ -265,6 +339,7 @@ fn scrub_file(
         rot: Vec::new(),
         note: None,
         arrival_level: cf.arrival.level,
+        repair: None,
     };
     let verdict = |fs: &mut FileScrub, state: ScrubState, note: String| {
         fs.state = state.name();
@@ -318,10 +393,28 @@ fn scrub_file(
         return Ok(fs);
     }
     let records = journal.blocks(cf.id)?;
-    match check_file(records, cf, &file, opts, buf, throttle, &mut fs) {
+    let checked = check_file(
+        &records,
+        cf,
+        &file,
+        opts.direct,
+        None,
+        buf,
+        throttle,
+        &mut fs,
+    );
+    if let (Ok(_), Some(replica)) = (&checked, replica) {
+        if !fs.rot.is_empty() {
+            let r = repair::repair(dest, &wire, cf, &records, &fs, replica, opts.direct, buf);
+            fs.repair = Some(r);
+        }
+    }
+    match checked {
         Ok(0) => {
             fs.state = if fs.rot.is_empty() {
                 ScrubState::Clean.name()
+            } else if fs.repair.as_ref().is_some_and(|r| r.error.is_none()) {
+                ScrubState::Repaired.name()
             } else {
                 ScrubState::Rot.name()
             };
@@ -332,6 +425,9 @@ fn scrub_file(
             );
             verdict(&mut fs, ScrubState::Unreadable, why);
         }
+        Ok(_) if fs.repair.as_ref().is_some_and(|r| r.error.is_none()) => {
+            fs.state = ScrubState::Repaired.name()
+        }
         Ok(_) => fs.state = ScrubState::Rot.name(),
         Err(e) => verdict(&mut fs, ScrubState::Unreadable, e.to_string()),
     }
@@ -340,12 +436,16 @@ fn scrub_file(
 
 /// Reads `file` block by block and holds every page, block and the whole
 /// against the catalog (`records`, its blocks); fills `fs`'s level, bytes
-/// and rot. Returns how many bytes no checksum covered.
+/// and rot. `only`: just these blocks (a repair's re-read; the whole-file
+/// digest is then not computed). Returns how many bytes no checksum
+/// covered.
+#[allow(clippy::too_many_arguments)]
 fn check_file(
-    records: Vec<crate::journal::BlockRecord>,
+    records: &[BlockRecord],
     cf: &CatalogFile,
     file: &File,
-    opts: &ScrubOptions,
+    direct: bool,
+    only: Option<&BTreeSet<u64>>,
     buf: &mut AlignedBuf,
     throttle: &mut Throttle,
     fs: &mut FileScrub,
@@ -355,7 +455,7 @@ fn check_file(
         source: e,
     };
     let bs = u64::from(cf.block_size.max(1));
-    let path = if opts.direct {
+    let path = if direct {
         ReadPath::Direct
     } else {
         ReadPath::Evict
@@ -371,13 +471,17 @@ fn check_file(
     let blocks = cf.size.div_ceil(bs);
     let covered = records.len() as u64 == blocks
         && records.iter().enumerate().all(|(i, r)| r.index == i as u64);
-    let mut whole = (!covered).then(blake3::Hasher::new);
+    // A check of some blocks only (after a repair) has no whole to hash.
+    let mut whole = (!covered && only.is_none()).then(blake3::Hasher::new);
     let mut all_device = cf.size > 0;
     let mut without_pages = 0u64;
     let mut malformed_pages = 0u64;
     let mut unrecorded = 0u64;
-    let mut records = records.into_iter().peekable();
+    let mut records = records.iter().peekable();
     for index in 0..blocks {
+        if only.is_some_and(|o| !o.contains(&index)) {
+            continue;
+        }
         let offset = index * bs;
         let len = (cf.size - offset).min(bs) as usize;
         let outcome = reader.read(file, offset, len, buf).map_err(io)?;

@@ -1,0 +1,182 @@
+//! A replica to repair from: a local directory holding the same tree, or
+//! an intact server (`HOST:PORT`, started with `--allow-fetch`) asked over
+//! version 8's pull exchange ([`Message::Fetch`]). Nothing a replica
+//! returns is trusted: the caller holds every byte against its own
+//! catalog before writing it.
+
+use std::net::TcpStream;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use intact_proto::{Connection, Key, Message, SessionSecret, WirePath, MAX_BLOCK};
+
+use crate::{Destination, TransferError};
+
+/// Where good bytes come from.
+pub struct Replica {
+    from: From,
+    /// What it is, for reports.
+    name: String,
+    /// Why it can no longer answer (the server refused or went away).
+    broken: Option<String>,
+    /// Bytes fetched from it.
+    fetched: u64,
+}
+
+enum From {
+    Local(Destination),
+    Remote {
+        conn: Box<Connection<TcpStream>>,
+        subdir: Option<WirePath>,
+    },
+}
+
+impl Replica {
+    /// The tree under the local directory `dir` (symlinks in it are never
+    /// followed, as in any destination).
+    pub fn local(dir: &Path) -> Result<Replica, TransferError> {
+        if !dir.is_dir() {
+            return Err(TransferError::Usage(format!(
+                "{}: the replica to repair from is not a directory",
+                dir.display()
+            )));
+        }
+        Ok(Replica {
+            from: From::Local(Destination::open(dir)?),
+            name: dir.display().to_string(),
+            broken: None,
+            fetched: 0,
+        })
+    }
+
+    /// The server at `addr` (host:port), its files under `subdir` of the
+    /// root it gives this client; `key` as for `intact send`.
+    pub fn remote(
+        addr: &str,
+        subdir: Option<WirePath>,
+        key: Option<&Key>,
+    ) -> Result<Replica, TransferError> {
+        let (conn, _) = crate::net::sender::connect(addr, key, &SessionSecret::random()?)?;
+        let name = match &subdir {
+            Some(s) => format!("{addr}:/{s}"),
+            None => addr.to_string(),
+        };
+        Ok(Replica {
+            from: From::Remote {
+                conn: Box::new(conn),
+                subdir,
+            },
+            name,
+            broken: None,
+            fetched: 0,
+        })
+    }
+
+    /// What it is (a directory or HOST:PORT).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Bytes fetched so far.
+    pub fn fetched(&self) -> u64 {
+        self.fetched
+    }
+
+    /// `len` bytes of `path` from `offset`: exactly that many, or why not
+    /// (a file shorter than the range is an error here: the catalog says
+    /// how long it is).
+    pub fn fetch(&mut self, path: &WirePath, offset: u64, len: u64) -> Result<Vec<u8>, String> {
+        if let Some(why) = &self.broken {
+            return Err(why.clone());
+        }
+        let mut out = Vec::with_capacity(len.min(MAX_BLOCK as u64) as usize);
+        while (out.len() as u64) < len {
+            let at = offset + out.len() as u64;
+            let want = (len - out.len() as u64).min(MAX_BLOCK as u64) as u32;
+            let got = match &mut self.from {
+                From::Local(dest) => read_local(dest, path, at, want)?,
+                From::Remote { conn, subdir } => {
+                    let path = match subdir {
+                        Some(s) => {
+                            let mut joined = s.as_bytes().to_vec();
+                            joined.push(b'/');
+                            joined.extend_from_slice(path.as_bytes());
+                            WirePath::parse(&joined).map_err(|e| e.to_string())?
+                        }
+                        None => path.clone(),
+                    };
+                    match ask(conn, path, at, want) {
+                        Ok(r) => r?,
+                        Err(why) => {
+                            self.broken = Some(why.clone());
+                            return Err(why);
+                        }
+                    }
+                }
+            };
+            if got.is_empty() {
+                return Err(format!(
+                    "{path}: the replica's copy ends at byte {at}, before the {len} bytes from {offset}"
+                ));
+            }
+            self.fetched += got.len() as u64;
+            out.extend_from_slice(&got);
+        }
+        out.truncate(len as usize);
+        Ok(out)
+    }
+
+    /// Ends a server session politely (a local replica has none).
+    pub fn close(self) {
+        if let From::Remote { mut conn, .. } = self.from {
+            if self.broken.is_none() && conn.send(&Message::Bye).is_ok() {
+                let _ = conn.expect_message();
+            }
+        }
+    }
+}
+
+fn read_local(dest: &Destination, path: &WirePath, at: u64, want: u32) -> Result<Vec<u8>, String> {
+    let file = dest
+        .open_final(path)
+        .ok_or_else(|| format!("{path}: not a regular file in the replica"))?;
+    let mut buf = vec![0u8; want as usize];
+    let mut got = 0;
+    while got < buf.len() {
+        match file.read_at(&mut buf[got..], at + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(format!("{path}: {e}")),
+        }
+    }
+    buf.truncate(got);
+    Ok(buf)
+}
+
+/// One Fetch and its answer: the outer error ends the connection (the
+/// server refused, or the exchange broke), the inner one is this range's.
+#[allow(clippy::type_complexity)]
+fn ask(
+    conn: &mut Connection<TcpStream>,
+    path: WirePath,
+    offset: u64,
+    len: u32,
+) -> Result<Result<Vec<u8>, String>, String> {
+    conn.send(&Message::Fetch { path, offset, len })
+        .map_err(|e| format!("the replica server: {e}"))?;
+    match conn.expect_message() {
+        Ok(Message::Fetched { offset: o, result }) if o == offset => Ok(match result {
+            Ok(data) if data.len() > len as usize => {
+                Err(format!("the replica sent {} bytes for {len}", data.len()))
+            }
+            other => other,
+        }),
+        Ok(Message::Refused { reason }) => Err(format!("the replica server refused: {reason}")),
+        Ok(other) => Err(format!(
+            "the replica server answered {} to a Fetch",
+            other.name()
+        )),
+        Err(e) => Err(format!("the replica server: {e}")),
+    }
+}
