@@ -54,8 +54,9 @@ pub use limits::raise_open_file_limit;
 pub use model::RivaModel;
 pub use net::{
     delete_remote, receive, send, send_scanned, serve, wake, DeleteRequest, LocalServer,
-    ReceiveLimits, ReceiveOptions, RootError, RootLock, SendOptions, Server, ServerConfig,
-    SessionSummary, Working, WorkingNow, MAX_BYTES_IN_FLIGHT, MAX_FILES_IN_FLIGHT, MAX_KEEP_PATHS,
+    ReceiveLimits, ReceiveOptions, RootError, RootLock, ScrubSchedule, SendOptions, Server,
+    ServerConfig, SessionSummary, Working, WorkingNow, MAX_BYTES_IN_FLIGHT, MAX_FILES_IN_FLIGHT,
+    MAX_KEEP_PATHS,
 };
 pub use profile::{Profile, Stage, StageTime};
 pub use prune::{prune, prune_under, PruneReport};

@@ -334,6 +334,18 @@ pub struct ServeArgs {
     #[arg(long)]
     pub allow_fetch: bool,
 
+    /// Scrub the root's catalog in the background (as `intact scrub`, at
+    /// the idle I/O priority class): a pass at start and once per period
+    /// over the files not scrubbed within it (e.g. 7d, 12h); what it finds
+    /// is logged and kept for `intact status`.
+    #[arg(long, value_name = "AGE", value_parser = crate::scrub::parse_age)]
+    pub scrub_every: Option<std::time::Duration>,
+
+    /// At most this many bytes read per second by the background scrub
+    /// (500 = 500 KiB/s, 10M, 1G).
+    #[arg(long, value_name = "RATE", requires = "scrub_every", value_parser = crate::tree_args::parse_rate)]
+    pub scrub_rate: Option<u64>,
+
     /// Log a line per stream and per refused connection, not only one per
     /// client session (with its totals) and one per failure.
     #[arg(short, long)]

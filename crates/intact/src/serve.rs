@@ -34,6 +34,10 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(2));
         }
     }
+    if args.scrub_every.is_some_and(|d| d.is_zero()) {
+        eprintln!("intact serve: --scrub-every must be at least 1s (e.g. 7d)");
+        return Ok(ExitCode::from(2));
+    }
     intact_transfer::raise_open_file_limit();
     let described = match &keyring {
         None => "no key: loopback clients only, plain frames".to_string(),
@@ -58,6 +62,12 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
         frame_memory: args.frame_memory as u64,
         keyring,
         verbose: args.verbose,
+        scrub: args
+            .scrub_every
+            .map(|every| intact_transfer::ScrubSchedule {
+                every,
+                rate: args.scrub_rate,
+            }),
         receive: intact_transfer::ReceiveOptions {
             max_delete_paths: Some(args.max_delete_paths),
             keep_special_bits: args.keep_special_bits,
@@ -94,8 +104,17 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
             wake(addr);
         }
     });
+    let scrubbing = match args.scrub_every {
+        Some(every) => format!(
+            ", scrubbing files not scrubbed for {} s{} in the background",
+            every.as_secs(),
+            args.scrub_rate
+                .map_or(String::new(), |r| format!(" at most {} KiB/s", r / 1024))
+        ),
+        None => String::new(),
+    };
     println!(
-        "intact serve: listening on {addr}, root {}, {described}",
+        "intact serve: listening on {addr}, root {}, {described}{scrubbing}",
         args.root.display(),
     );
     std::io::stdout().flush()?;

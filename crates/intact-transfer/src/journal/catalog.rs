@@ -244,27 +244,43 @@ impl Journal {
             .map_err(db_err)
     }
 
-    /// Records what a scrub found of file `id`, now, and that `pass` got
-    /// past it; left in the open transaction ([`Journal::flush`] commits).
-    pub fn mark_scrubbed(&self, id: i64, mark: ScrubMark, pass: i64) -> Result<(), TransferError> {
+    /// Records what a scrub found of `file`, now, and that `pass` got past
+    /// it; left in the open transaction ([`Journal::flush`] commits).
+    /// Only if its row still describes what was read (a transfer may have
+    /// begun or finished a new version of the path meanwhile: its row is
+    /// then not marked, and false is returned).
+    pub fn mark_scrubbed(
+        &self,
+        file: &CatalogFile,
+        mark: ScrubMark,
+        pass: i64,
+    ) -> Result<bool, TransferError> {
         let db = self.begun()?;
         db.prepare_cached("UPDATE scrub_passes SET last_file = ?2 WHERE id = ?1")
-            .and_then(|mut st| st.execute(params![pass, id]))
+            .and_then(|mut st| st.execute(params![pass, file.id]))
             .map_err(db_err)?;
-        db.prepare_cached(
-                "UPDATE files SET scrubbed_at = ?2, scrub_state = ?3, scrub_level = ?4, rot_bytes = ?5 WHERE id = ?1",
+        let marked = db
+            .prepare_cached(
+                "UPDATE files SET scrubbed_at = ?2, scrub_state = ?3, scrub_level = ?4, rot_bytes = ?5
+                 WHERE id = ?1 AND done = 1 AND size = ?6 AND mtime_sec = ?7 AND mtime_nsec = ?8
+                   AND at = ?9 AND digest IS ?10",
             )
             .and_then(|mut st| {
                 st.execute(params![
-                    id,
+                    file.id,
                     unix_now(),
                     mark.state.id(),
                     i64::from(mark.level.wire_id()),
-                    mark.rot_bytes as i64
+                    mark.rot_bytes as i64,
+                    file.size as i64,
+                    file.mtime.0,
+                    i64::from(file.mtime.1),
+                    file.arrival.at,
+                    file.digest.map(|d| d.to_vec()),
                 ])
             })
             .map_err(db_err)?;
-        Ok(())
+        Ok(marked == 1)
     }
 
     /// Records that `bytes` of `path` were repaired from `replica`, now

@@ -1,6 +1,7 @@
 //! The network path: a receiving server and a sending client over
 //! intact-proto.
 
+mod background_scrub;
 pub(crate) mod bounds;
 mod confine;
 mod delete;
@@ -18,6 +19,7 @@ mod sessions;
 mod watchdog;
 mod whole_digest;
 
+pub use background_scrub::ScrubSchedule;
 pub use bounds::ReceiveLimits;
 pub use delete::{DeleteRequest, MAX_KEEP_PATHS};
 pub use receiver::{receive, ReceiveOptions, SessionSummary};

@@ -63,6 +63,8 @@ pub struct ServerConfig {
     pub verbose: bool,
     /// How sessions receive (fault hooks for tests and the fault lab).
     pub receive: ReceiveOptions,
+    /// Scrub the root's catalogs in the background (`--scrub-every`).
+    pub scrub: Option<super::ScrubSchedule>,
 }
 
 /// How long a connection may take to authenticate, from its accept to its
@@ -108,6 +110,7 @@ impl Server {
     /// then are left to end with the process: their partial files stay
     /// hidden, nothing unverified is final.
     pub fn run(self, listener: TcpListener, shutdown: Arc<AtomicBool>, log: Log) {
+        let scrub_log = Arc::clone(&log);
         return_freed_frames();
         let cfg = Arc::new(self.cfg);
         let max_sessions = cfg.max_sessions.max(1);
@@ -124,6 +127,17 @@ impl Server {
             log,
             cfg.verbose,
         ));
+        let scrubber = cfg.scrub.and_then(|schedule| {
+            super::background_scrub::start(
+                cfg.root.clone(),
+                Arc::clone(&self.journal),
+                schedule,
+                Arc::clone(&shutdown),
+                Arc::clone(&scrub_log),
+            )
+            .map_err(|e| scrub_log(format!("cannot start the scrub thread: {e}; not scrubbing")))
+            .ok()
+        });
         let handshaking = Handshakes::default();
         let threads = Arc::new(AtomicUsize::new(0));
         let watchdog = match Watchdog::start() {
@@ -203,6 +217,11 @@ impl Server {
         let deadline = std::time::Instant::now() + SHUTDOWN_GRACE;
         while threads.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
+        }
+        // The scrub stops between files (its pass goes on at the next
+        // start); a file being read then is read to its end.
+        if let Some(t) = scrubber {
+            let _ = t.join();
         }
     }
 }
@@ -460,6 +479,7 @@ impl ServerConfig {
             frame_memory: DEFAULT_FRAME_MEMORY,
             verbose: false,
             receive: ReceiveOptions::default(),
+            scrub: None,
         }
     }
 }

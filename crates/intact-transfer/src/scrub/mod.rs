@@ -108,6 +108,8 @@ pub struct ScrubReport {
     pub replica: Option<String>,
     /// The scrub was stopped before its pass ended (it goes on next time).
     pub stopped: bool,
+    /// Files a transfer replaced while they were scrubbed: not judged.
+    pub replaced: u64,
     /// Files changed by another program (not rot).
     pub changed: u64,
     /// Files missing.
@@ -247,18 +249,19 @@ pub fn scrub_catalog(
             )?;
             let state = state_of(&fs);
             let rot_bytes = fs.rot.iter().map(|r| r.len).sum();
+            let mark = ScrubMark {
+                state,
+                level: fs.level,
+                rot_bytes,
+            };
+            if !journal.mark_scrubbed(&cf, mark, pass.id)? {
+                // A transfer replaced it while it was read: no verdict.
+                report.replaced += 1;
+                continue;
+            }
             if let (ScrubState::Repaired, Some(r)) = (state, &fs.repair) {
                 journal.record_repair(&cf.path, r.bytes, &r.from)?;
             }
-            journal.mark_scrubbed(
-                cf.id,
-                ScrubMark {
-                    state,
-                    level: fs.level,
-                    rot_bytes,
-                },
-                pass.id,
-            )?;
             p.files += 1;
             p.bytes += fs.bytes;
             // Committed often enough that a killed scrub reads again at
@@ -405,7 +408,17 @@ fn scrub_file(
     );
     if let (Ok(_), Some(replica)) = (&checked, replica) {
         if !fs.rot.is_empty() {
-            let r = repair::repair(dest, &wire, cf, &records, &fs, replica, opts.direct, buf);
+            let r = repair::repair(
+                dest,
+                &file,
+                &wire,
+                cf,
+                &records,
+                &fs,
+                replica,
+                opts.direct,
+                buf,
+            );
             fs.repair = Some(r);
         }
     }

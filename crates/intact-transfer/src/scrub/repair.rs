@@ -43,6 +43,7 @@ const WHOLE_CHUNK: u64 = 4 << 20;
 #[allow(clippy::too_many_arguments)]
 pub(super) fn repair(
     dest: &Destination,
+    read: &File,
     wire: &WirePath,
     cf: &CatalogFile,
     records: &[BlockRecord],
@@ -59,6 +60,9 @@ pub(super) fn repair(
     };
     let done = match dest.open_final_rw(wire) {
         None => Err("it cannot be opened for writing".to_string()),
+        Some(file) if !same_file(read, &file, cf) => {
+            Err("it was replaced or changed since the scrub read it: not written".to_string())
+        }
         Some(file) => {
             let whole = fs.rot.iter().any(|x| x.failed.contains(&"blake3"));
             let written = if whole {
@@ -74,6 +78,20 @@ pub(super) fn repair(
         Err(e) => r.error = Some(e),
     }
     r
+}
+
+/// Whether `now` (opened for writing) is the inode the scrub read, still
+/// with the cataloged size and mtime: a transfer that renamed a new
+/// version over the name meanwhile is never written into.
+fn same_file(read: &File, now: &File, cf: &CatalogFile) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (read.metadata(), now.metadata()) {
+        (Ok(a), Ok(b)) => {
+            (a.dev(), a.ino()) == (b.dev(), b.ino())
+                && (b.len(), b.mtime(), b.mtime_nsec() as u32) == (cf.size, cf.mtime.0, cf.mtime.1)
+        }
+        _ => false,
+    }
 }
 
 /// Fetches, checks and writes the rotten pages (or blocks, where the
