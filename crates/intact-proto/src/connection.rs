@@ -343,6 +343,15 @@ impl<S: Read + Write> Connection<S> {
         Ok(())
     }
 
+    /// Gives back the memory of the write buffer when a large frame left
+    /// it large (a server after answering a Fetch: the memory budget that
+    /// covered the reply no longer counts it).
+    pub fn trim_write_buffer(&mut self) {
+        if self.out.capacity() > SMALL_FRAME {
+            self.out = Vec::new();
+        }
+    }
+
     /// Queues and sends `msg` at once.
     pub fn send(&mut self, msg: &Message) -> Result<(), ProtoError> {
         self.write_message(msg)?;

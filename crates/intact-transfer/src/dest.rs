@@ -221,10 +221,12 @@ impl Destination {
     /// through a symlink; `None` if it is not there as a regular file.
     pub fn open_final(&self, path: &WirePath) -> Option<File> {
         let (dir, name) = self.parent(path, false).ok()?;
+        // Non-blocking: a FIFO planted under the name must not hold the
+        // thread in open (it is then refused as not regular).
         let fd = rfs::openat(
             &dir,
             &name,
-            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
             Mode::empty(),
         )
         .ok()?;
@@ -240,7 +242,7 @@ impl Destination {
         let fd = rfs::openat(
             &dir,
             &name,
-            OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
             Mode::empty(),
         )
         .ok()?;

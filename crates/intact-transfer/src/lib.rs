@@ -17,6 +17,7 @@
 //! Device-level verification (`riva`) evicts and re-reads through
 //! intact-cache and reports the level each file really reached.
 
+mod adopt;
 mod copy;
 mod dest;
 mod error;
@@ -39,6 +40,7 @@ mod source_cache;
 mod stage;
 mod verify;
 
+pub use adopt::{catalog_add, AdoptOptions, AdoptReport, Adopted};
 pub use copy::{copy, copy_scanned, CopyOptions};
 pub use dest::{partial_name, Destination, Mtime, PartialFile};
 pub use error::TransferError;

@@ -32,6 +32,9 @@ pub(crate) trait Outbound {
         self.put(msg)?;
         self.flush()
     }
+    /// Gives back buffer memory a large message left behind (after a
+    /// flush); nothing to do for most links.
+    fn trim(&mut self) {}
 }
 
 impl<S: Read + Write> Outbound for Connection<S> {
@@ -41,6 +44,10 @@ impl<S: Read + Write> Outbound for Connection<S> {
 
     fn flush(&mut self) -> Result<(), ProtoError> {
         Connection::flush(self)
+    }
+
+    fn trim(&mut self) {
+        self.trim_write_buffer();
     }
 }
 

@@ -25,11 +25,19 @@ pub struct Replica {
 
 enum From {
     Local(Destination),
+    /// Connected when first asked (a scrub may read for hours before it
+    /// finds rot, longer than a server keeps an idle client), and again
+    /// once after a connection breaks.
     Remote {
-        conn: Box<Connection<TcpStream>>,
+        addr: String,
+        key: Option<Key>,
         subdir: Option<WirePath>,
+        conn: Option<Box<Connection<TcpStream>>>,
     },
 }
+
+/// How long one Fetch may wait for its answer.
+const FETCH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl Replica {
     /// The tree under the local directory `dir` (symlinks in it are never
@@ -50,26 +58,41 @@ impl Replica {
     }
 
     /// The server at `addr` (host:port), its files under `subdir` of the
-    /// root it gives this client; `key` as for `intact send`.
-    pub fn remote(
-        addr: &str,
-        subdir: Option<WirePath>,
-        key: Option<&Key>,
-    ) -> Result<Replica, TransferError> {
-        let (conn, _) = crate::net::sender::connect(addr, key, &SessionSecret::random()?)?;
+    /// root it gives this client; `key` as for `intact send`. Nothing is
+    /// connected until the first fetch.
+    pub fn remote(addr: &str, subdir: Option<WirePath>, key: Option<&Key>) -> Replica {
         let name = match &subdir {
             Some(s) => format!("{addr}:/{s}"),
             None => addr.to_string(),
         };
-        Ok(Replica {
+        Replica {
             from: From::Remote {
-                conn: Box::new(conn),
+                addr: addr.to_string(),
+                key: key.cloned(),
                 subdir,
+                conn: None,
             },
             name,
             broken: None,
             fetched: 0,
-        })
+        }
+    }
+
+    /// Connects to a server replica now, so that a wrong address or key
+    /// is told before the scrub begins (a lost connection is made again
+    /// when next needed).
+    pub fn connect_now(&mut self) -> Result<(), TransferError> {
+        if let From::Remote {
+            addr, key, conn, ..
+        } = &mut self.from
+        {
+            if conn.is_none() {
+                *conn = Some(Box::new(
+                    open(addr, key.as_ref()).map_err(TransferError::Remote)?,
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// What it is (a directory or HOST:PORT).
@@ -95,7 +118,12 @@ impl Replica {
             let want = (len - out.len() as u64).min(MAX_BLOCK as u64) as u32;
             let got = match &mut self.from {
                 From::Local(dest) => read_local(dest, path, at, want)?,
-                From::Remote { conn, subdir } => {
+                From::Remote {
+                    addr,
+                    key,
+                    subdir,
+                    conn,
+                } => {
                     let path = match subdir {
                         Some(s) => {
                             let mut joined = s.as_bytes().to_vec();
@@ -105,12 +133,15 @@ impl Replica {
                         }
                         None => path.clone(),
                     };
-                    match ask(conn, path, at, want) {
+                    match ask_again(addr, key.as_ref(), conn, &path, at, want) {
                         Ok(r) => r?,
-                        Err(why) => {
+                        Err(Broken::Refused(why)) => {
+                            // The server's rule, not a mishap: asked again
+                            // it would refuse again.
                             self.broken = Some(why.clone());
                             return Err(why);
                         }
+                        Err(Broken::Lost(why)) => return Err(why),
                     }
                 }
             };
@@ -128,8 +159,12 @@ impl Replica {
 
     /// Ends a server session politely (a local replica has none).
     pub fn close(self) {
-        if let From::Remote { mut conn, .. } = self.from {
-            if self.broken.is_none() && conn.send(&Message::Bye).is_ok() {
+        if let From::Remote {
+            conn: Some(mut conn),
+            ..
+        } = self.from
+        {
+            if conn.send(&Message::Bye).is_ok() {
                 let _ = conn.expect_message();
             }
         }
@@ -154,29 +189,80 @@ fn read_local(dest: &Destination, path: &WirePath, at: u64, want: u32) -> Result
     Ok(buf)
 }
 
-/// One Fetch and its answer: the outer error ends the connection (the
-/// server refused, or the exchange broke), the inner one is this range's.
-#[allow(clippy::type_complexity)]
+/// Why a connection to the replica server can no longer be used.
+enum Broken {
+    /// It refused (e.g. not started with --allow-fetch): for good.
+    Refused(String),
+    /// The connection broke or timed out: a new one may do.
+    Lost(String),
+}
+
+/// One Fetch on the open connection (connected first if none is), and
+/// once more on a new connection if that one was lost.
+fn ask_again(
+    addr: &str,
+    key: Option<&Key>,
+    conn: &mut Option<Box<Connection<TcpStream>>>,
+    path: &WirePath,
+    at: u64,
+    want: u32,
+) -> Result<Result<Vec<u8>, String>, Broken> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        if conn.is_none() {
+            *conn = Some(Box::new(open(addr, key).map_err(Broken::Lost)?));
+        }
+        let c = conn.as_mut().expect("connected above");
+        match ask(c, path.clone(), at, want) {
+            Err(Broken::Lost(_)) if tries < 2 => *conn = None,
+            Err(b) => {
+                *conn = None;
+                return Err(b);
+            }
+            Ok(r) => return Ok(r),
+        }
+    }
+}
+
+fn open(addr: &str, key: Option<&Key>) -> Result<Connection<TcpStream>, String> {
+    let secret = SessionSecret::random().map_err(|e| e.to_string())?;
+    let (conn, _) = crate::net::sender::connect(addr, key, &secret)
+        .map_err(|e| format!("the replica server: {e}"))?;
+    let s = conn.get_ref();
+    s.set_read_timeout(Some(FETCH_TIMEOUT))
+        .and_then(|()| s.set_write_timeout(Some(FETCH_TIMEOUT)))
+        .map_err(|e| format!("the replica server: {e}"))?;
+    Ok(conn)
+}
+
+/// One Fetch and its answer: the outer error is the connection's (the
+/// server refused, or the exchange broke), the inner one this range's.
 fn ask(
     conn: &mut Connection<TcpStream>,
     path: WirePath,
     offset: u64,
     len: u32,
-) -> Result<Result<Vec<u8>, String>, String> {
+) -> Result<Result<Vec<u8>, String>, Broken> {
+    let lost = |e: intact_proto::ProtoError| Broken::Lost(format!("the replica server: {e}"));
     conn.send(&Message::Fetch { path, offset, len })
-        .map_err(|e| format!("the replica server: {e}"))?;
-    match conn.expect_message() {
-        Ok(Message::Fetched { offset: o, result }) if o == offset => Ok(match result {
+        .map_err(lost)?;
+    match conn.expect_message().map_err(lost)? {
+        Message::Fetched { offset: o, result } if o == offset => Ok(match result {
             Ok(data) if data.len() > len as usize => {
                 Err(format!("the replica sent {} bytes for {len}", data.len()))
             }
             other => other,
         }),
-        Ok(Message::Refused { reason }) => Err(format!("the replica server refused: {reason}")),
-        Ok(other) => Err(format!(
+        Message::Refused { reason } => Err(Broken::Refused(format!(
+            "the replica server refused: {reason}"
+        ))),
+        Message::Fetched { offset: o, .. } => Err(Broken::Lost(format!(
+            "the replica server answered for offset {o}, asked {offset}"
+        ))),
+        other => Err(Broken::Lost(format!(
             "the replica server answered {} to a Fetch",
             other.name()
-        )),
-        Err(e) => Err(format!("the replica server: {e}")),
+        ))),
     }
 }

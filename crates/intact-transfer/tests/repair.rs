@@ -142,7 +142,7 @@ fn repair_over_the_network_from_a_server_that_allows_fetch_and_not_from_one_that
 
     // Refused without --allow-fetch: nothing written, still rot.
     let closed = server(replica_root.path(), false);
-    let mut replica = Replica::remote(&closed.addr(), None, None).unwrap();
+    let mut replica = Replica::remote(&closed.addr(), None, None);
     let rep = run(dst.path(), Some(&mut replica));
     let f = file(&rep, "d/f");
     assert_eq!(f.state, "rot", "{rep:?}");
@@ -155,7 +155,7 @@ fn repair_over_the_network_from_a_server_that_allows_fetch_and_not_from_one_that
     assert_ne!(fs::read(dst.path().join("d/f")).unwrap(), data);
 
     let open = server(replica_root.path(), true);
-    let mut replica = Replica::remote(&open.addr(), None, None).unwrap();
+    let mut replica = Replica::remote(&open.addr(), None, None);
     let rep = run(dst.path(), Some(&mut replica));
     replica.close();
     open.stop().unwrap();

@@ -331,6 +331,7 @@ pub struct ServeArgs {
     /// root, or a keyring client's subtree): what `intact scrub
     /// --repair-from HOST:PORT` asks a replica for. Off by default: a
     /// client that may write here may not read here unless this is given.
+    /// Needs --key-file (a keyless server would let any local user read).
     #[arg(long)]
     pub allow_fetch: bool,
 

@@ -168,7 +168,9 @@ fn replica(from: &Path, key: Option<&Path>) -> anyhow::Result<Replica> {
         Some(f) => Some(intact_proto::Key::from_file(f)?),
         None => None,
     };
-    Ok(Replica::remote(&addr, subdir, key.as_ref())?)
+    let mut r = Replica::remote(&addr, subdir, key.as_ref());
+    r.connect_now()?;
+    Ok(r)
 }
 
 fn print_report(r: &ScrubReport) -> anyhow::Result<()> {
@@ -226,6 +228,23 @@ fn print_report(r: &ScrubReport) -> anyhow::Result<()> {
             r.at_device,
             r.below_device
         )?;
+    }
+    if let Some(from) = &r.replica {
+        outln!(
+            "repair from {from}: {} files repaired, {} bytes written, {} bytes fetched",
+            r.repaired,
+            r.repaired_bytes,
+            r.fetched_bytes
+        )?;
+    }
+    if r.replaced > 0 {
+        outln!(
+            "{} files were replaced by a transfer while they were read: not judged",
+            r.replaced
+        )?;
+    }
+    if r.stopped {
+        outln!("stopped before the end: the next scrub goes on from here")?;
     }
     Ok(())
 }

@@ -34,6 +34,13 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(2));
         }
     }
+    if args.allow_fetch && keyring.is_none() {
+        eprintln!(
+            "intact serve: --allow-fetch needs --key-file: without a key any local user could \
+             read every file under the root (make one with `intact keygen FILE`)"
+        );
+        return Ok(ExitCode::from(2));
+    }
     if args.scrub_every.is_some_and(|d| d.is_zero()) {
         eprintln!("intact serve: --scrub-every must be at least 1s (e.g. 7d)");
         return Ok(ExitCode::from(2));

@@ -123,11 +123,37 @@ fn scrub_repairs_from_a_server_with_allow_fetch_and_is_refused_by_one_without() 
     f.set_modified(mtime).unwrap();
     drop(f);
 
-    let closed = Server::start(&replica);
+    // Reading needs a key: refused without one.
     let o = intact(
         &state,
-        &["scrub", &s(&dst), "--repair-from", &closed.addr()],
+        &[
+            "serve",
+            "--root",
+            &s(&replica),
+            "--listen",
+            "127.0.0.1:0",
+            "--allow-fetch",
+        ],
     );
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("--allow-fetch needs --key-file"));
+    let key = t.path().join("key");
+    let o = intact(&state, &["keygen", &s(&key)]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let keyed = |addr: &str| {
+        let args = [
+            "scrub",
+            &s(&dst),
+            "--repair-from",
+            addr,
+            "--key-file",
+            &s(&key),
+        ];
+        intact(&state, &args)
+    };
+
+    let closed = Server::start_with(&replica, &["--key-file", &s(&key)], &[]);
+    let o = keyed(&closed.addr());
     let out = text(&o.stdout);
     assert_eq!(o.status.code(), Some(1), "{out}{}", text(&o.stderr));
     assert!(
@@ -136,8 +162,16 @@ fn scrub_repairs_from_a_server_with_allow_fetch_and_is_refused_by_one_without() 
     );
     drop(closed);
 
-    let open = Server::start_with(&replica, &["--allow-fetch"], &[]);
+    let open = Server::start_with(&replica, &["--allow-fetch", "--key-file", &s(&key)], &[]);
+    // Without the key this client is not let in: said before the scrub.
     let o = intact(&state, &["scrub", &s(&dst), "--repair-from", &open.addr()]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("replica server"),
+        "{}",
+        text(&o.stderr)
+    );
+    let o = keyed(&open.addr());
     let out = text(&o.stdout);
     assert_eq!(o.status.code(), Some(0), "{out}{}", text(&o.stderr));
     assert!(

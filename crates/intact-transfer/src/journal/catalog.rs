@@ -134,8 +134,12 @@ pub struct CatalogSummary {
     pub files: u64,
     /// Their bytes.
     pub bytes: u64,
-    /// Files per level reached at arrival (level name, count).
+    /// Files per level reached at arrival (level name, count), of those
+    /// that arrived by a transfer.
     pub arrival_levels: Vec<(String, u64)>,
+    /// Files adopted by `intact catalog add`, per level of the read their
+    /// checksums came from (never compared with a source).
+    pub adopted_levels: Vec<(String, u64)>,
     /// Files per last scrub verdict (state name, count).
     pub scrub_states: Vec<(String, u64)>,
     /// Files whose last scrub read reached each level (level name, count).
@@ -173,6 +177,7 @@ impl Journal {
                 ("files", "scrub_state INTEGER NOT NULL DEFAULT 0"),
                 ("files", "scrub_level INTEGER NOT NULL DEFAULT 0"),
                 ("files", "rot_bytes INTEGER NOT NULL DEFAULT 0"),
+                ("files", "adopted INTEGER NOT NULL DEFAULT 0"),
             ],
         )?;
         db.execute_batch(
@@ -281,6 +286,38 @@ impl Journal {
             })
             .map_err(db_err)?;
         Ok(marked == 1)
+    }
+
+    /// Catalogs a file that reached the root by other means (`intact
+    /// catalog add`): its row, done, marked adopted, with mode `none` (it
+    /// was never compared with a source) and the level of the read its
+    /// checksums came from; its block records with their page CRCs. One
+    /// transaction.
+    #[allow(clippy::too_many_arguments)]
+    pub fn adopt(
+        &self,
+        path: &[u8],
+        size: u64,
+        mtime: (i64, u32),
+        block_size: u32,
+        blocks: &[super::BlockRecord],
+        read: VerifyLevel,
+        digest: [u8; 32],
+    ) -> Result<i64, TransferError> {
+        // start() leaves its row in the open transaction, the mark joins
+        // it, and done_batch() commits all three.
+        let id = self.start(path, size, mtime, block_size, None)?;
+        self.begun()?
+            .execute("UPDATE files SET adopted = 1 WHERE id = ?1", params![id])
+            .map_err(db_err)?;
+        let verified = VerifiedAt::now(crate::verify::VerifyMode::None, read);
+        self.done_batch(&[super::DoneFile {
+            row: id,
+            blocks: blocks.to_vec(),
+            verified,
+            digest,
+        }])?;
+        Ok(id)
     }
 
     /// Records that `bytes` of `path` were repaired from `replica`, now
@@ -395,7 +432,11 @@ impl Journal {
         let level_name =
             |level: i64, at: i64| VerifiedAt::from_row(0, level, at).level.name().to_string();
         s.arrival_levels = grouped(
-            "SELECT level, MIN(at, 1), COUNT(*) FROM files WHERE done = 1 GROUP BY level, MIN(at, 1) ORDER BY level",
+            "SELECT level, MIN(at, 1), COUNT(*) FROM files WHERE done = 1 AND adopted = 0 GROUP BY level, MIN(at, 1) ORDER BY level",
+            &level_name,
+        )?;
+        s.adopted_levels = grouped(
+            "SELECT level, MIN(at, 1), COUNT(*) FROM files WHERE done = 1 AND adopted = 1 GROUP BY level, MIN(at, 1) ORDER BY level",
             &level_name,
         )?;
         s.scrub_states = grouped(

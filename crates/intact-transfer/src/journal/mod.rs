@@ -339,7 +339,7 @@ impl Journal {
              ON CONFLICT(path) DO UPDATE SET size = ?2, mtime_sec = ?3, mtime_nsec = ?4,
                  block_size = ?5, done = 0, level = 0, mode = 0, at = 0, digest = NULL,
                  session = ?6, session_at = ?7, scrubbed_at = 0, scrub_state = 0,
-                 scrub_level = 0, rot_bytes = 0
+                 scrub_level = 0, rot_bytes = 0, adopted = 0
              RETURNING id",
         )
         .and_then(|mut st| {

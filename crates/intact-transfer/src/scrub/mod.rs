@@ -419,6 +419,10 @@ fn scrub_file(
                 opts.direct,
                 buf,
             );
+            if r.error.is_none() {
+                // As far as the re-read after the repair reached.
+                fs.level = fs.level.min(r.level);
+            }
             fs.repair = Some(r);
         }
     }

@@ -198,6 +198,8 @@ impl Session<'_> {
                     len,
                 )?;
                 self.out.send(reply)?;
+                // The reply's memory was budgeted only until it was sent.
+                self.out.trim();
             }
             Message::Waiting => {
                 // The sender blocks until it hears back: commit the group
