@@ -65,8 +65,8 @@ pub use prune::{prune, prune_under, PruneReport};
 pub use replica::Replica;
 pub use report::{CopyReport, FileReport, Progress};
 pub use scrub::{
-    open_catalog, scrub, scrub_catalog, FileScrub, Repair, RotRange, ScrubOptions, ScrubProgress,
-    ScrubReport,
+    catalog_root_of, open_catalog, open_or_create_catalog, scrub, scrub_catalog, FileScrub, Repair,
+    RotRange, ScrubOptions, ScrubProgress, ScrubReport,
 };
 pub use select::{Filter, Rule, RuleKind};
 pub use source::{

@@ -48,6 +48,9 @@ pub enum Command {
     /// What the catalog of a root holds: levels at arrival, scrubs, rot.
     #[command(long_about = crate::scrub::STATUS_ABOUT)]
     Status(crate::scrub::StatusArgs),
+    /// Adopt files already under a root into its catalog (`catalog add`).
+    #[command(long_about = crate::catalog::CATALOG_ABOUT)]
+    Catalog(crate::catalog::CatalogArgs),
 }
 
 const RELIABILITY_ABOUT: &str = "\

@@ -6,6 +6,7 @@
 
 mod args;
 mod block_size;
+mod catalog;
 mod check;
 mod copy;
 mod delete;
@@ -84,6 +85,7 @@ fn run(command: &Command) -> anyhow::Result<ExitCode> {
         Command::Man(a) => generate::man(a),
         Command::Scrub(a) => scrub::run(a),
         Command::Status(a) => scrub::status(a),
+        Command::Catalog(a) => catalog::run(a),
     }
 }
 

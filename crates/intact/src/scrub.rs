@@ -259,6 +259,7 @@ pub fn status(a: &StatusArgs) -> anyhow::Result<ExitCode> {
             "bytes": s.bytes,
             "partial_files": s.partial,
             "arrival_levels": s.arrival_levels.iter().map(|(k, n)| (k.clone(), *n)).collect::<std::collections::BTreeMap<_, _>>(),
+            "adopted_levels": s.adopted_levels.iter().map(|(k, n)| (k.clone(), *n)).collect::<std::collections::BTreeMap<_, _>>(),
             "last_scrub": s.scrub_states.iter().map(|(k, n)| (k.clone(), *n)).collect::<std::collections::BTreeMap<_, _>>(),
             "last_scrub_levels": s.scrub_levels.iter().map(|(k, n)| (k.clone(), *n)).collect::<std::collections::BTreeMap<_, _>>(),
             "rot_bytes": s.rot_bytes,
@@ -290,6 +291,12 @@ pub fn status(a: &StatusArgs) -> anyhow::Result<ExitCode> {
         s.partial
     )?;
     outln!("level at arrival: {}", list(&s.arrival_levels))?;
+    if !s.adopted_levels.is_empty() {
+        outln!(
+            "adopted:          {} (catalog add: level of the read, never compared with a source)",
+            list(&s.adopted_levels)
+        )?;
+    }
     outln!("last scrub found: {}", list(&s.scrub_states))?;
     outln!("last scrub level: {}", list(&s.scrub_levels))?;
     outln!(

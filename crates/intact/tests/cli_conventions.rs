@@ -419,11 +419,12 @@ fn completions_and_man_pages_come_from_the_same_definitions() {
         "intact-send.1",
         "intact-serve.1",
         "intact-keygen.1",
+        "intact-catalog-add.1",
     ] {
         assert!(man.join(page).is_file(), "{page}");
     }
     let pages = fs::read_dir(&man).unwrap().count();
-    assert_eq!(pages, 12, "intact and its eleven commands");
+    assert_eq!(pages, 14, "intact, its twelve commands and `catalog add`");
 }
 
 #[test]

@@ -164,6 +164,39 @@ pub fn open_catalog(root: &Path) -> Result<(Journal, PathBuf), TransferError> {
     )))
 }
 
+/// The nearest directory at or above `path` that has a catalog (see
+/// [`open_catalog`]).
+pub fn catalog_root_of(path: &Path) -> Option<PathBuf> {
+    // The parent is resolved, not a symlink at the name itself.
+    let real = match (path.parent(), path.file_name()) {
+        (Some(p), Some(name)) if !p.as_os_str().is_empty() => {
+            std::fs::canonicalize(p).ok()?.join(name)
+        }
+        (_, Some(name)) => std::env::current_dir().ok()?.join(name),
+        _ => std::fs::canonicalize(path).ok()?,
+    };
+    real.ancestors()
+        .find(|d| {
+            d.join(crate::journal::STATE_DIR)
+                .join("journal.sqlite")
+                .is_file()
+                || crate::copy::existing_copy_state(d).is_some()
+        })
+        .map(Path::to_path_buf)
+}
+
+/// The catalog of `root` as [`open_catalog`] finds it, else a new one
+/// in `root/.intact` (as a server keeps).
+pub fn open_or_create_catalog(root: &Path) -> Result<(Journal, PathBuf), TransferError> {
+    match open_catalog(root) {
+        Err(TransferError::Usage(_)) => {
+            let dir = root.join(crate::journal::STATE_DIR);
+            Ok((Journal::open(root)?, dir))
+        }
+        other => other,
+    }
+}
+
 /// Files between commits of scrub marks.
 const MARK_BATCH: u64 = 256;
 
