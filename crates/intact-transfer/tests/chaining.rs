@@ -1,0 +1,95 @@
+//! Checksum chaining, end to end: the catalog's page CRCs are computed
+//! from the received buffer before its digest is checked, never from what
+//! reached the disk. So a write-path fault that a mode without re-reads
+//! (`fiver`, which hashes the transfer's buffers) cannot see leaves a
+//! catalog that describes the sender's bytes, and the next scrub names
+//! the damaged page; and a memory flip between the check and the write
+//! leaves block records whose page CRCs are the sender's, not the flipped
+//! buffer's (the file itself fails its whole-file digest).
+
+use std::fs;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use intact_digest::page_crc_blob;
+use intact_transfer::{copy, open_catalog, scrub, CopyOptions, ScrubOptions, VerifyMode};
+
+const BS: usize = 256 * 1024;
+
+fn opts(verify: VerifyMode) -> CopyOptions {
+    CopyOptions {
+        verify,
+        block_size: BS,
+        streams: 1,
+        retries: 2,
+        ..CopyOptions::default()
+    }
+}
+
+#[test]
+fn a_write_fault_fiver_cannot_see_is_found_by_the_next_scrub() {
+    let src = tempfile::tempdir().unwrap();
+    let dst = tempfile::tempdir().unwrap();
+    let data = intact_sample::bytes(3 * BS, 41);
+    fs::write(src.path().join("f"), &data).unwrap();
+    // After block 1 is written, one byte of its page 5 is changed on its
+    // way to the disk (as a write path or a bad sector would).
+    let at = BS as u64 + 5 * 4096 + 99;
+    let o = CopyOptions {
+        after_write: Some(Arc::new(move |file: &fs::File, _: &str, index, _, _| {
+            if index == 1 {
+                let mut b = [0u8];
+                file.read_exact_at(&mut b, at).unwrap();
+                file.write_all_at(&[b[0] ^ 0x20], at).unwrap();
+            }
+        })),
+        ..opts(VerifyMode::Fiver)
+    };
+    let r = copy(&[src.path().join("f")], dst.path(), &o, &|_| {}).unwrap();
+    assert_eq!(r.failed, 0, "fiver does not re-read: {r:?}");
+    let on_disk = fs::read(dst.path().join("f")).unwrap();
+    assert_ne!(on_disk[at as usize], data[at as usize], "the fault was made");
+
+    let rep = scrub(dst.path(), &ScrubOptions::default(), None, true, &mut |_| {}).unwrap();
+    let f = &rep.reports[0];
+    assert_eq!(f.state, "rot", "{rep:?}");
+    let page = at / 4096 * 4096;
+    assert_eq!((f.rot[0].offset, f.rot[0].len), (page, 4096), "{f:?}");
+    assert_eq!(f.rot[0].failed, vec!["crc32c", "xxh3-128"]);
+}
+
+#[test]
+fn a_flip_between_the_check_and_the_write_leaves_the_senders_page_crcs() {
+    let src = tempfile::tempdir().unwrap();
+    let dst = tempfile::tempdir().unwrap();
+    let data = intact_sample::bytes(2 * BS, 42);
+    fs::write(src.path().join("f"), &data).unwrap();
+    let once = Arc::new(AtomicBool::new(false));
+    let o = CopyOptions {
+        after_check: Some(Arc::new(move |_: &str, index, buf: &mut [u8]| {
+            if index == 1 && !once.swap(true, Ordering::SeqCst) {
+                buf[3 * 4096 + 7] ^= 1;
+            }
+        })),
+        retries: 0,
+        ..opts(VerifyMode::Fiver)
+    };
+    let r = copy(&[src.path().join("f")], dst.path(), &o, &|_| {}).unwrap();
+    // The whole-file digest of what was written differs from the sender's:
+    // the file is not committed.
+    assert_eq!(r.failed, 1, "{r:?}");
+    assert!(!dst.path().join("f").exists());
+    // The block records kept for the resume hold the sender's page CRCs,
+    // computed before the check, not the flipped buffer's.
+    let (journal, _) = open_catalog(dst.path()).unwrap();
+    let row = journal.lookup(b"f").unwrap().expect("a row for the partial file");
+    let blocks = journal.blocks(row.id).unwrap();
+    let b1 = blocks.iter().find(|b| b.index == 1).expect("block 1 was recorded");
+    let senders = page_crc_blob(&data[BS..2 * BS]);
+    assert_eq!(b1.pages.as_deref(), Some(senders.as_slice()));
+    let mut flipped = data[BS..2 * BS].to_vec();
+    flipped[3 * 4096 + 7] ^= 1;
+    assert_ne!(b1.pages.as_deref(), Some(page_crc_blob(&flipped).as_slice()));
+    drop(journal);
+}
