@@ -49,9 +49,19 @@ fn a_write_fault_fiver_cannot_see_is_found_by_the_next_scrub() {
     let r = copy(&[src.path().join("f")], dst.path(), &o, &|_| {}).unwrap();
     assert_eq!(r.failed, 0, "fiver does not re-read: {r:?}");
     let on_disk = fs::read(dst.path().join("f")).unwrap();
-    assert_ne!(on_disk[at as usize], data[at as usize], "the fault was made");
+    assert_ne!(
+        on_disk[at as usize], data[at as usize],
+        "the fault was made"
+    );
 
-    let rep = scrub(dst.path(), &ScrubOptions::default(), None, true, &mut |_| {}).unwrap();
+    let rep = scrub(
+        dst.path(),
+        &ScrubOptions::default(),
+        None,
+        true,
+        &mut |_| {},
+    )
+    .unwrap();
     let f = &rep.reports[0];
     assert_eq!(f.state, "rot", "{rep:?}");
     let page = at / 4096 * 4096;
@@ -83,13 +93,22 @@ fn a_flip_between_the_check_and_the_write_leaves_the_senders_page_crcs() {
     // The block records kept for the resume hold the sender's page CRCs,
     // computed before the check, not the flipped buffer's.
     let (journal, _) = open_catalog(dst.path()).unwrap();
-    let row = journal.lookup(b"f").unwrap().expect("a row for the partial file");
+    let row = journal
+        .lookup(b"f")
+        .unwrap()
+        .expect("a row for the partial file");
     let blocks = journal.blocks(row.id).unwrap();
-    let b1 = blocks.iter().find(|b| b.index == 1).expect("block 1 was recorded");
+    let b1 = blocks
+        .iter()
+        .find(|b| b.index == 1)
+        .expect("block 1 was recorded");
     let senders = page_crc_blob(&data[BS..2 * BS]);
     assert_eq!(b1.pages.as_deref(), Some(senders.as_slice()));
     let mut flipped = data[BS..2 * BS].to_vec();
     flipped[3 * 4096 + 7] ^= 1;
-    assert_ne!(b1.pages.as_deref(), Some(page_crc_blob(&flipped).as_slice()));
+    assert_ne!(
+        b1.pages.as_deref(),
+        Some(page_crc_blob(&flipped).as_slice())
+    );
     drop(journal);
 }

@@ -210,3 +210,76 @@ fn a_complete_dataset_is_not_sent_again_unless_reverified() {
     assert_eq!(r["bytes_sent"], f03, "only the damaged file moved: {r}");
     same_data(&src, &recv.join("data"));
 }
+
+/// `intact scrub --json` of `root` (a server's, stopped): its report.
+fn scrub_root(root: &Path) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_intact"))
+        .args(["scrub", "--json"])
+        .arg(root)
+        .output()
+        .unwrap();
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "scrub printed no report ({e}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// The catalog stays consistent with the disk whenever the receiver is
+/// killed: after each kill, at points drawn at random (the seed is
+/// printed), every file the catalog holds as finished is there with its
+/// cataloged size and mtime and every page matches (a scrub finds
+/// nothing), and a send then completes what is missing.
+#[test]
+fn the_catalog_matches_the_disk_after_the_server_is_killed_at_random_points() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, _) = resume_dataset(dir.path());
+    let recv = dir.path().join("recv");
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos() as u64;
+    eprintln!("kill points drawn with seed {seed}");
+    let mut x = seed | 1;
+    let mut cataloged = Vec::new();
+    for round in 0..4 {
+        // xorshift: a point between 1 and 40 MiB into this send.
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let point = MIB + x % (39 * MIB);
+        let mut server = start(&recv);
+        let victim = Victim::new();
+        victim.set(server.child.id());
+        let proxy = killing_proxy(&server, point, &victim);
+        let _ = send(&src, &proxy.addr(), &["--streams", "2"], None);
+        if !victim.killed() {
+            // This send moved less than the point (earlier rounds left
+            // little to send): the kill comes after it.
+            let _ = server.child.kill();
+        }
+        let _ = server.child.wait();
+        final_names_are_all_verified(&src, &recv);
+        let r = scrub_root(&recv);
+        for k in ["rotten", "changed", "missing", "unreadable"] {
+            assert_eq!(
+                r[k], 0,
+                "round {round}, killed at {point} (seed {seed}): {r}"
+            );
+        }
+        cataloged.push(r["files"].as_u64().unwrap());
+    }
+    eprintln!("files cataloged after each kill: {cataloged:?}");
+    let server = start(&recv);
+    let (status, _) = send(&src, &server.addr(), &["--streams", "2"], None);
+    assert!(status.success());
+    drop(server);
+    same_data(&src, &recv.join("data"));
+    let r = scrub_root(&recv);
+    assert_eq!(
+        (r["files"].as_u64(), r["clean"].as_u64()),
+        (Some(25), Some(25)),
+        "{r}"
+    );
+}
