@@ -8,6 +8,7 @@ mod model;
 mod pipe;
 mod ramdisk;
 mod runner;
+mod scrub;
 mod transfer;
 mod verify;
 
@@ -28,6 +29,8 @@ enum Bench {
     Transfer(transfer::TransferArgs),
     /// Every verification mode of intact send, loopback and over a 1 Gbit/s shaped link.
     Verify(verify::VerifyArgs),
+    /// intact scrub on a cold cache against a direct read (the device's limit), b3sum and sha256sum -c.
+    Scrub(scrub::ScrubArgs),
     /// The RIVA model (Eq. 1) fed with stage times from separate runs, against riva's own run.
     Model(model::ModelArgs),
     /// The raw pipe's receiving end (run by `transfer`).
@@ -44,6 +47,7 @@ fn main() -> anyhow::Result<()> {
         Bench::Transfer(a) => transfer::run(&a),
         Bench::Verify(a) => verify::run(&a),
         Bench::Model(a) => model::run(&a),
+        Bench::Scrub(a) => scrub::run(&a),
         Bench::PipeRecv(a) => pipe::recv(&a),
         Bench::PipeSend(a) => pipe::send(&a),
     }

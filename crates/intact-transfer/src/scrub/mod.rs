@@ -251,8 +251,13 @@ pub fn scrub_catalog(
         bytes_total,
         ..ScrubProgress::default()
     };
-    let mut throttle = Throttle::new(opts.rate);
+    let throttle = Throttle::new(opts.rate);
     let mut buf = AlignedBuf::new(0);
+    let threads = if replica.is_some() {
+        1
+    } else {
+        scrub_threads()
+    };
     let mut after = pass.last_file;
     let mut flushed = Instant::now();
     let stopped = || {
@@ -265,71 +270,85 @@ pub fn scrub_catalog(
         if batch.is_empty() {
             break;
         }
-        for cf in batch {
+        for chunk in batch.chunks(PARALLEL_CHUNK) {
             if stopped() {
                 report.stopped = true;
                 break 'pass;
             }
-            after = cf.id;
-            let fs = scrub_file(
-                dest,
-                journal,
-                &cf,
-                opts,
-                replica.as_deref_mut(),
-                &mut buf,
-                &mut throttle,
-            )?;
-            let state = state_of(&fs);
-            let rot_bytes = fs.rot.iter().map(|r| r.len).sum();
-            let mark = ScrubMark {
-                state,
-                level: fs.level,
-                rot_bytes,
+            // Repairs are made one file at a time (one replica connection);
+            // a scrub alone reads several files at once.
+            let verdicts = if threads > 1 {
+                scrub_parallel(dest, journal, chunk, opts, &throttle, threads)
+            } else {
+                chunk
+                    .iter()
+                    .map(|cf| {
+                        scrub_file(
+                            dest,
+                            journal,
+                            cf,
+                            opts,
+                            replica.as_deref_mut(),
+                            &mut buf,
+                            &throttle,
+                        )
+                    })
+                    .collect()
             };
-            if !journal.mark_scrubbed(&cf, mark, pass.id)? {
-                // A transfer replaced it while it was read: no verdict.
-                report.replaced += 1;
-                continue;
-            }
-            if let (ScrubState::Repaired, Some(r)) = (state, &fs.repair) {
-                journal.record_repair(&cf.path, r.bytes, &r.from)?;
-            }
-            p.files += 1;
-            p.bytes += fs.bytes;
-            // Committed often enough that a killed scrub reads again at
-            // most a second's or MARK_BATCH files' worth.
-            if p.files % MARK_BATCH == 0 || flushed.elapsed() >= Duration::from_secs(1) {
-                journal.flush()?;
-                flushed = Instant::now();
-            }
-            report.files += 1;
-            report.bytes += fs.bytes;
-            match state {
-                ScrubState::Clean => report.clean += 1,
-                ScrubState::Rot => report.rotten += 1,
-                ScrubState::Repaired => {
-                    report.repaired += 1;
-                    report.repaired_bytes += fs.repair.as_ref().map_or(0, |r| r.bytes);
+            for (cf, fs) in chunk.iter().zip(verdicts) {
+                after = cf.id;
+                let fs = fs?;
+                let state = state_of(&fs);
+                let rot_bytes = fs.rot.iter().map(|r| r.len).sum();
+                let mark = ScrubMark {
+                    state,
+                    level: fs.level,
+                    rot_bytes,
+                };
+                if !journal.mark_scrubbed(cf, mark, pass.id)? {
+                    // A transfer replaced it while it was read: no verdict.
+                    report.replaced += 1;
+                    continue;
                 }
-                ScrubState::Changed => report.changed += 1,
-                ScrubState::Missing => report.missing += 1,
-                ScrubState::Unreadable | ScrubState::Never => report.unreadable += 1,
-            }
-            if matches!(
-                state,
-                ScrubState::Clean | ScrubState::Rot | ScrubState::Repaired
-            ) {
-                if fs.level == VerifyLevel::Device {
-                    report.at_device += 1;
-                } else {
-                    report.below_device += 1;
+                if let (ScrubState::Repaired, Some(r)) = (state, &fs.repair) {
+                    journal.record_repair(&cf.path, r.bytes, &r.from)?;
                 }
+                p.files += 1;
+                p.bytes += fs.bytes;
+                // Committed often enough that a killed scrub reads again at
+                // most a second's or MARK_BATCH files' worth.
+                if p.files % MARK_BATCH == 0 || flushed.elapsed() >= Duration::from_secs(1) {
+                    journal.flush()?;
+                    flushed = Instant::now();
+                }
+                report.files += 1;
+                report.bytes += fs.bytes;
+                match state {
+                    ScrubState::Clean => report.clean += 1,
+                    ScrubState::Rot => report.rotten += 1,
+                    ScrubState::Repaired => {
+                        report.repaired += 1;
+                        report.repaired_bytes += fs.repair.as_ref().map_or(0, |r| r.bytes);
+                    }
+                    ScrubState::Changed => report.changed += 1,
+                    ScrubState::Missing => report.missing += 1,
+                    ScrubState::Unreadable | ScrubState::Never => report.unreadable += 1,
+                }
+                if matches!(
+                    state,
+                    ScrubState::Clean | ScrubState::Rot | ScrubState::Repaired
+                ) {
+                    if fs.level == VerifyLevel::Device {
+                        report.at_device += 1;
+                    } else {
+                        report.below_device += 1;
+                    }
+                }
+                if state != ScrubState::Clean || keep_clean {
+                    report.reports.push(fs);
+                }
+                progress(p);
             }
-            if state != ScrubState::Clean || keep_clean {
-                report.reports.push(fs);
-            }
-            progress(p);
         }
     }
     if report.stopped {
@@ -365,7 +384,7 @@ fn scrub_file(
     opts: &ScrubOptions,
     replica: Option<&mut Replica>,
     buf: &mut AlignedBuf,
-    throttle: &mut Throttle,
+    throttle: &Throttle,
 ) -> Result<FileScrub, TransferError> {
     let mut fs = FileScrub {
         path: String::from_utf8_lossy(&cf.path).into_owned(),
@@ -497,7 +516,7 @@ fn check_file(
     direct: bool,
     only: Option<&BTreeSet<u64>>,
     buf: &mut AlignedBuf,
-    throttle: &mut Throttle,
+    throttle: &Throttle,
     fs: &mut FileScrub,
 ) -> Result<u64, TransferError> {
     let io = |e: std::io::Error| TransferError::Destination {
@@ -528,13 +547,35 @@ fn check_file(
     let mut malformed_pages = 0u64;
     let mut unrecorded = 0u64;
     let mut records = records.iter().peekable();
-    for index in 0..blocks {
-        if only.is_some_and(|o| !o.contains(&index)) {
-            continue;
+    let wanted: Vec<u64> = (0..blocks)
+        .filter(|i| only.is_none_or(|o| o.contains(i)))
+        .collect();
+    let range = |index: u64| (index * bs, (cf.size - index * bs).min(bs) as usize);
+    // The next block is evicted and its device read started while this
+    // one is hashed (a page that enters the cache after a confirmed
+    // eviction came from the device; a writer meanwhile changes the
+    // ctime, compared after the reads).
+    let ctime = |f: &File| f.metadata().map(|m| (m.ctime(), m.ctime_nsec())).ok();
+    let ctime_before = ctime(file);
+    let mut prepared = match wanted.first() {
+        Some(&i) => Some(
+            reader
+                .evict_then_prefetch(file, range(i).0, range(i).1)
+                .map_err(io)?,
+        ),
+        None => None,
+    };
+    for (k, &index) in wanted.iter().enumerate() {
+        let (offset, len) = range(index);
+        let this = prepared.take().expect("prepared above");
+        if let Some(&n) = wanted.get(k + 1) {
+            prepared = Some(
+                reader
+                    .evict_then_prefetch(file, range(n).0, range(n).1)
+                    .map_err(io)?,
+            );
         }
-        let offset = index * bs;
-        let len = (cf.size - offset).min(bs) as usize;
-        let outcome = reader.read(file, offset, len, buf).map_err(io)?;
+        let outcome = reader.finish(file, offset, len, buf, this).map_err(io)?;
         all_device &= outcome.device;
         fs.bytes += len as u64;
         throttle.spend(len as u64);
@@ -599,6 +640,10 @@ fn check_file(
     if cf.digest.is_none() && blocks > 0 && fs.note.is_none() {
         fs.note = Some("no whole-file digest in the catalog (an older build's record)".into());
     }
+    if ctime(file) != ctime_before {
+        all_device = false;
+        fs.note = Some("it changed while it was read: its reads count as cache only".into());
+    }
     fs.level = if all_device {
         VerifyLevel::Device
     } else {
@@ -625,11 +670,11 @@ fn add_range(rot: &mut Vec<RotRange>, offset: u64, len: u64, failed: Vec<&'stati
     });
 }
 
-/// Keeps reads under a byte rate.
+/// Keeps reads (of all the scrub's threads) under a byte rate.
 struct Throttle {
     rate: Option<u64>,
     start: Instant,
-    spent: u64,
+    spent: std::sync::atomic::AtomicU64,
 }
 
 impl Throttle {
@@ -637,18 +682,67 @@ impl Throttle {
         Throttle {
             rate: rate.filter(|&r| r > 0),
             start: Instant::now(),
-            spent: 0,
+            spent: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
-    fn spend(&mut self, bytes: u64) {
+    fn spend(&self, bytes: u64) {
         let Some(rate) = self.rate else { return };
-        self.spent += bytes;
-        let due = Duration::from_secs_f64(self.spent as f64 / rate as f64);
+        let spent = self
+            .spent
+            .fetch_add(bytes, std::sync::atomic::Ordering::SeqCst)
+            + bytes;
+        let due = Duration::from_secs_f64(spent as f64 / rate as f64);
         if let Some(wait) = due.checked_sub(self.start.elapsed()) {
             std::thread::sleep(wait);
         }
     }
+}
+
+/// Threads that scrub files at once (without a replica to repair from):
+/// a core's worth of hashing each, and more reads in flight for small
+/// files.
+fn scrub_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().clamp(1, 4))
+}
+
+/// Files handed to the threads at once (a stop waits for them at most).
+const PARALLEL_CHUNK: usize = 64;
+
+/// Scrubs `files` on `threads` threads; the verdicts in their order.
+fn scrub_parallel(
+    dest: &Destination,
+    journal: &Journal,
+    files: &[CatalogFile],
+    opts: &ScrubOptions,
+    throttle: &Throttle,
+    threads: usize,
+) -> Vec<Result<FileScrub, TransferError>> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let next = AtomicUsize::new(0);
+    let slots: Vec<std::sync::Mutex<Option<Result<FileScrub, TransferError>>>> =
+        files.iter().map(|_| Default::default()).collect();
+    std::thread::scope(|s| {
+        for _ in 0..threads.min(files.len()) {
+            s.spawn(|| {
+                let mut buf = AlignedBuf::new(0);
+                loop {
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    let Some(cf) = files.get(i) else { break };
+                    let r = scrub_file(dest, journal, cf, opts, None, &mut buf, throttle);
+                    *slots[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+                }
+            });
+        }
+    });
+    slots
+        .into_iter()
+        .map(|m| {
+            m.into_inner()
+                .unwrap_or_else(|p| p.into_inner())
+                .expect("every file was scrubbed")
+        })
+        .collect()
 }
 
 #[cfg(test)]

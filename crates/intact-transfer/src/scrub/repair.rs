@@ -328,7 +328,7 @@ fn reread(
         direct,
         only.as_ref(),
         buf,
-        &mut Throttle::new(None),
+        &Throttle::new(None),
         &mut after,
     )
     .map_err(|e| format!("re-reading after the repair: {e}"))?;

@@ -1,0 +1,226 @@
+//! `intact-bench scrub`: `intact scrub` of a cataloged tree on a cold
+//! cache against the device's own limit (a direct read of the same files,
+//! in the same run), `b3sum` and `sha256sum -c` of the same files; and
+//! the cost the catalog adds to a `riva` transfer (the page CRC-32C it
+//! computes, set against that transfer's CPU). Runs interleaved, min /
+//! median / max of wall seconds, median CPU seconds, ratios.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+
+use crate::ramdisk::RamExt4;
+use crate::runner::{children_cpu, have, intact_binary, interleaved, Spread};
+use crate::transfer::{copy_state_home, drop_caches, fresh, make_dataset, run_cmd, Dataset};
+
+#[derive(clap::Args)]
+pub struct ScrubArgs {
+    /// Runs per command (interleaved).
+    #[arg(long, default_value_t = 7)]
+    runs: usize,
+    /// Directory on the disk to measure in (a RAM-backed ext4 is measured
+    /// too, unless --no-ram).
+    #[arg(long, default_value = "/var/tmp/intact-bench-scrub")]
+    dir: PathBuf,
+    /// Skip the RAM-backed ext4.
+    #[arg(long)]
+    no_ram: bool,
+    /// Large files: this many of 256 MiB.
+    #[arg(long, default_value_t = 4)]
+    large_files: u64,
+    /// Small files: this many of 16 KiB.
+    #[arg(long, default_value_t = 20_000)]
+    small_files: u64,
+}
+
+pub fn run(a: &ScrubArgs) -> anyhow::Result<()> {
+    crate::runner::stop_on_signals();
+    for tool in ["b3sum", "sha256sum", "dd"] {
+        if !have(tool) {
+            bail!("{tool} is needed (apt install b3sum coreutils)");
+        }
+    }
+    if !drop_caches() {
+        bail!("dropping the page cache needs root: the comparison is on a cold cache");
+    }
+    let intact = intact_binary()?;
+    let sets = [
+        Dataset {
+            name: "large",
+            files: a.large_files,
+            file_size: 256 << 20,
+        },
+        Dataset {
+            name: "small",
+            files: a.small_files,
+            file_size: 16 << 10,
+        },
+    ];
+    println!(
+        "# intact-bench scrub ({} runs each, interleaved, cold cache)",
+        a.runs
+    );
+    println!("# {}", crate::runner::command_line());
+    let mut places = vec![("disk", a.dir.clone(), None)];
+    if !a.no_ram {
+        // Sources and cataloged copies of both sets, and the catalog-cost copy.
+        let mib = (a.large_files * 256 * 3 + a.small_files * 16 * 2 / 1024) + 1024;
+        let ram = RamExt4::create(mib)?;
+        places.push(("RAM ext4", ram.mount.clone(), Some(ram)));
+    }
+    for (place, dir, _keep) in &places {
+        for d in &sets {
+            crate::runner::check_stop()?;
+            measure(&intact, place, dir, d, a.runs)?;
+        }
+    }
+    catalog_cost(&intact, &places[places.len() - 1].1, &sets[0], a.runs)
+}
+
+/// The cataloged tree of `d` under `dir` (made once per place).
+fn prepare(intact: &Path, dir: &Path, d: &Dataset) -> anyhow::Result<(PathBuf, PathBuf)> {
+    let src = dir.join(format!("src-{}", d.name));
+    let root = dir.join(format!("root-{}", d.name));
+    make_dataset(&src, d)?;
+    fresh(&root)?;
+    run_cmd(
+        Command::new(intact)
+            .env("XDG_STATE_HOME", copy_state_home(&root))
+            .args(["copy", "--verify", "riva"])
+            .arg(format!("{}/", src.display()))
+            .arg(&root),
+    )?;
+    let manifest = dir.join(format!("sha256-{}.txt", d.name));
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg("find . -type f -print0 | xargs -0 sha256sum")
+        .current_dir(&root)
+        .output()?;
+    std::fs::write(&manifest, out.stdout)?;
+    Ok((root, manifest))
+}
+
+fn measure(intact: &Path, place: &str, dir: &Path, d: &Dataset, runs: usize) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let (root, manifest) = prepare(intact, dir, d)?;
+    let bytes = d.files * d.file_size;
+    let state = copy_state_home(&root);
+    let mut cmds: Vec<(&str, Command)> = Vec::new();
+    let mut scrub = Command::new(intact);
+    scrub
+        .env("XDG_STATE_HOME", &state)
+        .args(["scrub", "--restart"])
+        .arg(&root);
+    cmds.push(("intact scrub", scrub));
+    let mut direct = Command::new("sh");
+    direct.arg("-c").arg(
+        "find . -type f -print0 | xargs -0 -P1 -n1 sh -c 'dd if=\"$0\" of=/dev/null bs=4M iflag=direct status=none'",
+    );
+    direct.current_dir(&root);
+    if d.name == "large" {
+        cmds.push(("direct read (device limit)", direct));
+    }
+    let mut b3 = Command::new("sh");
+    b3.arg("-c")
+        .arg("find . -type f -print0 | xargs -0 b3sum > /dev/null")
+        .current_dir(&root);
+    cmds.push(("b3sum", b3));
+    let mut sha = Command::new("sha256sum");
+    sha.args(["-c", "--quiet"])
+        .arg(&manifest)
+        .current_dir(&root);
+    cmds.push(("sha256sum -c", sha));
+    let samples = interleaved(cmds.len(), runs, |i| {
+        drop_caches();
+        let cpu0 = children_cpu();
+        let t0 = Instant::now();
+        let st = cmds[i].1.output().with_context(|| cmds[i].0.to_string())?;
+        let wall = t0.elapsed().as_secs_f64();
+        if !st.status.success() {
+            bail!(
+                "{} failed: {}{}",
+                cmds[i].0,
+                String::from_utf8_lossy(&st.stdout),
+                String::from_utf8_lossy(&st.stderr)
+            );
+        }
+        Ok((wall, children_cpu() - cpu0))
+    })?;
+    println!();
+    println!(
+        "## {place}, {}: {} files × {} KiB = {:.0} MiB",
+        d.name,
+        d.files,
+        d.file_size >> 10,
+        bytes as f64 / (1 << 20) as f64
+    );
+    println!("| tool | wall s min / median / max | CPU s median | MiB/s (median) | intact scrub's speed ÷ this |");
+    println!("|---|---|---|---|---|");
+    let med = |v: &[(f64, f64)], f: fn(&(f64, f64)) -> f64| {
+        Spread::of(&v.iter().map(f).collect::<Vec<_>>()).median
+    };
+    let intact_wall = med(&samples[0], |s| s.0);
+    for ((name, _), s) in cmds.iter().zip(&samples) {
+        let wall = Spread::of(&s.iter().map(|x| x.0).collect::<Vec<_>>());
+        let cpu = med(s, |x| x.1);
+        println!(
+            "| {name} | {wall} | {cpu:.2} | {:.0} | {:.2} |",
+            bytes as f64 / (1 << 20) as f64 / wall.median,
+            wall.median / intact_wall
+        );
+    }
+    Ok(())
+}
+
+/// The catalog's cost in a `riva` transfer: the page CRC-32C of every
+/// byte received (what the receiver adds for the catalog; its journal
+/// rows grow by 4 bytes per 4 KiB), timed in this process over the same
+/// amount of data, set against the transfer's CPU seconds. An estimate,
+/// said as one: this build has no riva without the catalog to A/B.
+fn catalog_cost(intact: &Path, dir: &Path, d: &Dataset, runs: usize) -> anyhow::Result<()> {
+    let src = dir.join(format!("src-{}", d.name));
+    make_dataset(&src, d)?;
+    let dst = dir.join("dst-cost");
+    let bytes = d.files * d.file_size;
+    let samples = interleaved(1, runs, |_| {
+        fresh(&dst)?;
+        drop_caches();
+        let cpu0 = children_cpu();
+        let t0 = Instant::now();
+        run_cmd(
+            Command::new(intact)
+                .env("XDG_STATE_HOME", copy_state_home(&dst))
+                .args(["copy", "--verify", "riva"])
+                .arg(format!("{}/", src.display()))
+                .arg(&dst),
+        )?;
+        Ok((t0.elapsed().as_secs_f64(), children_cpu() - cpu0))
+    })?;
+    let cpu = Spread::of(&samples[0].iter().map(|s| s.1).collect::<Vec<_>>());
+    let block = vec![0x5au8; 4 << 20];
+    let mut crc = Vec::new();
+    for _ in 0..runs {
+        let t0 = Instant::now();
+        for _ in 0..bytes / block.len() as u64 {
+            std::hint::black_box(intact_digest::page_crc_blob(std::hint::black_box(&block)));
+        }
+        crc.push(t0.elapsed().as_secs_f64());
+    }
+    let crc = Spread::of(&crc);
+    println!();
+    println!(
+        "## the catalog's cost in riva ({:.0} MiB copied on the RAM ext4 if measured, else the disk)",
+        bytes as f64 / (1 << 20) as f64
+    );
+    println!("| what | seconds min / median / max |");
+    println!("|---|---|");
+    println!("| riva copy, CPU (both halves) | {cpu} |");
+    println!("| page CRC-32C of the same bytes, one thread | {crc} |");
+    println!(
+        "catalog page CRCs: {:.1}% of riva's CPU (median over median; an estimate from the CRC's own time, not an A/B)",
+        100.0 * crc.median / cpu.median
+    );
+    Ok(())
+}
