@@ -57,6 +57,23 @@ impl Mtime {
     }
 }
 
+/// Up to `len` bytes of `file` from `offset`: fewer only at its end.
+pub(crate) fn read_at_most(file: &File, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; len];
+    let mut got = 0;
+    while got < len {
+        match file.read_at(&mut buf[got..], offset + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(got);
+    Ok(buf)
+}
+
 fn dest_err(path: &WirePath, e: impl Into<std::io::Error>) -> TransferError {
     TransferError::Destination {
         path: path.to_string(),
@@ -220,29 +237,23 @@ impl Destination {
     /// Opens the file at `path` (its final name) for reading, never
     /// through a symlink; `None` if it is not there as a regular file.
     pub fn open_final(&self, path: &WirePath) -> Option<File> {
+        self.open_regular(path, OFlags::RDONLY)
+    }
+
+    /// As [`Destination::open_final`], open for writing too (a repair
+    /// writes good bytes over rotten ones in place).
+    pub fn open_final_rw(&self, path: &WirePath) -> Option<File> {
+        self.open_regular(path, OFlags::RDWR)
+    }
+
+    fn open_regular(&self, path: &WirePath, access: OFlags) -> Option<File> {
         let (dir, name) = self.parent(path, false).ok()?;
         // Non-blocking: a FIFO planted under the name must not hold the
         // thread in open (it is then refused as not regular).
         let fd = rfs::openat(
             &dir,
             &name,
-            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
-            Mode::empty(),
-        )
-        .ok()?;
-        let st = rfs::fstat(&fd).ok()?;
-        (rfs::FileType::from_raw_mode(st.st_mode) == rfs::FileType::RegularFile)
-            .then(|| File::from(fd))
-    }
-
-    /// As [`Destination::open_final`], open for writing too (a repair
-    /// writes good bytes over rotten ones in place).
-    pub fn open_final_rw(&self, path: &WirePath) -> Option<File> {
-        let (dir, name) = self.parent(path, false).ok()?;
-        let fd = rfs::openat(
-            &dir,
-            &name,
-            OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
+            access | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
             Mode::empty(),
         )
         .ok()?;

@@ -5,7 +5,6 @@
 //! catalog before writing it.
 
 use std::net::TcpStream;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use intact_proto::{Connection, Key, Message, SessionSecret, WirePath, MAX_BLOCK};
@@ -175,18 +174,7 @@ fn read_local(dest: &Destination, path: &WirePath, at: u64, want: u32) -> Result
     let file = dest
         .open_final(path)
         .ok_or_else(|| format!("{path}: not a regular file in the replica"))?;
-    let mut buf = vec![0u8; want as usize];
-    let mut got = 0;
-    while got < buf.len() {
-        match file.read_at(&mut buf[got..], at + got as u64) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(format!("{path}: {e}")),
-        }
-    }
-    buf.truncate(got);
-    Ok(buf)
+    crate::dest::read_at_most(&file, at, want as usize).map_err(|e| format!("{path}: {e}"))
 }
 
 /// Why a connection to the replica server can no longer be used.

@@ -6,27 +6,10 @@
 use std::fs;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{same_data, Server};
-
-fn intact(state: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_intact"))
-        .args(args)
-        .env("XDG_STATE_HOME", state)
-        .output()
-        .unwrap()
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn s(p: &Path) -> String {
-    p.to_str().unwrap().to_string()
-}
+use common::{intact_in, s, same_data, stderr, stdout, Server};
 
 /// Writes round `round` of the dataset: every other file's bytes change.
 fn write_round(src: &Path, round: u64) {
@@ -59,8 +42,8 @@ fn a_server_scrubs_in_the_background_while_clients_write_into_its_root_with_no_f
     // ran (and at least three rounds replaced files it scrubs).
     while (passes.len() < 3 || round < 3) && Instant::now() < deadline {
         write_round(&src, round);
-        let o = intact(&state, &["send", &s(&src), &server.addr()]);
-        assert!(o.status.success(), "round {round}: {}", text(&o.stderr));
+        let o = intact_in(&state, &["send", s(&src), &server.addr()]);
+        assert!(o.status.success(), "round {round}: {}", stderr(&o));
         while let Ok(l) = server.log.try_recv() {
             if l.contains("scrub of root:") && l.contains(" files, ") && !l.contains(": 0 files") {
                 passes.push(l.clone());
@@ -92,8 +75,8 @@ fn a_server_scrubs_in_the_background_while_clients_write_into_its_root_with_no_f
     same_data(&src, &root.join("src"));
 
     // Stopped: a scrub of its own finds the whole root clean.
-    let o = intact(&state, &["scrub", "--json", &s(&root)]);
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    let o = intact_in(&state, &["scrub", "--json", s(&root)]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(r["files"], 41, "{r}");
     assert_eq!(r["clean"], 41, "{r}");
@@ -113,8 +96,8 @@ fn scrub_repairs_from_a_server_with_allow_fetch_and_is_refused_by_one_without() 
     let data = intact_sample::bytes(600_000, 77);
     fs::write(src.join("f"), &data).unwrap();
     fs::write(replica.join("f"), &data).unwrap();
-    let o = intact(&state, &["copy", &format!("{}/", s(&src)), &s(&dst)]);
-    assert!(o.status.success(), "{}", text(&o.stderr));
+    let o = intact_in(&state, &["copy", &format!("{}/", s(&src)), s(&dst)]);
+    assert!(o.status.success(), "{}", stderr(&o));
     // Rot in place: one byte, size and mtime kept.
     let path = dst.join("f");
     let mtime = fs::metadata(&path).unwrap().modified().unwrap();
@@ -124,68 +107,64 @@ fn scrub_repairs_from_a_server_with_allow_fetch_and_is_refused_by_one_without() 
     drop(f);
 
     // Reading needs a key: refused without one.
-    let o = intact(
+    let o = intact_in(
         &state,
         &[
             "serve",
             "--root",
-            &s(&replica),
+            s(&replica),
             "--listen",
             "127.0.0.1:0",
             "--allow-fetch",
         ],
     );
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
-    assert!(text(&o.stderr).contains("--allow-fetch needs --key-file"));
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--allow-fetch needs --key-file"));
     let key = t.path().join("key");
-    let o = intact(&state, &["keygen", &s(&key)]);
-    assert!(o.status.success(), "{}", text(&o.stderr));
+    let o = intact_in(&state, &["keygen", s(&key)]);
+    assert!(o.status.success(), "{}", stderr(&o));
     let keyed = |addr: &str| {
         let args = [
             "scrub",
-            &s(&dst),
+            s(&dst),
             "--repair-from",
             addr,
             "--key-file",
-            &s(&key),
+            s(&key),
         ];
-        intact(&state, &args)
+        intact_in(&state, &args)
     };
 
-    let closed = Server::start_with(&replica, &["--key-file", &s(&key)], &[]);
+    let closed = Server::start_with(&replica, &["--key-file", s(&key)], &[]);
     let o = keyed(&closed.addr());
-    let out = text(&o.stdout);
-    assert_eq!(o.status.code(), Some(1), "{out}{}", text(&o.stderr));
+    let out = stdout(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}{}", stderr(&o));
     assert!(
         out.contains("NOT REPAIRED f:") && out.contains("--allow-fetch"),
         "{out}"
     );
     drop(closed);
 
-    let open = Server::start_with(&replica, &["--allow-fetch", "--key-file", &s(&key)], &[]);
+    let open = Server::start_with(&replica, &["--allow-fetch", "--key-file", s(&key)], &[]);
     // Without the key this client is not let in: said before the scrub.
-    let o = intact(&state, &["scrub", &s(&dst), "--repair-from", &open.addr()]);
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
-    assert!(
-        text(&o.stderr).contains("replica server"),
-        "{}",
-        text(&o.stderr)
-    );
+    let o = intact_in(&state, &["scrub", s(&dst), "--repair-from", &open.addr()]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("replica server"), "{}", stderr(&o));
     let o = keyed(&open.addr());
-    let out = text(&o.stdout);
-    assert_eq!(o.status.code(), Some(0), "{out}{}", text(&o.stderr));
+    let out = stdout(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}{}", stderr(&o));
     assert!(
         out.contains("REPAIRED f: 4096 bytes from 127.0.0.1:"),
         "{out}"
     );
     assert!(fs::read(&path).unwrap() == data);
-    let o = intact(&state, &["status", "--json", &s(&dst)]);
+    let o = intact_in(&state, &["status", "--json", s(&dst)]);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(
         (v["repairs"].as_u64(), v["repaired_bytes"].as_u64()),
         (Some(1), Some(4096)),
         "{v}"
     );
-    let o = intact(&state, &["scrub", &s(&dst)]);
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stdout));
+    let o = intact_in(&state, &["scrub", s(&dst)]);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
 }

@@ -21,6 +21,16 @@ pub fn intact(args: &[&str]) -> Output {
 }
 
 /// `intact send <args>`, run to its end.
+/// Runs the binary with `args` and its own state directory (copies keep
+/// their catalogs there, not in the user's).
+pub fn intact_in(state: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_intact"))
+        .args(args)
+        .env("XDG_STATE_HOME", state)
+        .output()
+        .unwrap()
+}
+
 pub fn send(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_intact"))
         .arg("send")

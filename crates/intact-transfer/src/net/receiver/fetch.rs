@@ -6,8 +6,6 @@
 //! `--allow-fetch` answers; the bytes a reply holds are taken from the
 //! session's share of the server's memory before they are read.
 
-use std::os::unix::fs::FileExt;
-
 use intact_proto::{Held, Message, Party, ProtoError, WirePath, MAX_BLOCK};
 
 use crate::dest::Destination;
@@ -43,17 +41,10 @@ pub(super) fn answer(
         Some(m) => Some(m.take(2 * want as u64, MEMORY_WAIT)?),
         None => None,
     };
-    let mut data = vec![0u8; want];
-    let mut got = 0;
-    while got < want {
-        match file.read_at(&mut data[got..], offset + got as u64) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return reply(Err(format!("{path}: {e}"))),
-        }
-    }
-    data.truncate(got);
+    let data = match crate::dest::read_at_most(&file, offset, want) {
+        Ok(d) => d,
+        Err(e) => return reply(Err(format!("{path}: {e}"))),
+    };
     Ok((
         Message::Fetched {
             offset,
