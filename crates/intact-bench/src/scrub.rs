@@ -204,7 +204,10 @@ fn catalog_cost(intact: &Path, dir: &Path, d: &Dataset, runs: usize) -> anyhow::
     for _ in 0..runs {
         let t0 = Instant::now();
         for _ in 0..bytes / block.len() as u64 {
-            std::hint::black_box(intact_digest::page_crc_blob(std::hint::black_box(&block)));
+            std::hint::black_box(intact_digest::page_crc_blob(
+                std::hint::black_box(&block),
+                intact_digest::PAGE_SIZE,
+            ));
         }
         crc.push(t0.elapsed().as_secs_f64());
     }

@@ -32,13 +32,26 @@ pub fn page_crcs(data: &[u8]) -> Vec<u32> {
     out
 }
 
-/// CRC-32C of every 4 KiB page of `data`, in order, as little-endian
-/// bytes (4 per page): the form a catalog stores beside a block's digest.
-/// Sequential: one block at a time, on the caller's thread.
-pub fn page_crc_blob(data: &[u8]) -> Vec<u8> {
-    data.chunks(PAGE_SIZE)
+/// CRC-32C of every `page`-byte page of `data` (the last may be short),
+/// in order, as little-endian bytes (4 per page): the form a catalog
+/// stores beside a block's digest. Sequential: one block at a time, on
+/// the caller's thread. A `page` of 0 is read as [`PAGE_SIZE`].
+pub fn page_crc_blob(data: &[u8], page: usize) -> Vec<u8> {
+    let page = if page == 0 { PAGE_SIZE } else { page };
+    data.chunks(page)
         .flat_map(|p| crc32c::crc32c(p).to_le_bytes())
         .collect()
+}
+
+/// Smallest page size a catalog may use, in bytes.
+pub const MIN_PAGE_SIZE: usize = 512;
+/// Largest page size a catalog may use, in bytes (1 MiB).
+pub const MAX_PAGE_SIZE: usize = 1 << 20;
+
+/// Whether `page` is a page size a catalog may use: a power of two from
+/// [`MIN_PAGE_SIZE`] to [`MAX_PAGE_SIZE`].
+pub fn valid_page_size(page: u64) -> bool {
+    page.is_power_of_two() && (MIN_PAGE_SIZE as u64..=MAX_PAGE_SIZE as u64).contains(&page)
 }
 
 /// How to checksum one fixed-size piece of a stream.
@@ -252,7 +265,7 @@ mod blob_tests {
     #[test]
     fn the_page_blob_holds_each_pages_crc_in_order() {
         let data: Vec<u8> = (0..3 * PAGE_SIZE + 100).map(|i| (i * 7) as u8).collect();
-        let blob = page_crc_blob(&data);
+        let blob = page_crc_blob(&data, PAGE_SIZE);
         assert_eq!(blob.len(), 4 * 4, "three whole pages and a short one");
         let want: Vec<u8> = page_crcs(&data)
             .into_iter()
@@ -263,6 +276,16 @@ mod blob_tests {
             &blob[12..16],
             &crc32c::crc32c(&data[3 * PAGE_SIZE..]).to_le_bytes()
         );
-        assert!(page_crc_blob(&[]).is_empty());
+        assert!(page_crc_blob(&[], PAGE_SIZE).is_empty());
+        let big = page_crc_blob(&data, 8192);
+        assert_eq!(big.len(), 2 * 4, "one 8 KiB page and a short one");
+        assert_eq!(&big[..4], &crc32c::crc32c(&data[..8192]).to_le_bytes());
+    }
+
+    #[test]
+    fn page_sizes_are_powers_of_two_in_bounds() {
+        assert!(valid_page_size(4096) && valid_page_size(65536) && valid_page_size(512));
+        assert!(!valid_page_size(0) && !valid_page_size(256) && !valid_page_size(3000));
+        assert!(!valid_page_size(2 << 20));
     }
 }

@@ -32,6 +32,9 @@ pub use file::{
     digest_file, digest_reader, AlignedBuf, DigestPlan, FileDigests, ReadPath, ReadStrategy,
     BUFFER_ALIGN,
 };
-pub use granular::{block_digests, page_crc_blob, page_crcs, Granular, GranularDigests, PAGE_SIZE};
+pub use granular::{
+    block_digests, page_crc_blob, page_crcs, valid_page_size, Granular, GranularDigests,
+    MAX_PAGE_SIZE, MIN_PAGE_SIZE, PAGE_SIZE,
+};
 pub use hasher::{hash, hash_parallel, Hasher, MIN_PARALLEL_LEN};
 pub use xxh3::FIXED_SIMD_MAX_LEN;

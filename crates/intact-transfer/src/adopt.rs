@@ -290,7 +290,7 @@ fn adopt_one(
             index,
             digest: hash(defaults::BLOCK_ALGORITHM, data).as_bytes().to_vec(),
             verified: VerifiedAt::now(VerifyMode::None, VerifyLevel::None),
-            pages: Some(page_crc_blob(data)),
+            pages: Some(page_crc_blob(data, journal.page_size())),
         });
         a.bytes += len as u64;
     }

@@ -234,7 +234,8 @@ pub fn copy_scanned(
 /// `~/.local/state/intact/copies/`), one private directory per destination
 /// (named by the BLAKE3 of its canonical path), so a copy leaves nothing
 /// of its own in DST and no other user can hold or plant its state there.
-/// Without a usable home, `root/.intact` as a server's.
+/// Without a usable home, or when `root/.intact` already holds a catalog
+/// (a server's root, or one `intact catalog init` made), `root/.intact`.
 fn copy_state(root: &Path) -> Result<PathBuf, TransferError> {
     let dest_err = |path: &Path, source| TransferError::Destination {
         path: path.display().to_string(),
@@ -250,6 +251,17 @@ fn copy_state(root: &Path) -> Result<PathBuf, TransferError> {
     }
     std::fs::create_dir_all(root).map_err(|e| dest_err(root, e))?;
     let canonical = std::fs::canonicalize(root).map_err(|e| dest_err(root, e))?;
+    // A root that keeps its catalog in ROOT/.intact (a server's, or one
+    // `intact catalog init` made) is copied into with that catalog: one
+    // catalog per root, whichever command writes into it.
+    if canonical
+        .join(crate::journal::STATE_DIR)
+        .join("journal.sqlite")
+        .is_file()
+    {
+        return crate::net::private::state_dir(&canonical)
+            .map_err(|e| TransferError::Journal(e.to_string()));
+    }
     let private = |dir: &Path| {
         crate::net::private::private_dir(dir).map_err(|e| TransferError::Journal(e.to_string()))
     };

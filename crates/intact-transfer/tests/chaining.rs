@@ -102,13 +102,13 @@ fn a_flip_between_the_check_and_the_write_leaves_the_senders_page_crcs() {
         .iter()
         .find(|b| b.index == 1)
         .expect("block 1 was recorded");
-    let senders = page_crc_blob(&data[BS..2 * BS]);
+    let senders = page_crc_blob(&data[BS..2 * BS], intact_digest::PAGE_SIZE);
     assert_eq!(b1.pages.as_deref(), Some(senders.as_slice()));
     let mut flipped = data[BS..2 * BS].to_vec();
     flipped[3 * 4096 + 7] ^= 1;
     assert_ne!(
         b1.pages.as_deref(),
-        Some(page_crc_blob(&flipped).as_slice())
+        Some(page_crc_blob(&flipped, intact_digest::PAGE_SIZE).as_slice())
     );
     drop(journal);
 }

@@ -216,3 +216,42 @@ fn a_file_the_catalog_knows_only_whole_is_repaired_whole() {
     assert!(fs::read(dst.path().join("n")).unwrap() == data);
     assert_eq!(run(dst.path(), None).clean, 1);
 }
+
+#[test]
+fn a_root_with_16_kib_pages_names_and_repairs_rot_by_16_kib_page() {
+    let src = tempfile::tempdir().unwrap();
+    let dst = tempfile::tempdir().unwrap();
+    let data = intact_sample::bytes(2 * BS + 3000, 41);
+    fs::write(src.path().join("f"), &data).unwrap();
+    // The root's catalog is made first, with its page size.
+    let (journal, dir) = intact_transfer::open_or_create_catalog(dst.path()).unwrap();
+    assert_eq!(dir, dst.path().join(".intact"));
+    journal.set_page_size(3000).unwrap_err();
+    journal.set_page_size(16384).unwrap();
+    drop(journal);
+    copy_into(src.path(), &["f"], dst.path(), VerifyMode::Block);
+    // The copy wrote into that catalog (not a state of its own).
+    let (journal, dir) = open_catalog(dst.path()).unwrap();
+    assert_eq!(dir, dst.path().join(".intact"));
+    assert_eq!(journal.page_size(), 16384);
+    let err = journal.set_page_size(4096).unwrap_err().to_string();
+    assert!(err.contains("before the first file"), "{err}");
+    drop(journal);
+
+    let at = BS as u64 + 2 * 16384 + 100;
+    rot_in_place(&dst.path().join("f"), at);
+    let found = run(dst.path(), None);
+    let f = file(&found, "f");
+    assert_eq!(f.state, "rot", "{found:?}");
+    assert_eq!(
+        (f.rot[0].offset, f.rot[0].len),
+        (at / 16384 * 16384, 16384),
+        "one 16 KiB page: {f:?}"
+    );
+
+    let mut replica = Replica::local(src.path()).unwrap();
+    let rep = run(dst.path(), Some(&mut replica));
+    assert_eq!(file(&rep, "f").state, "repaired", "{rep:?}");
+    assert_eq!(rep.fetched_bytes, 16384, "{rep:?}");
+    assert!(fs::read(dst.path().join("f")).unwrap() == data);
+}

@@ -255,6 +255,7 @@ pub fn status(a: &StatusArgs) -> anyhow::Result<ExitCode> {
     if a.json {
         let v = serde_json::json!({
             "catalog": dir.join("journal.sqlite"),
+            "page_size": journal.page_size(),
             "files": s.files,
             "bytes": s.bytes,
             "partial_files": s.partial,
@@ -283,7 +284,11 @@ pub fn status(a: &StatusArgs) -> anyhow::Result<ExitCode> {
                 .join(", ")
         }
     };
-    outln!("catalog:          {}", dir.join("journal.sqlite").display())?;
+    outln!(
+        "catalog:          {} ({}-byte pages)",
+        dir.join("journal.sqlite").display(),
+        journal.page_size()
+    )?;
     outln!(
         "cataloged:        {} files, {:.1} MiB ({} partial)",
         s.files,

@@ -420,11 +420,15 @@ fn completions_and_man_pages_come_from_the_same_definitions() {
         "intact-serve.1",
         "intact-keygen.1",
         "intact-catalog-add.1",
+        "intact-catalog-init.1",
     ] {
         assert!(man.join(page).is_file(), "{page}");
     }
     let pages = fs::read_dir(&man).unwrap().count();
-    assert_eq!(pages, 14, "intact, its twelve commands and `catalog add`");
+    assert_eq!(
+        pages, 15,
+        "intact, its twelve commands, `catalog add` and `catalog init`"
+    );
 }
 
 #[test]

@@ -3,13 +3,15 @@
 //!
 //! A finished file's row (path, size, mtime, whole-file BLAKE3, the mode
 //! and level reached at arrival and when) and its block rows (the block's
-//! XXH3-128 and the CRC-32C of each 4 KiB page) are the catalog: two
-//! checksums per region, as Z²FS keeps two. The page CRCs are computed by
+//! XXH3-128 and the CRC-32C of each page) are the catalog: two checksums
+//! per region, as Z²FS keeps two. The page size is the root's, 4 KiB
+//! unless `intact catalog init --page-size` chose another before the
+//! first file arrived (PVFS used 64 KiB). The page CRCs are computed by
 //! the receiver from the buffer it received *before* that buffer's digest
 //! is checked against the sender's (checksum chaining): the two checks
 //! overlap in time, so a memory flip after the check cannot leave a
-//! catalog that describes the flipped bytes. They cost 4 bytes per 4 KiB
-//! page (0.1%).
+//! catalog that describes the flipped bytes. They cost 4 bytes per page
+//! (0.1% at 4 KiB, 0.006% at 64 KiB).
 //!
 //! A scrub marks each file it read ([`ScrubMark`]) and keeps its place in
 //! a pass ([`ScrubPass`]), so an interrupted scrub goes on where it
@@ -100,6 +102,8 @@ pub struct CatalogFile {
     pub digest: Option<[u8; 32]>,
     /// When it was last scrubbed (0: never).
     pub scrubbed_at: i64,
+    /// The bytes each of its page CRCs covers (the root's page size).
+    pub page_size: usize,
 }
 
 /// What a scrub found of one file.
@@ -188,6 +192,10 @@ impl Journal {
                  finished INTEGER NOT NULL DEFAULT 0,
                  older_than INTEGER NOT NULL DEFAULT -1
              );
+             CREATE TABLE IF NOT EXISTS settings (
+                 key TEXT PRIMARY KEY,
+                 value INTEGER NOT NULL
+             );
              CREATE TABLE IF NOT EXISTS repairs (
                  id INTEGER PRIMARY KEY,
                  path BLOB NOT NULL,
@@ -199,6 +207,50 @@ impl Journal {
         .map_err(db_err)
     }
 
+    /// The root's catalog page size in bytes: the CRC-32C in a block
+    /// record covers this many bytes each. Fixed once any file is
+    /// recorded (see [`Journal::set_page_size`]); 4 KiB unless set.
+    pub fn page_size(&self) -> usize {
+        self.page_size.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Sets the root's catalog page size: a power of two from 512 bytes to
+    /// 1 MiB, chosen before the first file is recorded (the page CRCs
+    /// recorded already were computed at the page size they have).
+    pub fn set_page_size(&self, page: u64) -> Result<(), TransferError> {
+        if !intact_digest::valid_page_size(page) {
+            return Err(TransferError::Usage(format!(
+                "page size {page}: a power of two from {} bytes to {} KiB is needed",
+                intact_digest::MIN_PAGE_SIZE,
+                intact_digest::MAX_PAGE_SIZE / 1024
+            )));
+        }
+        if page as usize == self.page_size() {
+            return Ok(());
+        }
+        self.commit_with(|db| {
+            let files: i64 = db
+                .query_row("SELECT COUNT(*) FROM files", [], |r| r.get(0))
+                .map_err(db_err)?;
+            if files > 0 {
+                return Err(TransferError::Usage(format!(
+                    "the catalog already records {files} file(s) with {}-byte pages; a page size is chosen before the first file arrives",
+                    self.page_size()
+                )));
+            }
+            db.execute(
+                "INSERT INTO settings (key, value) VALUES ('page_size', ?1)
+                 ON CONFLICT(key) DO UPDATE SET value = ?1",
+                params![page as i64],
+            )
+            .map_err(db_err)?;
+            Ok(())
+        })?;
+        self.page_size
+            .store(page as usize, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
     /// Up to `limit` finished files with row ids above `after`, last
     /// scrubbed before `scrubbed_before` (unix seconds; never scrubbed
     /// counts as 0), in id order.
@@ -208,6 +260,7 @@ impl Journal {
         scrubbed_before: i64,
         limit: u32,
     ) -> Result<Vec<CatalogFile>, TransferError> {
+        let page_size = self.page_size();
         let db = self.db();
         let mut st = db
             .prepare_cached(
@@ -228,6 +281,7 @@ impl Journal {
                         .get::<_, Option<Vec<u8>>>(9)?
                         .and_then(|d| <[u8; 32]>::try_from(d).ok()),
                     scrubbed_at: r.get(10)?,
+                    page_size,
                 })
             })
             .map_err(db_err)?;
@@ -473,4 +527,24 @@ fn pass_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ScrubPass> {
         last_file: r.get(2)?,
         finished: r.get(3)?,
     })
+}
+
+/// The page size a catalog records (4 KiB where none was set; a value
+/// this build would not accept is a damaged catalog).
+pub(super) fn read_page_size(db: &rusqlite::Connection) -> Result<usize, TransferError> {
+    let set: Option<i64> = db
+        .query_row(
+            "SELECT value FROM settings WHERE key = 'page_size'",
+            [],
+            |r| r.get(0),
+        )
+        .optional()
+        .map_err(db_err)?;
+    match set {
+        None => Ok(intact_digest::PAGE_SIZE),
+        Some(p) if p > 0 && intact_digest::valid_page_size(p as u64) => Ok(p as usize),
+        Some(p) => Err(TransferError::Journal(format!(
+            "the catalog's page size {p} is not one this build accepts: the catalog is damaged"
+        ))),
+    }
 }

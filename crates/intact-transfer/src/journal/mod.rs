@@ -98,7 +98,8 @@ pub struct BlockRecord {
     pub digest: Vec<u8>,
     /// How and when it was verified.
     pub verified: VerifiedAt,
-    /// The CRC-32C of each 4 KiB page of the block, little-endian, computed
+    /// The CRC-32C of each page of the block (the catalog's page size,
+    /// [`Journal::page_size`]), little-endian, computed
     /// from the received bytes before their digest was checked (checksum
     /// chaining: see `journal/catalog.rs`); None where none was kept.
     pub pages: Option<Vec<u8>>,
@@ -150,6 +151,8 @@ pub struct Journal {
     /// one is open is SQLite's to say (`is_autocommit`): an I/O error may
     /// have rolled it back.
     db: Mutex<Connection>,
+    /// The root's catalog page size in bytes (see [`Journal::page_size`]).
+    page_size: std::sync::atomic::AtomicUsize,
 }
 
 impl Drop for Journal {
@@ -282,7 +285,11 @@ impl Journal {
         Journal::add_owner_columns(&db)?;
         // The at-rest catalog: page checksums and scrub records.
         Journal::add_catalog_columns(&db)?;
-        Ok(Journal { db: Mutex::new(db) })
+        let page_size = catalog::read_page_size(&db)?;
+        Ok(Journal {
+            db: Mutex::new(db),
+            page_size: page_size.into(),
+        })
     }
 
     fn db(&self) -> MutexGuard<'_, Connection> {

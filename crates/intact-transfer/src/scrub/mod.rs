@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use intact_cache::{DeviceReader, ReadPath};
-use intact_digest::{defaults, hash, page_crc_blob, AlignedBuf, PAGE_SIZE};
+use intact_digest::{defaults, hash, page_crc_blob, AlignedBuf};
 use intact_proto::WirePath;
 use serde::Serialize;
 
@@ -524,6 +524,7 @@ fn check_file(
         source: e,
     };
     let bs = u64::from(cf.block_size.max(1));
+    let page = cf.page_size.max(1);
     let path = if direct {
         ReadPath::Direct
     } else {
@@ -592,12 +593,12 @@ fn check_file(
         };
         let block_ok = hash(defaults::BLOCK_ALGORITHM, data).as_bytes() == rec.digest;
         match &rec.pages {
-            Some(pages) if pages.len() == len.div_ceil(PAGE_SIZE) * 4 => {
-                let now = page_crc_blob(data);
+            Some(pages) if pages.len() == len.div_ceil(page) * 4 => {
+                let now = page_crc_blob(data, page);
                 for (p, (a, b)) in pages.chunks(4).zip(now.chunks(4)).enumerate() {
                     if a != b {
-                        let start = offset + (p * PAGE_SIZE) as u64;
-                        let end = (start + PAGE_SIZE as u64).min(offset + len as u64);
+                        let start = offset + (p * page) as u64;
+                        let end = (start + page as u64).min(offset + len as u64);
                         let mut failed = vec!["crc32c"];
                         if !block_ok {
                             failed.push("xxh3-128");

@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
-use intact_digest::{defaults, hash, page_crc_blob, AlignedBuf, PAGE_SIZE};
+use intact_digest::{defaults, hash, page_crc_blob, AlignedBuf};
 use intact_proto::WirePath;
 use rustix::fs::{self as rfs, Timespec, Timestamps};
 use serde::Serialize;
@@ -189,7 +189,7 @@ fn pages(
             .map_err(|e| format!("reading block {index}: {e}"))?;
         for &(at, to) in ranges {
             let data = replica.fetch(wire, at, to - at)?;
-            check_pages(rec, b0, b_end, at, &data)?;
+            check_pages(rec, cf.page_size, b0, b_end, at, &data)?;
             block[(at - b0) as usize..(to - b0) as usize].copy_from_slice(&data);
         }
         if hash(defaults::BLOCK_ALGORITHM, &block).as_bytes() != rec.digest.as_slice() {
@@ -207,16 +207,23 @@ fn pages(
 /// Holds bytes `at..` of block `rec` (bytes `b0..b_end` of the file)
 /// fetched from the replica against the catalog's page CRCs; without
 /// them, only a whole block can be checked (by the caller's digest).
-fn check_pages(rec: &BlockRecord, b0: u64, b_end: u64, at: u64, data: &[u8]) -> Result<(), String> {
+fn check_pages(
+    rec: &BlockRecord,
+    page: usize,
+    b0: u64,
+    b_end: u64,
+    at: u64,
+    data: &[u8],
+) -> Result<(), String> {
     let end = at + data.len() as u64;
-    let page = PAGE_SIZE as u64;
+    let page = page.max(1) as u64;
     match &rec.pages {
         Some(p) if p.len() as u64 == (b_end - b0).div_ceil(page) * 4 => {
             if (at - b0) % page != 0 || (end != b_end && (end - b0) % page != 0) {
                 return Err(format!("{at}..{end} is not a range of whole pages"));
             }
             let first = ((at - b0) / page) as usize * 4;
-            let now = page_crc_blob(data);
+            let now = page_crc_blob(data, page as usize);
             if p.get(first..first + now.len()) != Some(now.as_slice()) {
                 return Err(format!(
                     "the replica's bytes {at}..{end} do not match the catalog either (crc32c)"

@@ -28,6 +28,7 @@ pub(super) fn accept_block(
     f: &mut Incoming,
     b: &mut intact_proto::Block,
     opts: &ReceiveOptions,
+    page_size: usize,
 ) -> Result<Verdict, TransferError> {
     let index = b.index;
     let bs = u64::from(f.entry.block_size);
@@ -73,7 +74,7 @@ pub(super) fn accept_block(
     let pages = match &expected {
         Some(d) => {
             let (pages, ok) = profile.time(Stage::Check, || {
-                let pages = intact_digest::page_crc_blob(data);
+                let pages = intact_digest::page_crc_blob(data, page_size);
                 (pages, hash(defaults::BLOCK_ALGORITHM, data).ct_eq(d))
             });
             if !ok {

@@ -287,7 +287,7 @@ impl Session<'_> {
                 return self.fail_file(b.file, &e.to_string());
             }
         }
-        let accepted = accept_block(f, &mut b, self.opts);
+        let accepted = accept_block(f, &mut b, self.opts, self.journal.page_size());
         let verdict = match accepted {
             Ok(v) => v,
             Err(e @ (TransferError::Destination { .. } | TransferError::Journal(_))) => {
