@@ -102,10 +102,21 @@ impl DeviceReader {
     /// back-off: the reader reads plainly there ([`ReadPath::Cached`], which
     /// [`DeviceReader::path`] reports), and no read counts as a device read.
     pub fn new(file: &File, path: ReadPath) -> Result<DeviceReader, CacheError> {
+        DeviceReader::with_backing(file, path, backing(file)?)
+    }
+
+    /// As [`DeviceReader::new`], with what lies under `file` known already
+    /// ([`crate::backing`] of a file on the same file system): a caller
+    /// that reads many files of one file system asks once.
+    pub fn with_backing(
+        file: &File,
+        path: ReadPath,
+        backing: Backing,
+    ) -> Result<DeviceReader, CacheError> {
         let mut r = DeviceReader {
             path,
             direct: None,
-            backing: backing(file)?,
+            backing,
             fallback: None,
             cold: None,
         };
@@ -238,6 +249,30 @@ impl DeviceReader {
         Ok(Prepared {
             evicted: Some((ev.resident, evict_time)),
         })
+    }
+
+    /// As [`DeviceReader::evict_then_prefetch`], but a range of which no
+    /// page is cached now is not evicted: it is only asked for from the
+    /// device (every page that enters the cache from now on comes from the
+    /// device, as after an eviction). Two system calls instead of four for
+    /// a cold range, as most are when a scrub comes round to a file.
+    pub fn prefetch_cold_or_evict(
+        &mut self,
+        file: &File,
+        offset: u64,
+        len: usize,
+    ) -> std::io::Result<Prepared> {
+        if self.path != ReadPath::Evict {
+            return Ok(Prepared::default());
+        }
+        let t = Instant::now();
+        if crate::resident(file, offset, len as u64)? == 0 {
+            prefetch(file, offset, len as u64);
+            return Ok(Prepared {
+                evicted: Some((0, t.elapsed())),
+            });
+        }
+        self.evict_then_prefetch(file, offset, len)
     }
 
     /// Batched reads, step 3 of 3: the read itself, after

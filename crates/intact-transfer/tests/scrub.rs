@@ -104,11 +104,22 @@ fn scrub_names_the_page_a_device_flip_hit_and_only_that_page() {
     assert_eq!(s.rot_bytes, 4096);
     assert!(s.scrub_states.contains(&("rot".to_string(), 1)), "{s:?}");
 
-    // Put right on the device: the next scrub is clean again.
+    // Put right on the device: the next scrub is clean again (the page
+    // cache still holds the rotten byte the last scrub read).
     lfs.flip_bit_under(&f, at).unwrap();
     assert_eq!(lfs.device_byte_under(&f, at).unwrap(), big[at as usize]);
     let third = run_scrub(&dst, &ScrubOptions::default());
     assert_eq!((third.clean, third.rotten), (2, 0), "{third:?}");
+
+    // A cold file (no page cached: the scrub only asks the device for it,
+    // without evicting) is read from the device too.
+    lfs.flip_bit_under(&f, at).unwrap();
+    intact_cache::evict(&f, 0, big.len() as u64).unwrap();
+    assert_eq!(intact_cache::resident(&f, 0, big.len() as u64).unwrap(), 0);
+    let cold = run_scrub(&dst, &ScrubOptions::default());
+    assert_eq!((cold.rotten, cold.clean), (1, 1), "{cold:?}");
+    assert_eq!(file(&cold, "big").level, VerifyLevel::Device);
+    assert_eq!(file(&cold, "big").rot[0].offset, page, "{cold:?}");
 }
 
 #[test]

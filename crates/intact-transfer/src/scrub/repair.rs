@@ -328,10 +328,14 @@ fn reread(
         repair: None,
         ..fs.clone()
     };
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("re-reading after the repair: {e}"))?;
     let unchecked = check_file(
         records,
         cf,
         file,
+        &meta,
         direct,
         only.as_ref(),
         buf,
