@@ -1,4 +1,8 @@
-//! The messages of protocol version 8 and their byte encoding.
+//! The messages of protocol version 9 and their byte encoding.
+//!
+//! Version 9 added [`Entry::origin`]: the sender's name for the source of
+//! each entry (`host:/absolute/path`), which the receiver keeps in its
+//! catalog as the sender's claim.
 //!
 //! Version 8 added the pull exchange: [`Message::Fetch`] asks a server
 //! for a byte range of a file under the client's root, answered by
@@ -41,6 +45,8 @@ pub const MAX_BLOCK: usize = 16 << 20;
 pub const MAX_DIGEST: usize = 64;
 /// Largest free-text field (reasons, messages), in bytes.
 pub const MAX_TEXT: usize = 4096;
+/// Largest [`Entry::origin`], in bytes: a host name and a path.
+pub const MAX_ORIGIN: usize = MAX_PATH_LEN + 256;
 /// Largest frame body: a full block plus its headers.
 pub const MAX_FRAME: usize = MAX_BLOCK + 1024;
 /// Bytes of the length prefix.
@@ -82,6 +88,10 @@ pub struct Entry {
     pub verify: u8,
     /// [`Entry::REVERIFY`] and future flags.
     pub flags: u8,
+    /// Where the sender says the entry comes from, `host:/absolute/path`
+    /// (version 9; at most [`MAX_ORIGIN`] bytes, no NUL; empty: not
+    /// named). A claim of the sender's, recorded as such.
+    pub origin: Vec<u8>,
 }
 
 impl Entry {
@@ -437,6 +447,7 @@ impl Message {
                 w.u8(e.algorithm);
                 w.u8(e.verify);
                 w.u8(e.flags);
+                w.bytes(&e.origin[..e.origin.len().min(MAX_ORIGIN)]);
             }
             Message::Block(b) => {
                 w.u8(BLOCK);
@@ -676,6 +687,13 @@ impl Message {
                     algorithm: r.u8()?,
                     verify: r.u8()?,
                     flags: r.u8()?,
+                    origin: {
+                        let o = r.bytes(MAX_ORIGIN)?;
+                        if o.contains(&0) {
+                            return Err(r.bad("NUL in the origin"));
+                        }
+                        o.to_vec()
+                    },
                 })
             }
             BLOCK => {

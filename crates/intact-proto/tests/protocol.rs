@@ -60,7 +60,8 @@ fn arb_message() -> impl Strategy<Value = Message> {
                 any::<u8>(),
                 any::<u8>(),
                 any::<u8>()
-            )
+            ),
+            proptest::collection::vec(1u8.., 0..100)
         )
             .prop_map(
                 |(
@@ -68,6 +69,7 @@ fn arb_message() -> impl Strategy<Value = Message> {
                     path,
                     kind,
                     (mode, mtime_sec, mtime_nsec, size, block_size, algorithm, verify, flags),
+                    origin,
                 )| {
                     Message::Entry(Entry {
                         file,
@@ -81,6 +83,7 @@ fn arb_message() -> impl Strategy<Value = Message> {
                         algorithm,
                         verify,
                         flags,
+                        origin,
                     })
                 }
             ),
@@ -280,6 +283,7 @@ fn impossible_lengths_are_refused_before_buffering() {
         algorithm: 0,
         verify: 0,
         flags: 0,
+        origin: Vec::new(),
     })
     .encode(&mut frame);
     let pos = frame.windows(4).position(|w| w == b"safe").unwrap();

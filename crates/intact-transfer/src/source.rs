@@ -197,6 +197,29 @@ fn is_intact_state(item: &walkdir::DirEntry) -> bool {
         && item.path().join("journal.sqlite").is_file()
 }
 
+/// Where a source entry at `path` comes from, as a receiver's catalog
+/// keeps it: `host:/absolute/path` (the path made absolute against the
+/// working directory, symlinks in it not resolved; cut to the protocol's
+/// limit).
+pub fn origin(path: &Path) -> Vec<u8> {
+    static HERE: std::sync::OnceLock<(Vec<u8>, Option<PathBuf>)> = std::sync::OnceLock::new();
+    let (host, cwd) = HERE.get_or_init(|| {
+        let uname = rustix::system::uname();
+        let mut host = uname.nodename().to_bytes().to_vec();
+        host.push(b':');
+        (host, std::env::current_dir().ok())
+    });
+    let abs = match cwd {
+        Some(c) if path.is_relative() => c.join(path),
+        _ => path.to_path_buf(),
+    };
+    let mut out = host.clone();
+    out.extend_from_slice(abs.as_os_str().as_bytes());
+    out.retain(|&b| b != 0);
+    out.truncate(intact_proto::MAX_ORIGIN);
+    out
+}
+
 fn base_name(src: &Path) -> Result<PathBuf, TransferError> {
     let name = match src.file_name() {
         Some(n) => n.to_os_string(),

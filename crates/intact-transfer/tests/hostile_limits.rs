@@ -38,6 +38,7 @@ fn entry(id: u64, path: &str, size: u64, block_size: u32) -> Entry {
         algorithm: defaults::BLOCK_ALGORITHM.wire_id(),
         verify: VerifyMode::Riva.wire_id(),
         flags: 0,
+        origin: Vec::new(),
     }
 }
 

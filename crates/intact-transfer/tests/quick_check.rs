@@ -354,6 +354,7 @@ fn data_entry(mode: VerifyMode, size: usize, bs: u32, mtime: (i64, u32), flags: 
         algorithm: defaults::BLOCK_ALGORITHM.wire_id(),
         verify: mode.wire_id(),
         flags,
+        origin: Vec::new(),
     })
 }
 

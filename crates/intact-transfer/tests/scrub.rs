@@ -254,3 +254,40 @@ fn a_file_without_block_records_is_held_against_its_whole_file_digest() {
     assert_eq!((n.rot[0].offset, n.rot[0].len), (0, 40_000));
     assert_eq!(n.rot[0].failed, vec!["blake3"]);
 }
+
+#[test]
+fn the_catalog_keeps_where_each_file_came_from_by_copy_and_by_send() {
+    let host = fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let src = tempfile::tempdir().unwrap();
+    fs::create_dir(src.path().join("d")).unwrap();
+    fs::write(src.path().join("d/f"), intact_sample::bytes(9_000, 5)).unwrap();
+    let want = format!("{}:{}/d/f", host.trim(), src.path().display());
+
+    let by_copy = tempfile::tempdir().unwrap();
+    let r = copy(
+        &[src.path().join("d")],
+        by_copy.path(),
+        &opts(VerifyMode::Block),
+        &|_| {},
+    )
+    .unwrap();
+    assert_eq!(r.failed, 0, "{r:?}");
+    let rep = run_scrub(by_copy.path(), &ScrubOptions::default());
+    assert_eq!(file(&rep, "d/f").source.as_deref(), Some(want.as_str()));
+
+    let by_send = tempfile::tempdir().unwrap();
+    let server =
+        intact_transfer::LocalServer::start(intact_transfer::ServerConfig::local(by_send.path()))
+            .unwrap();
+    let r = intact_transfer::send(
+        &[src.path().join("d")],
+        &server.addr(),
+        &intact_transfer::SendOptions::default(),
+        &|_| {},
+    )
+    .unwrap();
+    server.stop().unwrap();
+    assert_eq!(r.failed, 0, "{r:?}");
+    let rep = run_scrub(by_send.path(), &ScrubOptions::default());
+    assert_eq!(file(&rep, "d/f").source.as_deref(), Some(want.as_str()));
+}

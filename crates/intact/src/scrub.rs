@@ -12,8 +12,9 @@ use crate::stdout::outln;
 
 pub const SCRUB_ABOUT: &str = "\
 Re-read every file intact cataloged under ROOT from the device and hold it
-against the checksums its arrival left there: the CRC-32C of every 4 KiB
-page (computed from the received bytes before their digest was checked),
+against the checksums its arrival left there: the CRC-32C of every page
+(4 KiB unless `intact catalog init --page-size` chose another; computed
+from the received bytes before their digest was checked),
 the XXH3-128 of every block and the BLAKE3 of the whole file.
 
 Reads evict the file's pages first and count what stays resident (or use
@@ -188,6 +189,10 @@ fn print_report(r: &ScrubReport) -> anyhow::Result<()> {
                         range.failed.join(" and "),
                         f.level
                     )?;
+                }
+                if let (Some(src), None) = (&f.source, &f.repair) {
+                    let (m, s) = crate::summary::printable(src);
+                    outln!("    it came from {m}{s} (as its sender named it)")?;
                 }
                 if let Some(rep) = &f.repair {
                     match &rep.error {

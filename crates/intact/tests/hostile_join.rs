@@ -143,6 +143,7 @@ fn dir_entry(file: u64, path: &str) -> Message {
         algorithm: intact_digest::defaults::BLOCK_ALGORITHM.wire_id(),
         verify: intact_transfer::VerifyMode::None.wire_id(),
         flags: 0,
+        origin: Vec::new(),
     })
 }
 

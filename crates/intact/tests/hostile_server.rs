@@ -213,6 +213,7 @@ fn entry(id: u64, path: &str, kind: EntryKind, size: u64) -> Message {
         algorithm,
         verify: intact_transfer::VerifyMode::None.wire_id(),
         flags: 0,
+        origin: Vec::new(),
     })
 }
 

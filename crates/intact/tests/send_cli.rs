@@ -208,6 +208,7 @@ fn hostile_clients_are_cut_off_and_others_still_served() {
             algorithm: 2,
             verify: 4,
             flags: 0,
+            origin: Vec::new(),
         })
         .encode(&mut frame);
         let at = frame

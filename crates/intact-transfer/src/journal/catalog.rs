@@ -104,6 +104,9 @@ pub struct CatalogFile {
     pub scrubbed_at: i64,
     /// The bytes each of its page CRCs covers (the root's page size).
     pub page_size: usize,
+    /// Where the sender said it came from (`host:/path`); None: not
+    /// named (adopted in place, or received from an older build).
+    pub source: Option<Vec<u8>>,
 }
 
 /// What a scrub found of one file.
@@ -182,6 +185,7 @@ impl Journal {
                 ("files", "scrub_level INTEGER NOT NULL DEFAULT 0"),
                 ("files", "rot_bytes INTEGER NOT NULL DEFAULT 0"),
                 ("files", "adopted INTEGER NOT NULL DEFAULT 0"),
+                ("files", "source BLOB"),
             ],
         )?;
         db.execute_batch(
@@ -264,7 +268,7 @@ impl Journal {
         let db = self.db();
         let mut st = db
             .prepare_cached(
-                "SELECT id, path, size, mtime_sec, mtime_nsec, block_size, mode, level, at, digest, scrubbed_at
+                "SELECT id, path, size, mtime_sec, mtime_nsec, block_size, mode, level, at, digest, scrubbed_at, source
                  FROM files WHERE done = 1 AND id > ?1 AND scrubbed_at < ?2 ORDER BY id LIMIT ?3",
             )
             .map_err(db_err)?;
@@ -282,6 +286,7 @@ impl Journal {
                         .and_then(|d| <[u8; 32]>::try_from(d).ok()),
                     scrubbed_at: r.get(10)?,
                     page_size,
+                    source: r.get(11)?,
                 })
             })
             .map_err(db_err)?;
@@ -360,7 +365,7 @@ impl Journal {
     ) -> Result<i64, TransferError> {
         // start() leaves its row in the open transaction, the mark joins
         // it, and done_batch() commits all three.
-        let id = self.start(path, size, mtime, block_size, None)?;
+        let id = self.start(path, size, mtime, block_size, None, b"")?;
         self.begun()?
             .execute("UPDATE files SET adopted = 1 WHERE id = ?1", params![id])
             .map_err(db_err)?;

@@ -325,7 +325,8 @@ impl Journal {
 
     /// Starts `path` afresh (forgetting any blocks recorded for it), held
     /// by `session` (None: a receiver outside any server session) from
-    /// now: one transaction.
+    /// now, coming from `source` (the sender's name for it; empty: none
+    /// given): one transaction.
     pub fn start(
         &self,
         path: &[u8],
@@ -333,6 +334,7 @@ impl Journal {
         mtime: (i64, u32),
         block_size: u32,
         session: Option<[u8; 16]>,
+        source: &[u8],
     ) -> Result<i64, TransferError> {
         let db = self.begun()?;
         // A scalar subquery (the path is unique): `IN (SELECT …)` would
@@ -341,12 +343,12 @@ impl Journal {
             .and_then(|mut st| st.execute(params![path]))
             .map_err(db_err)?;
         db.prepare_cached(
-            "INSERT INTO files (path, size, mtime_sec, mtime_nsec, block_size, done, level, mode, at, digest, session, session_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, 0, 0, 0, 0, NULL, ?6, ?7)
+            "INSERT INTO files (path, size, mtime_sec, mtime_nsec, block_size, done, level, mode, at, digest, session, session_at, source)
+             VALUES (?1, ?2, ?3, ?4, ?5, 0, 0, 0, 0, NULL, ?6, ?7, ?8)
              ON CONFLICT(path) DO UPDATE SET size = ?2, mtime_sec = ?3, mtime_nsec = ?4,
                  block_size = ?5, done = 0, level = 0, mode = 0, at = 0, digest = NULL,
                  session = ?6, session_at = ?7, scrubbed_at = 0, scrub_state = 0,
-                 scrub_level = 0, rot_bytes = 0, adopted = 0
+                 scrub_level = 0, rot_bytes = 0, adopted = 0, source = ?8
              RETURNING id",
         )
         .and_then(|mut st| {
@@ -358,7 +360,8 @@ impl Journal {
                     i64::from(mtime.1),
                     i64::from(block_size),
                     session.map(|s| s.to_vec()),
-                    unix_now()
+                    unix_now(),
+                    (!source.is_empty()).then_some(source)
                 ],
                 |r| r.get(0),
             )

@@ -61,7 +61,7 @@ mod tests {
     fn the_session_that_takes_a_file_is_recorded_and_replaced_by_the_next() {
         let dir = tempfile::tempdir().unwrap();
         let j = Journal::open(dir.path()).unwrap();
-        let id = j.start(b"a/f", 10, (0, 0), 4096, None).unwrap();
+        let id = j.start(b"a/f", 10, (0, 0), 4096, None, b"").unwrap();
         assert_eq!(j.owner(b"a/f").unwrap(), None, "nobody yet");
         let t0 = unix_now();
         j.reopen(id, Some([1; 16])).unwrap();
@@ -73,7 +73,8 @@ mod tests {
         j.reopen(id, None).unwrap();
         assert_eq!(j.owner(b"a/f").unwrap(), None);
         // Started again, or reopened: the session that does it holds it.
-        j.start(b"a/f", 10, (0, 0), 4096, Some([3; 16])).unwrap();
+        j.start(b"a/f", 10, (0, 0), 4096, Some([3; 16]), b"")
+            .unwrap();
         assert_eq!(j.owner(b"a/f").unwrap().unwrap().session, [3; 16]);
         j.reopen(id, Some([4; 16])).unwrap();
         assert_eq!(j.owner(b"a/f").unwrap().unwrap().session, [4; 16]);

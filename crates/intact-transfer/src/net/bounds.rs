@@ -380,6 +380,7 @@ mod tests {
             algorithm: 0,
             verify: 0,
             flags: 0,
+            origin: Vec::new(),
         }
     }
 

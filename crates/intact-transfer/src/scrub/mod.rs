@@ -51,7 +51,7 @@ pub struct RotRange {
     pub offset: u64,
     /// Length in bytes.
     pub len: u64,
-    /// Which checksums failed over it (`crc32c` per 4 KiB page,
+    /// Which checksums failed over it (`crc32c` per page,
     /// `xxh3-128` per block, `blake3` for the whole file).
     pub failed: Vec<&'static str>,
 }
@@ -78,6 +78,10 @@ pub struct FileScrub {
     /// What a repair from a replica did (only with one, only of rot).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub repair: Option<Repair>,
+    /// Where its sender said it came from (`host:/path`; a claim, kept
+    /// as received), where the catalog names it: a replica to repair from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
 }
 
 /// A whole scrub's report.
@@ -397,6 +401,10 @@ fn scrub_file(
         note: None,
         arrival_level: cf.arrival.level,
         repair: None,
+        source: cf
+            .source
+            .as_ref()
+            .map(|s| String::from_utf8_lossy(s).into_owned()),
     };
     let verdict = |fs: &mut FileScrub, state: ScrubState, note: String| {
         fs.state = state.name();

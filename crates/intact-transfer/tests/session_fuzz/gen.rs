@@ -189,6 +189,7 @@ pub fn file_entry(file: u64, p: &str, size: u64, block_size: u32, verify: u8) ->
         algorithm: defaults::BLOCK_ALGORITHM.wire_id(),
         verify,
         flags: 0,
+        origin: Vec::new(),
     }
 }
 
@@ -403,6 +404,7 @@ fn gen_entry(
         },
         verify: src.pick(VERIFY),
         flags: if src.chance(25) { src.byte() & 7 } else { 0 },
+        origin: Vec::new(),
     };
     Plan {
         id,

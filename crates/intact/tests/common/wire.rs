@@ -66,6 +66,7 @@ pub fn file_entry(id: u64, path: &str, size: u64, block_size: u32, mode: VerifyM
         algorithm: defaults::BLOCK_ALGORITHM.wire_id(),
         verify: mode.wire_id(),
         flags: 0,
+        origin: Vec::new(),
     }
 }
 

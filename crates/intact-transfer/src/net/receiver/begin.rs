@@ -155,6 +155,7 @@ fn begin_file(
                 (e.mtime_sec, e.mtime_nsec),
                 e.block_size,
                 session,
+                &e.origin,
             )
         })?,
     };
@@ -228,6 +229,7 @@ pub(super) fn start_anew(
             (e.mtime_sec, e.mtime_nsec),
             e.block_size,
             opts.session.map(|s| s.0),
+            &e.origin,
         )
     })?;
     let mut inc = Incoming::fresh(e, f.mode, Some(partial), row);

@@ -200,6 +200,7 @@ impl<'a> Stream<'a> {
             algorithm: defaults::BLOCK_ALGORITHM.wire_id(),
             verify: opts.verify.wire_id(),
             flags: entry_flags(opts),
+            origin: crate::source::origin(&e.abs),
         };
         if let Err(err) = self
             .ctx
