@@ -568,32 +568,26 @@ fn check_file(
         .filter(|i| only.is_none_or(|o| o.contains(i)))
         .collect();
     let range = |index: u64| (index * bs, (cf.size - index * bs).min(bs) as usize);
-    // The next block is evicted and its device read started while this
-    // one is hashed (a page that enters the cache after a confirmed
+    // The next blocks are evicted and their device reads started while
+    // this one is hashed (a page that enters the cache after a confirmed
     // eviction came from the device; a writer meanwhile changes the
-    // ctime, compared after the reads).
-    // A cold range (most are, when a scrub comes round) is only asked
-    // for, not evicted.
+    // ctime, compared after the reads). A cold range (most are, when a
+    // scrub comes round) is only asked for, not evicted.
     let ctime = |f: &File| f.metadata().map(|m| (m.ctime(), m.ctime_nsec())).ok();
     let ctime_before = Some((meta.ctime(), meta.ctime_nsec()));
-    let mut prepared = match wanted.first() {
-        Some(&i) => Some(
-            reader
-                .prefetch_cold_or_evict(file, range(i).0, range(i).1)
-                .map_err(io)?,
-        ),
-        None => None,
-    };
+    // Up to PREFETCH_BYTES (at least the next block) are asked for ahead
+    // of the block being hashed, so the device has reads queued.
+    let depth = (PREFETCH_BYTES / bs).clamp(1, 8) as usize;
+    let mut ahead = std::collections::VecDeque::new();
+    let mut queued = 0;
     for (k, &index) in wanted.iter().enumerate() {
         let (offset, len) = range(index);
-        let this = prepared.take().expect("prepared above");
-        if let Some(&n) = wanted.get(k + 1) {
-            prepared = Some(
-                reader
-                    .prefetch_cold_or_evict(file, range(n).0, range(n).1)
-                    .map_err(io)?,
-            );
+        while queued < wanted.len() && queued <= k + depth {
+            let (o, l) = range(wanted[queued]);
+            ahead.push_back(reader.prefetch_cold_or_evict(file, o, l).map_err(io)?);
+            queued += 1;
         }
+        let this = ahead.pop_front().expect("prepared above");
         let outcome = reader.finish(file, offset, len, buf, this).map_err(io)?;
         all_device &= outcome.device;
         fs.bytes += len as u64;
@@ -694,6 +688,9 @@ fn reader_for(
     };
     DeviceReader::with_backing(file, path, backing)
 }
+
+/// Bytes a scrub asks the device for ahead of the block it hashes.
+const PREFETCH_BYTES: u64 = 16 << 20;
 
 /// Adds a rotten range, merging it with the last one when they touch and
 /// the same checksums failed.
