@@ -565,7 +565,7 @@ fn entry_frame(id: u64, e: &SourceEntry, mode: VerifyMode) -> Message {
         algorithm: defaults::BLOCK_ALGORITHM.wire_id(),
         verify: mode.wire_id(),
         flags: 0,
-        origin: Vec::new(),
+        origin: intact_transfer::origin(&e.abs),
     })
 }
 
