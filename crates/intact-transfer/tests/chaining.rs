@@ -15,16 +15,11 @@ use std::sync::Arc;
 use intact_digest::page_crc_blob;
 use intact_transfer::{copy, open_catalog, scrub, CopyOptions, ScrubOptions, VerifyMode};
 
+mod common;
 const BS: usize = 256 * 1024;
 
 fn opts(verify: VerifyMode) -> CopyOptions {
-    CopyOptions {
-        verify,
-        block_size: BS,
-        streams: 1,
-        retries: 2,
-        ..CopyOptions::default()
-    }
+    common::copy_opts(verify, BS)
 }
 
 #[test]

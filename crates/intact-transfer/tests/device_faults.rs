@@ -13,17 +13,12 @@ use std::sync::Arc;
 use intact_faults::LoopFs;
 use intact_transfer::{copy, CopyOptions, CopyReport, VerifyLevel, VerifyMode, WriteHook};
 
+mod common;
 const BS: usize = 256 * 1024;
 const SIZE: usize = 4 * BS + 1000;
 
 fn opts(verify: VerifyMode) -> CopyOptions {
-    CopyOptions {
-        verify,
-        block_size: BS,
-        streams: 1,
-        retries: 2,
-        ..CopyOptions::default()
-    }
+    common::copy_opts(verify, BS)
 }
 
 fn the_file(r: &CopyReport) -> &intact_transfer::FileReport {

@@ -13,20 +13,15 @@ use std::sync::Arc;
 
 use intact_faults::LoopFs;
 use intact_transfer::{
-    copy, open_catalog, scrub, CopyOptions, LocalServer, ReceiveOptions, Replica, ScrubOptions,
-    ScrubReport, ServerConfig, VerifyLevel, VerifyMode,
+    copy, open_catalog, scrub, LocalServer, ReceiveOptions, Replica, ScrubOptions, ScrubReport,
+    ServerConfig, VerifyLevel, VerifyMode,
 };
 
+mod common;
 const BS: usize = 256 * 1024;
 
 fn copy_into(src: &Path, names: &[&str], dst: &Path, verify: VerifyMode) {
-    let o = CopyOptions {
-        verify,
-        block_size: BS,
-        streams: 1,
-        retries: 2,
-        ..CopyOptions::default()
-    };
+    let o = common::copy_opts(verify, BS);
     let sources: Vec<_> = names.iter().map(|n| src.join(n)).collect();
     let r = copy(&sources, dst, &o, &|_| {}).unwrap();
     assert_eq!(r.failed, 0, "{r:?}");

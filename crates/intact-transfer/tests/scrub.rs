@@ -13,16 +13,11 @@ use intact_transfer::{
     copy, open_catalog, scrub, CopyOptions, ScrubOptions, ScrubReport, VerifyLevel, VerifyMode,
 };
 
+mod common;
 const BS: usize = 256 * 1024;
 
 fn opts(verify: VerifyMode) -> CopyOptions {
-    CopyOptions {
-        verify,
-        block_size: BS,
-        streams: 1,
-        retries: 2,
-        ..CopyOptions::default()
-    }
+    common::copy_opts(verify, BS)
 }
 
 fn run_scrub(root: &Path, o: &ScrubOptions) -> ScrubReport {

@@ -18,11 +18,7 @@ fn json(o: &Output) -> serde_json::Value {
 #[test]
 fn adopted_files_are_scrubbed_like_received_ones() {
     let t = tempfile::tempdir().unwrap();
-    let (src, root, state) = (
-        t.path().join("src"),
-        t.path().join("root"),
-        t.path().join("st"),
-    );
+    let [src, root, state] = common::dirs(t.path(), ["src", "root", "st"]);
     fs::create_dir_all(&src).unwrap();
     fs::write(src.join("a"), intact_sample::bytes(30_000, 1)).unwrap();
     let o = intact_in(&state, &["copy", &format!("{}/", s(&src)), s(&root)]);
@@ -99,11 +95,7 @@ fn adopted_files_are_scrubbed_like_received_ones() {
 #[test]
 fn a_path_outside_the_root_or_without_a_catalog_is_refused() {
     let t = tempfile::tempdir().unwrap();
-    let (root, other, state) = (
-        t.path().join("root"),
-        t.path().join("other"),
-        t.path().join("st"),
-    );
+    let [root, other, state] = common::dirs(t.path(), ["root", "other", "st"]);
     fs::create_dir_all(&root).unwrap();
     fs::create_dir_all(&other).unwrap();
     fs::write(other.join("f"), b"x").unwrap();
@@ -130,11 +122,7 @@ fn a_path_outside_the_root_or_without_a_catalog_is_refused() {
 #[test]
 fn catalog_init_chooses_the_page_size_before_the_first_file_and_copy_uses_that_catalog() {
     let t = tempfile::tempdir().unwrap();
-    let (src, root, state) = (
-        t.path().join("src"),
-        t.path().join("root"),
-        t.path().join("st"),
-    );
+    let [src, root, state] = common::dirs(t.path(), ["src", "root", "st"]);
     fs::create_dir_all(&src).unwrap();
     let data = intact_sample::bytes(200_000, 5);
     fs::write(src.join("a"), &data).unwrap();

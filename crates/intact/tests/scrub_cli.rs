@@ -10,11 +10,7 @@ use common::{intact_in, s, stderr, stdout};
 #[test]
 fn scrub_exits_0_when_clean_1_when_a_file_is_missing_and_status_counts_it() {
     let t = tempfile::tempdir().unwrap();
-    let (src, dst, state) = (
-        t.path().join("src"),
-        t.path().join("dst"),
-        t.path().join("state"),
-    );
+    let [src, dst, state] = common::dirs(t.path(), ["src", "dst", "state"]);
     fs::create_dir_all(src.join("d")).unwrap();
     fs::write(src.join("a"), vec![7u8; 70_000]).unwrap();
     fs::write(src.join("d/b"), vec![9u8; 5_000]).unwrap();

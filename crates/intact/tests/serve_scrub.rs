@@ -28,11 +28,7 @@ fn write_round(src: &Path, round: u64) {
 #[test]
 fn a_server_scrubs_in_the_background_while_clients_write_into_its_root_with_no_false_alarm() {
     let t = tempfile::tempdir().unwrap();
-    let (src, root, state) = (
-        t.path().join("src"),
-        t.path().join("root"),
-        t.path().join("st"),
-    );
+    let [src, root, state] = common::dirs(t.path(), ["src", "root", "st"]);
     let server = Server::start_with(&root, &["--scrub-every", "1s"], &[]);
     let mut passes = Vec::new();
     let mut lines = Vec::new();

@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 
 use intact_faults::{FlipProxy, LoopFs, ProxyFault};
 use intact_transfer::{
-    partial_name, send, CopyReport, FileReport, LocalServer, SendOptions, ServerConfig,
-    TransferError, VerifyLevel, VerifyMode,
+    partial_name, send, CopyOptions, CopyReport, FileReport, LocalServer, SendOptions,
+    ServerConfig, TransferError, VerifyLevel, VerifyMode,
 };
 
 pub const BS: usize = 1 << 20;
@@ -32,6 +32,18 @@ pub fn usable(test: &str) -> bool {
 /// Unmounts and mounts the file system again: nothing of it stays cached.
 pub fn remount(fs: &LoopFs) {
     fs.remount().unwrap();
+}
+
+/// A one-stream copy in `verify` mode with blocks of `block_size`, two
+/// retries.
+pub fn copy_opts(verify: VerifyMode, block_size: usize) -> CopyOptions {
+    CopyOptions {
+        verify,
+        block_size,
+        streams: 1,
+        retries: 2,
+        ..CopyOptions::default()
+    }
 }
 
 pub fn opts(verify: VerifyMode) -> SendOptions {

@@ -40,6 +40,11 @@ pub fn send(args: &[&str]) -> Output {
 }
 
 /// A path as a command-line argument.
+/// Paths `names` under `dir` (not created).
+pub fn dirs<const N: usize>(dir: &Path, names: [&str; N]) -> [PathBuf; N] {
+    names.map(|n| dir.join(n))
+}
+
 pub fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
