@@ -215,7 +215,6 @@ pub fn origin(path: &Path) -> Vec<u8> {
     };
     let mut out = host.clone();
     out.extend_from_slice(abs.as_os_str().as_bytes());
-    out.retain(|&b| b != 0);
     out.truncate(intact_proto::MAX_ORIGIN);
     out
 }

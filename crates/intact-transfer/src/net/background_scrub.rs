@@ -139,11 +139,14 @@ fn report(what: &str, result: Result<ScrubReport, crate::TransferError>, log: &L
             })
             .collect();
         log(format!(
-            "scrub of {what}: {} {}: {}{}",
+            "scrub of {what}: {} {}: {}",
             f.state.to_uppercase(),
             f.path,
-            ranges.join(", "),
-            f.note.as_deref().unwrap_or("")
+            ranges
+                .into_iter()
+                .chain(f.note.clone())
+                .collect::<Vec<_>>()
+                .join("; ")
         ));
     }
     log(format!(

@@ -256,7 +256,6 @@ pub fn scrub_catalog(
         ..ScrubProgress::default()
     };
     let throttle = Throttle::new(opts.rate);
-    let mut buf = AlignedBuf::new(0);
     let threads = if replica.is_some() {
         1
     } else {
@@ -289,19 +288,26 @@ pub fn scrub_catalog(
                 chunk
                     .iter()
                     .map(|cf| {
-                        scrub_file(
-                            dest,
-                            journal,
-                            cf,
-                            opts,
-                            replica.as_deref_mut(),
-                            &mut buf,
-                            &throttle,
-                        )
+                        (!stopped()).then(|| {
+                            scrub_file(
+                                dest,
+                                journal,
+                                cf,
+                                opts,
+                                replica.as_deref_mut(),
+                                &mut bufs[0],
+                                &throttle,
+                            )
+                        })
                     })
                     .collect()
             };
             for (cf, fs) in chunk.iter().zip(verdicts) {
+                // A stop leaves the files not begun for the next pass.
+                let Some(fs) = fs else {
+                    report.stopped = true;
+                    break 'pass;
+                };
                 after = cf.id;
                 let fs = fs?;
                 let state = state_of(&fs);
@@ -379,7 +385,7 @@ fn state_of(fs: &FileScrub) -> ScrubState {
 }
 
 /// Largest block size a catalog row may name (a larger one is a damaged row).
-const MAX_BLOCK_SIZE: u32 = 1 << 30;
+const MAX_BLOCK_SIZE: u32 = intact_proto::MAX_BLOCK as u32;
 
 /// Scrubs one file; an error is the catalog's own (the file's problems
 /// are its verdict).
@@ -469,6 +475,10 @@ fn scrub_file(
         throttle,
         &mut fs,
     );
+    if fs.state == ScrubState::Changed.name() {
+        fs.level = VerifyLevel::None;
+        return Ok(fs);
+    }
     if let (Ok(_), Some(replica)) = (&checked, replica) {
         if !fs.rot.is_empty() {
             let r = repair::repair(
@@ -558,7 +568,7 @@ fn check_file(
     let covered = records.len() as u64 == blocks
         && records.iter().enumerate().all(|(i, r)| r.index == i as u64);
     // A check of some blocks only (after a repair) has no whole to hash.
-    let mut whole = (!covered && only.is_none()).then(blake3::Hasher::new);
+    let mut whole = (!covered && only.is_none() && cf.digest.is_some()).then(blake3::Hasher::new);
     let mut all_device = cf.size > 0;
     let mut without_pages = 0u64;
     let mut malformed_pages = 0u64;
@@ -573,10 +583,8 @@ fn check_file(
     // eviction came from the device; a writer meanwhile changes the
     // ctime, compared after the reads). A cold range (most are, when a
     // scrub comes round) is only asked for, not evicted.
-    let ctime = |f: &File| f.metadata().map(|m| (m.ctime(), m.ctime_nsec())).ok();
-    let ctime_before = Some((meta.ctime(), meta.ctime_nsec()));
-    // Up to PREFETCH_BYTES (at least the next block) are asked for ahead
-    // of the block being hashed, so the device has reads queued.
+    // Up to PREFETCH_BYTES and 8 blocks (at least the next one) are asked
+    // for ahead of the block being hashed, so the device has reads queued.
     let depth = (PREFETCH_BYTES / bs).clamp(1, 8) as usize;
     let mut ahead = std::collections::VecDeque::new();
     let mut queued = 0;
@@ -653,9 +661,23 @@ fn check_file(
     if cf.digest.is_none() && blocks > 0 && fs.note.is_none() {
         fs.note = Some("no whole-file digest in the catalog (an older build's record)".into());
     }
-    if ctime(file) != ctime_before {
+    let after = file.metadata().ok();
+    if after.as_ref().map(|m| (m.ctime(), m.ctime_nsec()))
+        != Some((meta.ctime(), meta.ctime_nsec()))
+    {
         all_device = false;
         fs.note = Some("it changed while it was read: its reads count as cache only".into());
+        let now = after.map(|m| (m.len(), m.mtime(), m.mtime_nsec() as u32));
+        if now != Some((cf.size, cf.mtime.0, cf.mtime.1)) {
+            // Another program wrote it meanwhile: what was read is not
+            // rot, and nothing may be repaired into it.
+            fs.state = ScrubState::Changed.name();
+            fs.rot.clear();
+            fs.note = Some(
+                "its size or mtime changed while it was read: changed by another program, not rot"
+                    .into(),
+            );
+        }
     }
     fs.level = if all_device {
         VerifyLevel::Device
@@ -772,7 +794,8 @@ fn chunks(files: &[CatalogFile], threads: usize) -> Vec<&[CatalogFile]> {
 }
 
 /// Scrubs `files` on a thread per buffer of `bufs`; the verdicts in
-/// their order.
+/// their order, None for the files a stop left unread (the threads take
+/// no file after a stop, so those are the last ones).
 fn scrub_parallel(
     dest: &Destination,
     journal: &Journal,
@@ -780,7 +803,7 @@ fn scrub_parallel(
     opts: &ScrubOptions,
     throttle: &Throttle,
     bufs: &mut [AlignedBuf],
-) -> Vec<Result<FileScrub, TransferError>> {
+) -> Vec<Option<Result<FileScrub, TransferError>>> {
     use std::sync::atomic::{AtomicUsize, Ordering};
     let next = AtomicUsize::new(0);
     let slots: Vec<std::sync::Mutex<Option<Result<FileScrub, TransferError>>>> =
@@ -789,6 +812,11 @@ fn scrub_parallel(
         for buf in bufs.iter_mut().take(files.len()) {
             let (next, slots) = (&next, &slots);
             s.spawn(move || loop {
+                // Checked before a file is taken: the files taken are
+                // then the first ones, and each is read to its end.
+                if opts.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst)) {
+                    break;
+                }
                 let i = next.fetch_add(1, Ordering::SeqCst);
                 let Some(cf) = files.get(i) else { break };
                 let r = scrub_file(dest, journal, cf, opts, None, buf, throttle);
@@ -798,11 +826,7 @@ fn scrub_parallel(
     });
     slots
         .into_iter()
-        .map(|m| {
-            m.into_inner()
-                .unwrap_or_else(|p| p.into_inner())
-                .expect("every file was scrubbed")
-        })
+        .map(|m| m.into_inner().unwrap_or_else(|p| p.into_inner()))
         .collect()
 }
 

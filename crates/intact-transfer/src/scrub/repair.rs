@@ -24,7 +24,7 @@ use rustix::fs::{self as rfs, Timespec, Timestamps};
 use serde::Serialize;
 
 use super::{check_file, FileScrub, Throttle};
-use crate::journal::{BlockRecord, CatalogFile};
+use crate::journal::{BlockRecord, CatalogFile, ScrubState};
 use crate::verify::VerifyLevel;
 use crate::{Destination, Replica};
 
@@ -90,7 +90,9 @@ pub(super) fn repair(
     // the whole-file digest: then the whole file is re-read.
     let done = written.and_then(|blocks| {
         settle(&file, cf)?;
-        let only = (covered && !whole).then_some(blocks);
+        // Without a whole-file digest the block records are all there is
+        // to re-read against: those blocks, never the whole.
+        let only = (!whole && (covered || cf.digest.is_none())).then_some(blocks);
         reread(&file, cf, records, fs, direct, only, buf)
     });
     match done {
@@ -343,6 +345,9 @@ fn reread(
         &mut after,
     )
     .map_err(|e| format!("re-reading after the repair: {e}"))?;
+    if after.state == ScrubState::Changed.name() {
+        return Err("it was changed by another program while it was re-read".into());
+    }
     if let Some(bad) = after.rot.first() {
         return Err(format!(
             "the re-read after the repair still finds bytes {}..{} wrong ({})",
