@@ -113,6 +113,27 @@ impl DeviceReader {
         path: ReadPath,
         backing: Backing,
     ) -> Result<DeviceReader, CacheError> {
+        Self::make(file, path, backing, true)
+    }
+
+    /// As [`DeviceReader::with_backing`], for a caller that reads `file`
+    /// in one range only (a file of one block): readahead is left on, as
+    /// there is no next range it could pull in before that range is
+    /// evicted (one system call fewer per file).
+    pub fn for_one_range(
+        file: &File,
+        path: ReadPath,
+        backing: Backing,
+    ) -> Result<DeviceReader, CacheError> {
+        Self::make(file, path, backing, false)
+    }
+
+    fn make(
+        file: &File,
+        path: ReadPath,
+        backing: Backing,
+        readahead_off: bool,
+    ) -> Result<DeviceReader, CacheError> {
         let mut r = DeviceReader {
             path,
             direct: None,
@@ -137,7 +158,7 @@ impl DeviceReader {
                 Err(e) => r.fall_back(format!("O_DIRECT open refused: {e}")),
             }
         }
-        if r.path == ReadPath::Evict {
+        if r.path == ReadPath::Evict && readahead_off {
             // Readahead off: a re-read must not pull in (and pin, while the
             // I/O is in flight) pages of the next range before that range
             // is evicted. This holds for every reader of this open file.

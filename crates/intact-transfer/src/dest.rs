@@ -74,6 +74,17 @@ pub(crate) fn read_at_most(file: &File, offset: u64, len: usize) -> std::io::Res
     Ok(buf)
 }
 
+/// Whether a path's components name the state directory at the root or a
+/// partial file: never a file a transfer or a scrub may open.
+fn reserved(comps: &[&OsStr]) -> bool {
+    comps
+        .first()
+        .is_some_and(|c| c.as_bytes() == crate::journal::STATE_DIR.as_bytes())
+        || comps
+            .iter()
+            .any(|c| c.as_bytes().starts_with(b".intact-partial-"))
+}
+
 fn dest_err(path: &WirePath, e: impl Into<std::io::Error>) -> TransferError {
     TransferError::Destination {
         path: path.to_string(),
@@ -116,13 +127,7 @@ impl Destination {
     /// missing directories (mode 0755) when `create` is set.
     fn parent(&self, path: &WirePath, create: bool) -> Result<(OwnedFd, OsString), TransferError> {
         let comps: Vec<&OsStr> = path.components().collect();
-        let reserved = comps
-            .first()
-            .is_some_and(|c| c.as_bytes() == crate::journal::STATE_DIR.as_bytes())
-            || comps
-                .iter()
-                .any(|c| c.as_bytes().starts_with(b".intact-partial-"));
-        if reserved {
+        if reserved(&comps) {
             return Err(TransferError::Reserved(path.to_string()));
         }
         let (last, dirs) = comps.split_last().expect("a WirePath is never empty");
@@ -174,27 +179,28 @@ impl Destination {
     /// missing, a symlink in the way, a kernel without `openat2`): the
     /// walk then creates what is missing or says what is wrong.
     fn beneath(&self, dirs: &[&OsStr]) -> Option<OwnedFd> {
-        static NO_OPENAT2: AtomicBool = AtomicBool::new(false);
-        if NO_OPENAT2.load(Ordering::Relaxed) {
-            return None;
-        }
         let mut rel = Vec::with_capacity(dirs.iter().map(|c| c.len() + 1).sum::<usize>() + 1);
         for c in dirs {
             rel.extend_from_slice(c.as_bytes());
             rel.push(b'/');
         }
         rel.push(b'.');
+        let flags = OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC;
+        self.openat2_beneath(OsStr::from_bytes(&rel), flags)
+    }
+
+    /// Opens `rel` under the root by `openat2` refusing every symlink (the
+    /// last component's too) and any step out of the root. None when that
+    /// fails for any reason; the caller then walks (or gives up).
+    fn openat2_beneath(&self, rel: &OsStr, flags: OFlags) -> Option<OwnedFd> {
+        static NO_OPENAT2: AtomicBool = AtomicBool::new(false);
+        if NO_OPENAT2.load(Ordering::Relaxed) {
+            return None;
+        }
         let resolve = rfs::ResolveFlags::BENEATH
             | rfs::ResolveFlags::NO_SYMLINKS
             | rfs::ResolveFlags::NO_MAGICLINKS;
-        let flags = OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC;
-        match rfs::openat2(
-            &self.root,
-            OsStr::from_bytes(&rel),
-            flags,
-            Mode::empty(),
-            resolve,
-        ) {
+        match rfs::openat2(&self.root, rel, flags, Mode::empty(), resolve) {
             Ok(fd) => Some(fd),
             Err(Errno::NOSYS | Errno::PERM) => {
                 NO_OPENAT2.store(true, Ordering::Relaxed);
@@ -237,29 +243,41 @@ impl Destination {
     /// Opens the file at `path` (its final name) for reading, never
     /// through a symlink; `None` if it is not there as a regular file.
     pub fn open_final(&self, path: &WirePath) -> Option<File> {
+        self.open_regular(path, OFlags::RDONLY).map(|(f, _)| f)
+    }
+
+    /// As [`Destination::open_final`], with the file's status as it was
+    /// opened (one `fstat` for the caller that needs both).
+    pub fn open_final_stat(&self, path: &WirePath) -> Option<(File, rfs::Stat)> {
         self.open_regular(path, OFlags::RDONLY)
     }
 
     /// As [`Destination::open_final`], open for writing too (a repair
     /// writes good bytes over rotten ones in place).
     pub fn open_final_rw(&self, path: &WirePath) -> Option<File> {
-        self.open_regular(path, OFlags::RDWR)
+        self.open_regular(path, OFlags::RDWR).map(|(f, _)| f)
     }
 
-    fn open_regular(&self, path: &WirePath, access: OFlags) -> Option<File> {
-        let (dir, name) = self.parent(path, false).ok()?;
+    fn open_regular(&self, path: &WirePath, access: OFlags) -> Option<(File, rfs::Stat)> {
         // Non-blocking: a FIFO planted under the name must not hold the
         // thread in open (it is then refused as not regular).
-        let fd = rfs::openat(
-            &dir,
-            &name,
-            access | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
-            Mode::empty(),
-        )
-        .ok()?;
+        let flags = access | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK;
+        let comps: Vec<&OsStr> = path.components().collect();
+        // One call where the kernel can refuse every symlink and step out
+        // of the root itself; else the walk.
+        let fast = (!reserved(&comps))
+            .then(|| self.openat2_beneath(OsStr::from_bytes(path.as_bytes()), flags))
+            .flatten();
+        let fd = match fast {
+            Some(fd) => fd,
+            None => {
+                let (dir, name) = self.parent(path, false).ok()?;
+                rfs::openat(&dir, &name, flags, Mode::empty()).ok()?
+            }
+        };
         let st = rfs::fstat(&fd).ok()?;
         (rfs::FileType::from_raw_mode(st.st_mode) == rfs::FileType::RegularFile)
-            .then(|| File::from(fd))
+            .then(|| (File::from(fd), st))
     }
 
     /// The status of the regular file `path` holds now, not following a

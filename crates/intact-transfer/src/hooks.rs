@@ -13,3 +13,18 @@ pub type LinkFault = Arc<dyn Fn(&str, u64, &mut [u8]) + Send + Sync>;
 /// offset, length). Tests and the fault lab change the device under the
 /// block here.
 pub type WriteHook = Arc<dyn Fn(&File, &str, u64, u64, usize) + Send + Sync>;
+
+/// Called by a scrub right after it read a block of a file and before it
+/// checks it: (the file's path under the root, block index). Tests change
+/// the file here, as another program could while it is read.
+#[derive(Clone)]
+pub struct ScrubReadHook(pub ScrubReadFn);
+
+/// What a [`ScrubReadHook`] calls: (path under the root, block index).
+pub type ScrubReadFn = Arc<dyn Fn(&str, u64) + Send + Sync>;
+
+impl std::fmt::Debug for ScrubReadHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ScrubReadHook")
+    }
+}

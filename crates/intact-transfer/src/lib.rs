@@ -44,7 +44,7 @@ pub use adopt::{catalog_add, AdoptOptions, AdoptReport, Adopted};
 pub use copy::{copy, copy_scanned, CopyOptions};
 pub use dest::{partial_name, Destination, Mtime, PartialFile};
 pub use error::TransferError;
-pub use hooks::{LinkFault, WriteHook};
+pub use hooks::{LinkFault, ScrubReadHook, WriteHook};
 pub use intact_cache::ReadPath;
 pub use journal::unix_now;
 pub use journal::{

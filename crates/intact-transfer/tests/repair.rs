@@ -250,3 +250,33 @@ fn a_root_with_16_kib_pages_names_and_repairs_rot_by_16_kib_page() {
     assert_eq!(rep.fetched_bytes, 16384, "{rep:?}");
     assert!(fs::read(dst.path().join("f")).unwrap() == data);
 }
+
+#[test]
+fn a_file_without_a_whole_file_digest_is_repaired_by_its_recorded_blocks() {
+    let src = tempfile::tempdir().unwrap();
+    let dst = tempfile::tempdir().unwrap();
+    let data = intact_sample::bytes(3 * BS + 777, 35);
+    fs::write(src.path().join("f"), &data).unwrap();
+    copy_into(src.path(), &["f"], dst.path(), VerifyMode::Riva);
+    // An older build's row: block records with page CRCs, no BLAKE3.
+    let (journal, dir) = open_catalog(dst.path()).unwrap();
+    drop(journal);
+    let db = rusqlite::Connection::open(dir.join("journal.sqlite")).unwrap();
+    let n = db
+        .execute(
+            "UPDATE files SET digest = NULL WHERE path = CAST('f' AS BLOB)",
+            [],
+        )
+        .unwrap();
+    assert_eq!(n, 1, "the test's own row edit took");
+    drop(db);
+    rot_in_place(&dst.path().join("f"), BS as u64 + 5000);
+    let mut replica = Replica::local(src.path()).unwrap();
+    let rep = run(dst.path(), Some(&mut replica));
+    let f = file(&rep, "f");
+    assert_eq!(f.state, "repaired", "{rep:?}");
+    assert_eq!((f.rot[0].offset, f.rot[0].len), (BS as u64 + 4096, 4096));
+    assert_eq!(f.repair.as_ref().unwrap().bytes, 4096, "{f:?}");
+    assert!(fs::read(dst.path().join("f")).unwrap() == data);
+    assert_eq!(run(dst.path(), None).clean, 1);
+}

@@ -286,3 +286,100 @@ fn the_catalog_keeps_where_each_file_came_from_by_copy_and_by_send() {
     let rep = run_scrub(by_send.path(), &ScrubOptions::default());
     assert_eq!(file(&rep, "d/f").source.as_deref(), Some(want.as_str()));
 }
+
+/// A scrub whose hook runs `act` once, after the first block of `path`
+/// was read.
+fn scrub_with_hook(
+    root: &Path,
+    replica: Option<&mut intact_transfer::Replica>,
+    path: &'static str,
+    act: impl Fn() + Send + Sync + 'static,
+) -> ScrubReport {
+    let once = std::sync::atomic::AtomicBool::new(false);
+    let o = ScrubOptions {
+        after_read: Some(intact_transfer::ScrubReadHook(Arc::new(move |p, index| {
+            if p == path && index == 0 && !once.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                act();
+            }
+        }))),
+        ..ScrubOptions::default()
+    };
+    scrub(root, &o, replica, true, &mut |_| {}).expect("scrub runs")
+}
+
+#[test]
+fn a_file_written_while_it_is_scrubbed_is_changed_and_nothing_is_repaired_into_it() {
+    let src = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dst = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let data = intact_sample::bytes(3 * BS + 100, 41);
+    fs::write(src.path().join("f"), &data).unwrap();
+    let r = copy(
+        &[src.path().join("f")],
+        dst.path(),
+        &opts(VerifyMode::Riva),
+        &|_| {},
+    )
+    .unwrap();
+    assert_eq!(r.failed, 0, "{r:?}");
+    // Another program rewrites block 2 after the scrub read block 0: the
+    // bytes it reads there then differ from the catalog, which rot would
+    // explain, but the file's mtime moved meanwhile.
+    let target = dst.path().join("f");
+    let theirs = vec![0x5au8; 1000];
+    let (t, w) = (target.clone(), theirs.clone());
+    let mut replica = intact_transfer::Replica::local(src.path()).unwrap();
+    let rep = scrub_with_hook(dst.path(), Some(&mut replica), "f", move || {
+        use std::os::unix::fs::FileExt;
+        let f = File::options().write(true).open(&t).unwrap();
+        f.write_all_at(&w, 2 * BS as u64 + 10).unwrap();
+        f.set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(7))
+            .unwrap();
+    });
+    let f = file(&rep, "f");
+    assert_eq!(f.state, "changed", "{rep:?}");
+    assert!(f.rot.is_empty(), "{f:?}");
+    assert!(f.repair.is_none(), "{f:?}");
+    assert_eq!((rep.rotten, rep.repaired, rep.changed), (0, 0, 1));
+    // The other program's bytes are still there: nothing was repaired into it.
+    let now = fs::read(&target).unwrap();
+    assert_eq!(&now[2 * BS + 10..2 * BS + 1010], &theirs[..]);
+    assert_eq!(&now[..2 * BS], &data[..2 * BS]);
+}
+
+#[test]
+fn a_status_change_while_a_file_is_scrubbed_caps_its_level_at_cache() {
+    const NAME: &str = "a_status_change_while_a_file_is_scrubbed_caps_its_level_at_cache";
+    let src = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dst = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    fs::write(src.path().join("f"), intact_sample::bytes(3 * BS, 42)).unwrap();
+    copy(
+        &[src.path().join("f")],
+        dst.path(),
+        &opts(VerifyMode::Riva),
+        &|_| {},
+    )
+    .unwrap();
+    let plain = run_scrub(dst.path(), &ScrubOptions::default());
+    if file(&plain, "f").level != VerifyLevel::Device {
+        intact_testkit::skip(NAME, "the target directory is not on a block device");
+        return;
+    }
+    // A chmod between the reads moves the ctime only: the bytes are the
+    // same, but a page read after it is not proven to be the device's.
+    let t = dst.path().join("f");
+    let rep = scrub_with_hook(dst.path(), None, "f", move || {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&t, fs::Permissions::from_mode(0o600)).unwrap();
+    });
+    let f = file(&rep, "f");
+    assert_eq!(f.state, "clean", "{rep:?}");
+    assert_eq!(f.level, VerifyLevel::Cache, "{f:?}");
+    assert!(
+        f.note
+            .as_deref()
+            .unwrap_or("")
+            .contains("changed while it was read"),
+        "{f:?}"
+    );
+    assert_eq!((rep.at_device, rep.below_device), (0, 1));
+}

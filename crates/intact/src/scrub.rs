@@ -117,7 +117,7 @@ pub fn run(a: &ScrubArgs) -> anyhow::Result<ExitCode> {
         rate: a.rate,
         restart: a.restart,
         direct: a.direct,
-        stop: None,
+        ..ScrubOptions::default()
     };
     let mut replica = match &a.repair_from {
         Some(from) => Some(replica(from, a.key_file.as_deref())?),

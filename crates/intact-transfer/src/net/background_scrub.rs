@@ -64,9 +64,8 @@ fn pass(root: &Path, journal: &Journal, s: ScrubSchedule, shutdown: &Arc<AtomicB
     let opts = ScrubOptions {
         older_than: Some(s.every),
         rate: s.rate,
-        restart: false,
-        direct: false,
         stop: Some(Arc::clone(shutdown)),
+        ..ScrubOptions::default()
     };
     let name = root.join(STATE_DIR).join("journal.sqlite");
     let result = Destination::open(root).and_then(|dest| {

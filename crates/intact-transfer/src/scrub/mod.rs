@@ -42,6 +42,10 @@ pub struct ScrubOptions {
     pub direct: bool,
     /// Stop (between files, the pass left open to go on) once this is set.
     pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    /// Called after each block is read (tests; only in a build with the
+    /// `fault-hooks` feature, never in the `intact` binary).
+    #[cfg(feature = "fault-hooks")]
+    pub after_read: Option<crate::ScrubReadHook>,
 }
 
 /// A byte range of a file that no longer matches the catalog.
@@ -297,6 +301,7 @@ pub fn scrub_catalog(
                                 replica.as_deref_mut(),
                                 &mut bufs[0],
                                 &throttle,
+                                None,
                             )
                         })
                     })
@@ -389,6 +394,7 @@ const MAX_BLOCK_SIZE: u32 = intact_proto::MAX_BLOCK as u32;
 
 /// Scrubs one file; an error is the catalog's own (the file's problems
 /// are its verdict).
+#[allow(clippy::too_many_arguments)]
 fn scrub_file(
     dest: &Destination,
     journal: &Journal,
@@ -397,6 +403,7 @@ fn scrub_file(
     replica: Option<&mut Replica>,
     buf: &mut AlignedBuf,
     throttle: &Throttle,
+    ahead: Option<Ahead>,
 ) -> Result<FileScrub, TransferError> {
     let mut fs = FileScrub {
         path: String::from_utf8_lossy(&cf.path).into_owned(),
@@ -429,7 +436,11 @@ fn scrub_file(
         verdict(&mut fs, ScrubState::Unreadable, why);
         return Ok(fs);
     }
-    let Some(file) = dest.open_final(&wire) else {
+    let (opened, reader) = match ahead {
+        Some(a) => (Some((a.file, a.st)), Some(a.reader)),
+        None => (dest.open_final_stat(&wire), None),
+    };
+    let Some((file, st)) = opened else {
         verdict(
             &mut fs,
             ScrubState::Missing,
@@ -437,14 +448,8 @@ fn scrub_file(
         );
         return Ok(fs);
     };
-    let meta = match file.metadata() {
-        Ok(m) => m,
-        Err(e) => {
-            verdict(&mut fs, ScrubState::Unreadable, e.to_string());
-            return Ok(fs);
-        }
-    };
-    let now = (meta.len(), meta.mtime(), meta.mtime_nsec() as u32);
+    let seen = Opened::from(&st);
+    let now = (st.st_size as u64, st.st_mtime, st.st_mtime_nsec as u32);
     if now != (cf.size, cf.mtime.0, cf.mtime.1) {
         let mut what = Vec::new();
         if now.0 != cf.size {
@@ -465,15 +470,7 @@ fn scrub_file(
     }
     let records = journal.blocks(cf.id)?;
     let checked = check_file(
-        &records,
-        cf,
-        &file,
-        &meta,
-        opts.direct,
-        None,
-        buf,
-        throttle,
-        &mut fs,
+        &records, cf, &file, seen, opts, reader, None, buf, throttle, &mut fs,
     );
     if fs.state == ScrubState::Changed.name() {
         fs.level = VerifyLevel::None;
@@ -534,8 +531,9 @@ fn check_file(
     records: &[BlockRecord],
     cf: &CatalogFile,
     file: &File,
-    meta: &std::fs::Metadata,
-    direct: bool,
+    seen: Opened,
+    opts: &ScrubOptions,
+    reader: Option<DeviceReader>,
     only: Option<&BTreeSet<u64>>,
     buf: &mut AlignedBuf,
     throttle: &Throttle,
@@ -547,13 +545,16 @@ fn check_file(
     };
     let bs = u64::from(cf.block_size.max(1));
     let page = cf.page_size.max(1);
-    let path = if direct {
+    let path = if opts.direct {
         ReadPath::Direct
     } else {
         ReadPath::Evict
     };
-    let mut reader =
-        reader_for(file, meta.dev(), path).map_err(|e| io(std::io::Error::other(e.to_string())))?;
+    let mut reader = match reader {
+        Some(r) => r,
+        None => reader_for(file, seen.dev, path, cf.size <= bs)
+            .map_err(|e| io(std::io::Error::other(e.to_string())))?,
+    };
     // As large as this file's largest block (a buffer kept across files
     // grows to the largest; a block-sized one for every small file would
     // be zeroed, faulted in and unmapped again each time).
@@ -586,18 +587,33 @@ fn check_file(
     // Up to PREFETCH_BYTES and 8 blocks (at least the next one) are asked
     // for ahead of the block being hashed, so the device has reads queued.
     let depth = (PREFETCH_BYTES / bs).clamp(1, 8) as usize;
+    // One read on the evict path: nothing to overlap, so no prefetch.
+    let single = wanted.len() == 1 && path == ReadPath::Evict;
     let mut ahead = std::collections::VecDeque::new();
     let mut queued = 0;
     for (k, &index) in wanted.iter().enumerate() {
         let (offset, len) = range(index);
-        while queued < wanted.len() && queued <= k + depth {
+        while !single && queued < wanted.len() && queued <= k + depth {
             let (o, l) = range(wanted[queued]);
             ahead.push_back(reader.prefetch_cold_or_evict(file, o, l).map_err(io)?);
             queued += 1;
         }
-        let this = ahead.pop_front().expect("prepared above");
-        let outcome = reader.finish(file, offset, len, buf, this).map_err(io)?;
+        let outcome = if single {
+            // A cold range read as it is comes from the device, a warm
+            // one is evicted first.
+            match reader.read_if_cold(file, offset, len, buf).map_err(io)? {
+                Some(o) => o,
+                None => reader.read(file, offset, len, buf).map_err(io)?,
+            }
+        } else {
+            let this = ahead.pop_front().expect("prepared above");
+            reader.finish(file, offset, len, buf, this).map_err(io)?
+        };
         all_device &= outcome.device;
+        #[cfg(feature = "fault-hooks")]
+        if let Some(h) = &opts.after_read {
+            (h.0)(&fs.path, index);
+        }
         fs.bytes += len as u64;
         throttle.spend(len as u64);
         let data = &buf[..len];
@@ -662,9 +678,7 @@ fn check_file(
         fs.note = Some("no whole-file digest in the catalog (an older build's record)".into());
     }
     let after = file.metadata().ok();
-    if after.as_ref().map(|m| (m.ctime(), m.ctime_nsec()))
-        != Some((meta.ctime(), meta.ctime_nsec()))
-    {
+    if after.as_ref().map(|m| (m.ctime(), m.ctime_nsec())) != Some(seen.ctime) {
         all_device = false;
         fs.note = Some("it changed while it was read: its reads count as cache only".into());
         let now = after.map(|m| (m.len(), m.mtime(), m.mtime_nsec() as u32));
@@ -695,6 +709,7 @@ fn reader_for(
     file: &File,
     dev: u64,
     path: ReadPath,
+    one_range: bool,
 ) -> Result<DeviceReader, intact_cache::CacheError> {
     thread_local! {
         static LAST: std::cell::Cell<Option<(u64, intact_cache::Backing)>> =
@@ -708,7 +723,38 @@ fn reader_for(
             b
         }
     };
-    DeviceReader::with_backing(file, path, backing)
+    if one_range {
+        DeviceReader::for_one_range(file, path, backing)
+    } else {
+        DeviceReader::with_backing(file, path, backing)
+    }
+}
+
+/// What a scrub compares after its reads with the file as it was opened.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Opened {
+    /// The file system's device number.
+    dev: u64,
+    /// The change time, seconds and nanoseconds.
+    ctime: (i64, i64),
+}
+
+impl From<&rustix::fs::Stat> for Opened {
+    fn from(st: &rustix::fs::Stat) -> Opened {
+        Opened {
+            dev: st.st_dev,
+            ctime: (st.st_ctime, st.st_ctime_nsec as i64),
+        }
+    }
+}
+
+impl From<&std::fs::Metadata> for Opened {
+    fn from(m: &std::fs::Metadata) -> Opened {
+        Opened {
+            dev: m.dev(),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        }
+    }
 }
 
 /// Bytes a scrub asks the device for ahead of the block it hashes.
@@ -760,11 +806,62 @@ impl Throttle {
 }
 
 /// Threads that scrub files at once (without a replica to repair from):
-/// four a core, as a small file's thread mostly waits for its read
-/// (measured on 5,000 × 16 KiB: 8 threads on 2 cores read 2.5× faster
-/// than 2), and a large file's hashing fills a core anyway.
+/// four a core, as a thread of small files mostly waits for its reads
+/// (each keeps a [`GROUP`]'s reads in flight), and a large file's
+/// hashing fills a core anyway.
 fn scrub_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| (n.get() * 4).clamp(4, 16))
+}
+
+/// One-block files a scrub thread takes at once: their device reads are
+/// all asked for before the first is checked (measured on 5,000 × 16 KiB,
+/// 2 cores: 8 threads of 16 files each scrub 20–30% faster than 16
+/// threads of one, on a virtio disk and on a RAM-backed ext4, with less
+/// CPU; 32 or 64 a group no faster).
+const GROUP: usize = 16;
+
+/// A one-block file opened, and its device read asked for, before its
+/// turn in a group (see [`GROUP`]); None where it is not such a file as
+/// cataloged (its check then opens it and says what is wrong).
+struct Ahead {
+    file: File,
+    st: rustix::fs::Stat,
+    reader: DeviceReader,
+}
+
+/// `files` in the order a scrub takes them: runs of up to [`GROUP`]
+/// one-block files, and every larger file alone (so that large files
+/// are spread over the threads).
+fn groups(files: &[CatalogFile]) -> Vec<std::ops::Range<usize>> {
+    let mut out: Vec<std::ops::Range<usize>> = Vec::new();
+    let one_block = |f: &CatalogFile| f.size <= u64::from(f.block_size);
+    for (i, f) in files.iter().enumerate() {
+        match out.last_mut() {
+            Some(r) if one_block(f) && one_block(&files[r.start]) && r.len() < GROUP => {
+                r.end = i + 1
+            }
+            _ => out.push(i..i + 1),
+        }
+    }
+    out
+}
+
+fn open_ahead(dest: &Destination, cf: &CatalogFile, opts: &ScrubOptions) -> Option<Ahead> {
+    let one_block = cf.size > 0 && cf.size <= u64::from(cf.block_size);
+    if opts.direct || !one_block || cf.block_size > MAX_BLOCK_SIZE {
+        return None;
+    }
+    let wire = WirePath::parse(&cf.path).ok()?;
+    let (file, st) = dest.open_final_stat(&wire)?;
+    let now = (st.st_size as u64, st.st_mtime, st.st_mtime_nsec as u32);
+    if now != (cf.size, cf.mtime.0, cf.mtime.1) {
+        return None;
+    }
+    let mut reader = reader_for(&file, st.st_dev, ReadPath::Evict, true).ok()?;
+    // Cold: asked for from the device now, and the read in its turn
+    // counts as a device read (see DeviceReader::prefetch_if_cold).
+    reader.prefetch_if_cold(&file, 0, cf.size).ok()?;
+    Some(Ahead { file, st, reader })
 }
 
 /// Files handed to the threads at once at most (a stop waits for them).
@@ -806,21 +903,40 @@ fn scrub_parallel(
 ) -> Vec<Option<Result<FileScrub, TransferError>>> {
     use std::sync::atomic::{AtomicUsize, Ordering};
     let next = AtomicUsize::new(0);
+    let groups = groups(files);
     let slots: Vec<std::sync::Mutex<Option<Result<FileScrub, TransferError>>>> =
         files.iter().map(|_| Default::default()).collect();
     std::thread::scope(|s| {
-        for buf in bufs.iter_mut().take(files.len()) {
-            let (next, slots) = (&next, &slots);
+        for buf in bufs.iter_mut().take(groups.len()) {
+            let (next, slots, groups) = (&next, &slots, &groups);
             s.spawn(move || loop {
-                // Checked before a file is taken: the files taken are
+                // Checked before a group is taken: the files taken are
                 // then the first ones, and each is read to its end.
                 if opts.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst)) {
                     break;
                 }
-                let i = next.fetch_add(1, Ordering::SeqCst);
-                let Some(cf) = files.get(i) else { break };
-                let r = scrub_file(dest, journal, cf, opts, None, buf, throttle);
-                *slots[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+                let Some(range) = groups.get(next.fetch_add(1, Ordering::SeqCst)) else {
+                    break;
+                };
+                let (start, group) = (range.start, &files[range.clone()]);
+                // The group's one-block files are opened and their device
+                // reads asked for before the first is checked: a thread
+                // keeps several reads in flight instead of one.
+                let mut ahead: Vec<Option<Ahead>> =
+                    group.iter().map(|cf| open_ahead(dest, cf, opts)).collect();
+                for (j, cf) in group.iter().enumerate() {
+                    let r = scrub_file(
+                        dest,
+                        journal,
+                        cf,
+                        opts,
+                        None,
+                        buf,
+                        throttle,
+                        ahead[j].take(),
+                    );
+                    *slots[start + j].lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+                }
             });
         }
     });
@@ -845,5 +961,34 @@ mod tests {
         assert_eq!((rot[0].offset, rot[0].len), (0, 8192));
         assert_eq!((rot[1].offset, rot[1].len), (8192, 100));
         assert_eq!(rot[2].offset, 16384);
+    }
+
+    fn cf(size: u64) -> CatalogFile {
+        CatalogFile {
+            id: 0,
+            path: b"f".to_vec(),
+            size,
+            mtime: (0, 0),
+            block_size: 1000,
+            arrival: crate::journal::VerifiedAt::now(
+                crate::verify::VerifyMode::Riva,
+                VerifyLevel::Device,
+            ),
+            digest: None,
+            scrubbed_at: 0,
+            page_size: 4096,
+            source: None,
+        }
+    }
+
+    #[test]
+    fn one_block_files_are_grouped_and_every_larger_file_goes_alone() {
+        let mut files: Vec<CatalogFile> = (0..20).map(|_| cf(1000)).collect();
+        files.insert(3, cf(1001));
+        files.push(cf(5000));
+        files.push(cf(0));
+        let g = groups(&files);
+        assert_eq!(g, vec![0..3, 3..4, 4..4 + GROUP, 20..21, 21..22, 22..23]);
+        assert_eq!(g.iter().map(|r| r.len()).sum::<usize>(), files.len());
     }
 }

@@ -337,8 +337,12 @@ fn reread(
         records,
         cf,
         file,
-        &meta,
-        direct,
+        super::Opened::from(&meta),
+        &super::ScrubOptions {
+            direct,
+            ..super::ScrubOptions::default()
+        },
+        None,
         only.as_ref(),
         buf,
         &Throttle::new(None),
