@@ -14,14 +14,16 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use intact_cache::{DeviceReader, ReadPath};
+use intact_cache::{DeviceReader, ReadOutcome, ReadPath};
 use intact_digest::{defaults, hash, page_crc_blob, AlignedBuf};
 use intact_proto::WirePath;
 use serde::Serialize;
 
 use crate::journal::{BlockRecord, CatalogFile, Journal, ScrubMark, ScrubState};
 use crate::Replica;
+use read::{groups, open_ahead, Ahead, Opened};
 
+mod read;
 mod repair;
 use crate::verify::VerifyLevel;
 use crate::{Destination, TransferError};
@@ -539,8 +541,9 @@ fn check_file(
     throttle: &Throttle,
     fs: &mut FileScrub,
 ) -> Result<u64, TransferError> {
+    let name = fs.path.clone();
     let io = |e: std::io::Error| TransferError::Destination {
-        path: fs.path.clone(),
+        path: name.clone(),
         source: e,
     };
     let bs = u64::from(cf.block_size.max(1));
@@ -550,18 +553,11 @@ fn check_file(
     } else {
         ReadPath::Evict
     };
-    let mut reader = match reader {
+    let reader = match reader {
         Some(r) => r,
-        None => reader_for(file, seen.dev, path, cf.size <= bs)
+        None => read::reader_for(file, seen.dev, path, cf.size <= bs)
             .map_err(|e| io(std::io::Error::other(e.to_string())))?,
     };
-    // As large as this file's largest block (a buffer kept across files
-    // grows to the largest; a block-sized one for every small file would
-    // be zeroed, faulted in and unmapped again each time).
-    let need = bs.min(cf.size).max(1) as usize;
-    if buf.len() < need {
-        *buf = AlignedBuf::new(need);
-    }
     // The whole-file BLAKE3 is read only where block records leave bytes
     // without a checksum of their own (e.g. `none` rows): one hash per
     // byte is enough.
@@ -579,36 +575,8 @@ fn check_file(
         .filter(|i| only.is_none_or(|o| o.contains(i)))
         .collect();
     let range = |index: u64| (index * bs, (cf.size - index * bs).min(bs) as usize);
-    // The next blocks are evicted and their device reads started while
-    // this one is hashed (a page that enters the cache after a confirmed
-    // eviction came from the device; a writer meanwhile changes the
-    // ctime, compared after the reads). A cold range (most are, when a
-    // scrub comes round) is only asked for, not evicted.
-    // Up to PREFETCH_BYTES and 8 blocks (at least the next one) are asked
-    // for ahead of the block being hashed, so the device has reads queued.
-    let depth = (PREFETCH_BYTES / bs).clamp(1, 8) as usize;
-    // One read on the evict path: nothing to overlap, so no prefetch.
-    let single = wanted.len() == 1 && path == ReadPath::Evict;
-    let mut ahead = std::collections::VecDeque::new();
-    let mut queued = 0;
-    for (k, &index) in wanted.iter().enumerate() {
-        let (offset, len) = range(index);
-        while !single && queued < wanted.len() && queued <= k + depth {
-            let (o, l) = range(wanted[queued]);
-            ahead.push_back(reader.prefetch_cold_or_evict(file, o, l).map_err(io)?);
-            queued += 1;
-        }
-        let outcome = if single {
-            // A cold range read as it is comes from the device, a warm
-            // one is evicted first.
-            match reader.read_if_cold(file, offset, len, buf).map_err(io)? {
-                Some(o) => o,
-                None => reader.read(file, offset, len, buf).map_err(io)?,
-            }
-        } else {
-            let this = ahead.pop_front().expect("prepared above");
-            reader.finish(file, offset, len, buf, this).map_err(io)?
-        };
+    let mut check = |index: u64, offset: u64, data: &[u8], outcome: ReadOutcome| {
+        let len = data.len();
         all_device &= outcome.device;
         #[cfg(feature = "fault-hooks")]
         if let Some(h) = &opts.after_read {
@@ -616,7 +584,6 @@ fn check_file(
         }
         fs.bytes += len as u64;
         throttle.spend(len as u64);
-        let data = &buf[..len];
         if let Some(w) = &mut whole {
             w.update(data);
         }
@@ -625,7 +592,7 @@ fn check_file(
         }
         let Some(rec) = records.next_if(|r| r.index == index) else {
             unrecorded += len as u64;
-            continue;
+            return;
         };
         let block_ok = hash(defaults::BLOCK_ALGORITHM, data).as_bytes() == rec.digest;
         match &rec.pages {
@@ -658,7 +625,8 @@ fn check_file(
                 }
             }
         }
-    }
+    };
+    read::read_blocks(file, reader, &wanted, &range, buf, &mut check).map_err(io)?;
     if let (Some(d), Some(w)) = (cf.digest, whole) {
         if w.finalize() != blake3::Hash::from_bytes(d) && fs.rot.is_empty() {
             add_range(&mut fs.rot, 0, cf.size, vec!["blake3"]);
@@ -702,63 +670,6 @@ fn check_file(
     // checked at all.
     Ok(if cf.digest.is_none() { unrecorded } else { 0 })
 }
-
-/// A reader of `file` (on the file system `dev`) by `path`: what lies
-/// under a file system is asked once per thread, not once per file.
-fn reader_for(
-    file: &File,
-    dev: u64,
-    path: ReadPath,
-    one_range: bool,
-) -> Result<DeviceReader, intact_cache::CacheError> {
-    thread_local! {
-        static LAST: std::cell::Cell<Option<(u64, intact_cache::Backing)>> =
-            const { std::cell::Cell::new(None) };
-    }
-    let backing = match LAST.get() {
-        Some((d, b)) if d == dev => b,
-        _ => {
-            let b = intact_cache::backing(file)?;
-            LAST.set(Some((dev, b)));
-            b
-        }
-    };
-    if one_range {
-        DeviceReader::for_one_range(file, path, backing)
-    } else {
-        DeviceReader::with_backing(file, path, backing)
-    }
-}
-
-/// What a scrub compares after its reads with the file as it was opened.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Opened {
-    /// The file system's device number.
-    dev: u64,
-    /// The change time, seconds and nanoseconds.
-    ctime: (i64, i64),
-}
-
-impl From<&rustix::fs::Stat> for Opened {
-    fn from(st: &rustix::fs::Stat) -> Opened {
-        Opened {
-            dev: st.st_dev,
-            ctime: (st.st_ctime, st.st_ctime_nsec as i64),
-        }
-    }
-}
-
-impl From<&std::fs::Metadata> for Opened {
-    fn from(m: &std::fs::Metadata) -> Opened {
-        Opened {
-            dev: m.dev(),
-            ctime: (m.ctime(), m.ctime_nsec()),
-        }
-    }
-}
-
-/// Bytes a scrub asks the device for ahead of the block it hashes.
-const PREFETCH_BYTES: u64 = 16 << 20;
 
 /// Adds a rotten range, merging it with the last one when they touch and
 /// the same checksums failed.
@@ -811,57 +722,6 @@ impl Throttle {
 /// hashing fills a core anyway.
 fn scrub_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| (n.get() * 4).clamp(4, 16))
-}
-
-/// One-block files a scrub thread takes at once: their device reads are
-/// all asked for before the first is checked (measured on 5,000 × 16 KiB,
-/// 2 cores: 8 threads of 16 files each scrub 20–30% faster than 16
-/// threads of one, on a virtio disk and on a RAM-backed ext4, with less
-/// CPU; 32 or 64 a group no faster).
-const GROUP: usize = 16;
-
-/// A one-block file opened, and its device read asked for, before its
-/// turn in a group (see [`GROUP`]); None where it is not such a file as
-/// cataloged (its check then opens it and says what is wrong).
-struct Ahead {
-    file: File,
-    st: rustix::fs::Stat,
-    reader: DeviceReader,
-}
-
-/// `files` in the order a scrub takes them: runs of up to [`GROUP`]
-/// one-block files, and every larger file alone (so that large files
-/// are spread over the threads).
-fn groups(files: &[CatalogFile]) -> Vec<std::ops::Range<usize>> {
-    let mut out: Vec<std::ops::Range<usize>> = Vec::new();
-    let one_block = |f: &CatalogFile| f.size <= u64::from(f.block_size);
-    for (i, f) in files.iter().enumerate() {
-        match out.last_mut() {
-            Some(r) if one_block(f) && one_block(&files[r.start]) && r.len() < GROUP => {
-                r.end = i + 1
-            }
-            _ => out.push(i..i + 1),
-        }
-    }
-    out
-}
-
-fn open_ahead(dest: &Destination, cf: &CatalogFile, opts: &ScrubOptions) -> Option<Ahead> {
-    let one_block = cf.size > 0 && cf.size <= u64::from(cf.block_size);
-    if opts.direct || !one_block || cf.block_size > MAX_BLOCK_SIZE {
-        return None;
-    }
-    let wire = WirePath::parse(&cf.path).ok()?;
-    let (file, st) = dest.open_final_stat(&wire)?;
-    let now = (st.st_size as u64, st.st_mtime, st.st_mtime_nsec as u32);
-    if now != (cf.size, cf.mtime.0, cf.mtime.1) {
-        return None;
-    }
-    let mut reader = reader_for(&file, st.st_dev, ReadPath::Evict, true).ok()?;
-    // Cold: asked for from the device now, and the read in its turn
-    // counts as a device read (see DeviceReader::prefetch_if_cold).
-    reader.prefetch_if_cold(&file, 0, cf.size).ok()?;
-    Some(Ahead { file, st, reader })
 }
 
 /// Files handed to the threads at once at most (a stop waits for them).
@@ -961,34 +821,5 @@ mod tests {
         assert_eq!((rot[0].offset, rot[0].len), (0, 8192));
         assert_eq!((rot[1].offset, rot[1].len), (8192, 100));
         assert_eq!(rot[2].offset, 16384);
-    }
-
-    fn cf(size: u64) -> CatalogFile {
-        CatalogFile {
-            id: 0,
-            path: b"f".to_vec(),
-            size,
-            mtime: (0, 0),
-            block_size: 1000,
-            arrival: crate::journal::VerifiedAt::now(
-                crate::verify::VerifyMode::Riva,
-                VerifyLevel::Device,
-            ),
-            digest: None,
-            scrubbed_at: 0,
-            page_size: 4096,
-            source: None,
-        }
-    }
-
-    #[test]
-    fn one_block_files_are_grouped_and_every_larger_file_goes_alone() {
-        let mut files: Vec<CatalogFile> = (0..20).map(|_| cf(1000)).collect();
-        files.insert(3, cf(1001));
-        files.push(cf(5000));
-        files.push(cf(0));
-        let g = groups(&files);
-        assert_eq!(g, vec![0..3, 3..4, 4..4 + GROUP, 20..21, 21..22, 22..23]);
-        assert_eq!(g.iter().map(|r| r.len()).sum::<usize>(), files.len());
     }
 }

@@ -1,0 +1,229 @@
+//! How a scrub reads: the reader of a file (what lies under its file
+//! system asked once per thread), one-block files opened and asked for
+//! in groups, and a file's blocks read in order with the next ones
+//! already on their way (asked for from the device if cold, else evicted
+//! first; or read with `O_DIRECT`, proven by residency counts).
+//!
+//! Measured on 2 × 256 MiB, cold, 2 cores: buffered reads asked for
+//! 16 MiB ahead scrub 1.5× faster than `O_DIRECT` reads on the virtio
+//! disk (whether one, two, four or eight direct reads are in flight);
+//! on a RAM-backed ext4 direct reads are about twice as fast (one copy
+//! fewer).
+//! The disk decides: direct reads only with `--direct`.
+
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
+
+use intact_cache::{DeviceReader, ReadOutcome, ReadPath};
+use intact_digest::AlignedBuf;
+use intact_proto::WirePath;
+
+use super::{ScrubOptions, MAX_BLOCK_SIZE};
+use crate::journal::CatalogFile;
+use crate::Destination;
+
+/// What [`read_blocks`] hands each block to: (block index, offset, its
+/// bytes, how it was read).
+pub(super) type BlockCheck<'a> = dyn FnMut(u64, u64, &[u8], ReadOutcome) + 'a;
+
+/// Reads the blocks `wanted` of `file` (`range` gives a block's offset
+/// and length) in order, with the next ones on their way, and hands each
+/// to `each` with the outcome of its read; `buf` is the caller's buffer
+/// of a block, grown as needed.
+pub(super) fn read_blocks(
+    file: &File,
+    mut reader: DeviceReader,
+    wanted: &[u64],
+    range: &dyn Fn(u64) -> (u64, usize),
+    buf: &mut AlignedBuf,
+    each: &mut BlockCheck<'_>,
+) -> std::io::Result<()> {
+    // As large as this file's largest block (a buffer kept across files
+    // grows to the largest; a block-sized one for every small file would
+    // be zeroed, faulted in and unmapped again each time).
+    let need = wanted.iter().map(|&i| range(i).1).max().unwrap_or(0).max(1);
+    if buf.len() < need {
+        *buf = AlignedBuf::new(need);
+    }
+    if wanted.len() == 1 && reader.path() == ReadPath::Evict {
+        // One read: nothing to overlap. A cold range read as it is
+        // comes from the device, a warm one is evicted first.
+        let (offset, len) = range(wanted[0]);
+        let outcome = match reader.read_if_cold(file, offset, len, buf)? {
+            Some(o) => o,
+            None => reader.read(file, offset, len, buf)?,
+        };
+        each(wanted[0], offset, &buf[..len], outcome);
+        return Ok(());
+    }
+    // The next blocks are evicted and their device reads started while
+    // this one is hashed (a page that enters the cache after a confirmed
+    // eviction came from the device; a writer meanwhile changes the
+    // ctime, which the caller compares after the reads). A cold range
+    // (most are, when a scrub comes round) is only asked for, not
+    // evicted. Up to PREFETCH_BYTES and 8 blocks (at least the next one)
+    // are asked for ahead of the block being hashed.
+    let bs = range(wanted[0]).1.max(1) as u64;
+    let depth = (PREFETCH_BYTES / bs).clamp(1, 8) as usize;
+    let mut ahead = std::collections::VecDeque::new();
+    let mut queued = 0;
+    for (k, &index) in wanted.iter().enumerate() {
+        while queued < wanted.len() && queued <= k + depth {
+            let (o, l) = range(wanted[queued]);
+            ahead.push_back(reader.prefetch_cold_or_evict(file, o, l)?);
+            queued += 1;
+        }
+        let (offset, len) = range(index);
+        let this = ahead.pop_front().expect("prepared above");
+        let outcome = reader.finish(file, offset, len, buf, this)?;
+        each(index, offset, &buf[..len], outcome);
+    }
+    Ok(())
+}
+
+/// A reader of `file` (on the file system `dev`) by `path`: what lies
+/// under a file system is asked once per thread, not once per file.
+pub(super) fn reader_for(
+    file: &File,
+    dev: u64,
+    path: ReadPath,
+    one_range: bool,
+) -> Result<DeviceReader, intact_cache::CacheError> {
+    thread_local! {
+        static LAST: std::cell::Cell<Option<(u64, intact_cache::Backing)>> =
+            const { std::cell::Cell::new(None) };
+    }
+    let backing = match LAST.get() {
+        Some((d, b)) if d == dev => b,
+        _ => {
+            let b = intact_cache::backing(file)?;
+            LAST.set(Some((dev, b)));
+            b
+        }
+    };
+    if one_range {
+        DeviceReader::for_one_range(file, path, backing)
+    } else {
+        DeviceReader::with_backing(file, path, backing)
+    }
+}
+
+/// What a scrub compares after its reads with the file as it was opened.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Opened {
+    /// The file system's device number.
+    pub(super) dev: u64,
+    /// The change time, seconds and nanoseconds.
+    pub(super) ctime: (i64, i64),
+}
+
+impl From<&rustix::fs::Stat> for Opened {
+    fn from(st: &rustix::fs::Stat) -> Opened {
+        Opened {
+            dev: st.st_dev,
+            ctime: (st.st_ctime, st.st_ctime_nsec as i64),
+        }
+    }
+}
+
+impl From<&std::fs::Metadata> for Opened {
+    fn from(m: &std::fs::Metadata) -> Opened {
+        Opened {
+            dev: m.dev(),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        }
+    }
+}
+
+/// Bytes a scrub asks the device for ahead of the block it hashes.
+const PREFETCH_BYTES: u64 = 16 << 20;
+
+/// One-block files a scrub thread takes at once: their device reads are
+/// all asked for before the first is checked (measured on 5,000 × 16 KiB,
+/// 2 cores: 8 threads of 16 files each scrub 20–30% faster than 16
+/// threads of one, on a virtio disk and on a RAM-backed ext4, with less
+/// CPU; 32 or 64 a group no faster).
+pub(super) const GROUP: usize = 16;
+
+/// A one-block file opened, and its device read asked for, before its
+/// turn in a group (see [`GROUP`]); None where it is not such a file as
+/// cataloged (its check then opens it and says what is wrong).
+pub(super) struct Ahead {
+    pub(super) file: File,
+    pub(super) st: rustix::fs::Stat,
+    pub(super) reader: DeviceReader,
+}
+
+/// `files` in the order a scrub takes them: runs of up to [`GROUP`]
+/// one-block files, and every larger file alone (so that large files
+/// are spread over the threads).
+pub(super) fn groups(files: &[CatalogFile]) -> Vec<std::ops::Range<usize>> {
+    let mut out: Vec<std::ops::Range<usize>> = Vec::new();
+    let one_block = |f: &CatalogFile| f.size <= u64::from(f.block_size);
+    for (i, f) in files.iter().enumerate() {
+        match out.last_mut() {
+            Some(r) if one_block(f) && one_block(&files[r.start]) && r.len() < GROUP => {
+                r.end = i + 1
+            }
+            _ => out.push(i..i + 1),
+        }
+    }
+    out
+}
+
+pub(super) fn open_ahead(
+    dest: &Destination,
+    cf: &CatalogFile,
+    opts: &ScrubOptions,
+) -> Option<Ahead> {
+    let one_block = cf.size > 0 && cf.size <= u64::from(cf.block_size);
+    if opts.direct || !one_block || cf.block_size > MAX_BLOCK_SIZE {
+        return None;
+    }
+    let wire = WirePath::parse(&cf.path).ok()?;
+    let (file, st) = dest.open_final_stat(&wire)?;
+    let now = (st.st_size as u64, st.st_mtime, st.st_mtime_nsec as u32);
+    if now != (cf.size, cf.mtime.0, cf.mtime.1) {
+        return None;
+    }
+    let mut reader = reader_for(&file, st.st_dev, ReadPath::Evict, true).ok()?;
+    // Cold: asked for from the device now, and the read in its turn
+    // counts as a device read (see DeviceReader::prefetch_if_cold).
+    reader.prefetch_if_cold(&file, 0, cf.size).ok()?;
+    Some(Ahead { file, st, reader })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::verify::VerifyLevel;
+
+    fn cf(size: u64) -> CatalogFile {
+        CatalogFile {
+            id: 0,
+            path: b"f".to_vec(),
+            size,
+            mtime: (0, 0),
+            block_size: 1000,
+            arrival: crate::journal::VerifiedAt::now(
+                crate::verify::VerifyMode::Riva,
+                VerifyLevel::Device,
+            ),
+            digest: None,
+            scrubbed_at: 0,
+            page_size: 4096,
+            source: None,
+        }
+    }
+
+    #[test]
+    fn one_block_files_are_grouped_and_every_larger_file_goes_alone() {
+        let mut files: Vec<CatalogFile> = (0..20).map(|_| cf(1000)).collect();
+        files.insert(3, cf(1001));
+        files.push(cf(5000));
+        files.push(cf(0));
+        let g = groups(&files);
+        assert_eq!(g, vec![0..3, 3..4, 4..4 + GROUP, 20..21, 21..22, 22..23]);
+        assert_eq!(g.iter().map(|r| r.len()).sum::<usize>(), files.len());
+    }
+}
