@@ -115,6 +115,22 @@ fn scrub_names_the_page_a_device_flip_hit_and_only_that_page() {
     assert_eq!((cold.rotten, cold.clean), (1, 1), "{cold:?}");
     assert_eq!(file(&cold, "big").level, VerifyLevel::Device);
     assert_eq!(file(&cold, "big").rot[0].offset, page, "{cold:?}");
+
+    // --direct: the page cache now holds the rotten byte the last scrub
+    // read, and the device is put right under it. A direct read sees the
+    // device (clean); a read through the cache would see rot.
+    lfs.flip_bit_under(&f, at).unwrap();
+    assert_eq!(lfs.device_byte_under(&f, at).unwrap(), big[at as usize]);
+    let direct = run_scrub(
+        &dst,
+        &ScrubOptions {
+            direct: true,
+            ..ScrubOptions::default()
+        },
+    );
+    assert_eq!((direct.clean, direct.rotten), (2, 0), "{direct:?}");
+    assert_eq!(file(&direct, "big").level, VerifyLevel::Device);
+    assert_eq!(file(&direct, "small").level, VerifyLevel::Device);
 }
 
 #[test]
