@@ -1,9 +1,9 @@
 //! `intact-bench scrub`: `intact scrub` of a cataloged tree on a cold
 //! cache against the device's own limit (a direct read of the same files,
 //! in the same run), `b3sum` and `sha256sum -c` of the same files; and
-//! the cost the catalog adds to a `riva` transfer (the page CRC-32C it
-//! computes, set against that transfer's CPU). Runs interleaved, min /
-//! median / max of wall seconds, median CPU seconds, ratios.
+//! the cost the catalog adds to a `riva` transfer (the same copy with and
+//! without the page CRC-32C it computes). Runs interleaved, min / median
+//! / max of wall seconds, median CPU seconds, ratios.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -76,7 +76,7 @@ pub fn run(a: &ScrubArgs) -> anyhow::Result<()> {
             measure(&intact, place, dir, d, a.runs)?;
         }
     }
-    catalog_cost(&intact, &places[places.len() - 1].1, &sets[0], a.runs)
+    catalog_cost(&places[places.len() - 1].1, &sets[0], a.runs)
 }
 
 /// The cataloged tree of `d` under `dir` (made once per place).
@@ -174,56 +174,69 @@ fn measure(intact: &Path, place: &str, dir: &Path, d: &Dataset, runs: usize) -> 
     Ok(())
 }
 
-/// The catalog's cost in a `riva` transfer: the page CRC-32C of every
-/// byte received (what the receiver adds for the catalog; its journal
-/// rows grow by 4 bytes per 4 KiB), timed in this process over the same
-/// amount of data, set against the transfer's CPU seconds. An estimate,
-/// said as one: this build has no riva without the catalog to A/B.
-fn catalog_cost(intact: &Path, dir: &Path, d: &Dataset, runs: usize) -> anyhow::Result<()> {
+/// The catalog's cost in a `riva` transfer, A/B: the same copy in this
+/// process with the receiver's page CRC-32C (what the catalog adds to
+/// each block; its rows grow by 4 bytes per 4 KiB) and without them (a
+/// control only this benchmark's build has), interleaved, on a fresh
+/// root each time; CPU seconds of this process over the copy.
+fn catalog_cost(dir: &Path, d: &Dataset, runs: usize) -> anyhow::Result<()> {
+    use intact_transfer::{copy, open_or_create_catalog, CopyOptions, VerifyMode};
     let src = dir.join(format!("src-{}", d.name));
     make_dataset(&src, d)?;
     let dst = dir.join("dst-cost");
     let bytes = d.files * d.file_size;
-    let samples = interleaved(1, runs, |_| {
+    let from = PathBuf::from(format!("{}/", src.display()));
+    let cases = ["riva with the catalog's page CRCs", "riva without them"];
+    let samples = interleaved(cases.len(), runs, |i| {
         fresh(&dst)?;
+        drop(open_or_create_catalog(&dst)?);
         drop_caches();
-        let cpu0 = children_cpu();
+        let opts = CopyOptions {
+            verify: VerifyMode::Riva,
+            without_page_crcs: i == 1,
+            ..CopyOptions::default()
+        };
+        let cpu0 = self_cpu();
         let t0 = Instant::now();
-        run_cmd(
-            Command::new(intact)
-                .env("XDG_STATE_HOME", copy_state_home(&dst))
-                .args(["copy", "--verify", "riva"])
-                .arg(format!("{}/", src.display()))
-                .arg(&dst),
-        )?;
-        Ok((t0.elapsed().as_secs_f64(), children_cpu() - cpu0))
-    })?;
-    let cpu = Spread::of(&samples[0].iter().map(|s| s.1).collect::<Vec<_>>());
-    let block = vec![0x5au8; 4 << 20];
-    let mut crc = Vec::new();
-    for _ in 0..runs {
-        let t0 = Instant::now();
-        for _ in 0..bytes / block.len() as u64 {
-            std::hint::black_box(intact_digest::page_crc_blob(
-                std::hint::black_box(&block),
-                intact_digest::PAGE_SIZE,
-            ));
+        let r = copy(std::slice::from_ref(&from), &dst, &opts, &|_| {})?;
+        let sample = (t0.elapsed().as_secs_f64(), self_cpu() - cpu0);
+        if r.failed > 0 {
+            bail!("{}: {} file(s) failed", cases[i], r.failed);
         }
-        crc.push(t0.elapsed().as_secs_f64());
-    }
-    let crc = Spread::of(&crc);
+        Ok(sample)
+    })?;
     println!();
     println!(
-        "## the catalog's cost in riva ({:.0} MiB copied on the RAM ext4 if measured, else the disk)",
+        "## the catalog's cost in riva ({:.0} MiB copied on the RAM ext4 if measured, else the disk; A/B in one process)",
         bytes as f64 / (1 << 20) as f64
     );
-    println!("| what | seconds min / median / max |");
-    println!("|---|---|");
-    println!("| riva copy, CPU (both halves) | {cpu} |");
-    println!("| page CRC-32C of the same bytes, one thread | {crc} |");
+    println!("| copy | CPU s min / median / max | wall s min / median / max |");
+    println!("|---|---|---|");
+    let spread = |i: usize, f: fn(&(f64, f64)) -> f64| {
+        Spread::of(&samples[i].iter().map(f).collect::<Vec<_>>())
+    };
+    for (i, name) in cases.iter().enumerate() {
+        println!(
+            "| {name} | {} | {} |",
+            spread(i, |s| s.1),
+            spread(i, |s| s.0)
+        );
+    }
+    let (with, without) = (spread(0, |s| s.1).median, spread(1, |s| s.1).median);
+    let (wwith, wwithout) = (spread(0, |s| s.0).median, spread(1, |s| s.0).median);
     println!(
-        "catalog page CRCs: {:.1}% of riva's CPU (median over median; an estimate from the CRC's own time, not an A/B)",
-        100.0 * crc.median / cpu.median
+        "catalog page CRCs: {:+.1}% CPU, {:+.1}% wall (medians; target: at most +3%)",
+        100.0 * (with - without) / without,
+        100.0 * (wwith - wwithout) / wwithout
     );
     Ok(())
+}
+
+/// CPU seconds (user and system) of this process's threads so far.
+fn self_cpu() -> f64 {
+    // SAFETY: getrusage only writes the struct it is given.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    secs(ru.ru_utime) + secs(ru.ru_stime)
 }

@@ -70,6 +70,10 @@ pub struct CopyOptions {
     /// checked and before they are written (tests and the fault lab only).
     #[cfg(feature = "fault-hooks")]
     pub after_check: Option<LinkFault>,
+    /// The benchmark's control: blocks recorded without page CRCs (see
+    /// `ReceiveOptions::without_page_crcs`).
+    #[cfg(feature = "fault-hooks")]
+    pub without_page_crcs: bool,
 }
 
 impl Default for CopyOptions {
@@ -89,6 +93,8 @@ impl Default for CopyOptions {
             after_write: None,
             #[cfg(feature = "fault-hooks")]
             after_check: None,
+            #[cfg(feature = "fault-hooks")]
+            without_page_crcs: false,
         }
     }
 }
@@ -121,6 +127,8 @@ impl CopyOptions {
             after_write: self.after_write.clone(),
             #[cfg(feature = "fault-hooks")]
             after_check: self.after_check.clone(),
+            #[cfg(feature = "fault-hooks")]
+            without_page_crcs: self.without_page_crcs,
             ..ReceiveOptions::default()
         }
     }

@@ -107,3 +107,27 @@ fn a_flip_between_the_check_and_the_write_leaves_the_senders_page_crcs() {
     );
     drop(journal);
 }
+
+/// The catalog-cost benchmark's control really leaves the page CRCs out
+/// (else its A/B would compare riva with itself), and only it does.
+#[test]
+fn the_benchmarks_control_records_blocks_without_page_crcs() {
+    let src = tempfile::tempdir().unwrap();
+    fs::write(src.path().join("f"), intact_sample::bytes(2 * BS + 9, 8)).unwrap();
+    let pages_of = |without: bool| {
+        let dst = tempfile::tempdir().unwrap();
+        let o = CopyOptions {
+            without_page_crcs: without,
+            ..opts(VerifyMode::Riva)
+        };
+        let r = copy(&[src.path().join("f")], dst.path(), &o, &|_| {}).unwrap();
+        assert_eq!(r.failed, 0, "{r:?}");
+        let (journal, _) = open_catalog(dst.path()).unwrap();
+        let row = journal.lookup(b"f").unwrap().expect("a row");
+        let blocks = journal.blocks(row.id).unwrap();
+        assert_eq!(blocks.len(), 3);
+        blocks.iter().filter(|b| b.pages.is_some()).count()
+    };
+    assert_eq!(pages_of(false), 3);
+    assert_eq!(pages_of(true), 0);
+}

@@ -160,6 +160,11 @@ pub struct ReceiveOptions {
     /// the lab can prove its device-write cells are able to fail.
     #[cfg(feature = "fault-hooks")]
     pub reread_through_cache: bool,
+    /// Control for the benchmark of the catalog's cost: blocks are
+    /// recorded without page CRCs (riva without the catalog's share, to
+    /// set against riva with it; never in the `intact` binary).
+    #[cfg(feature = "fault-hooks")]
+    pub without_page_crcs: bool,
     /// Most paths one `send --delete` may keep (None: [`MAX_KEEP_PATHS`]).
     ///
     /// [`MAX_KEEP_PATHS`]: crate::net::MAX_KEEP_PATHS

@@ -74,13 +74,14 @@ pub(super) fn accept_block(
     let pages = match &expected {
         Some(d) => {
             let (pages, ok) = profile.time(Stage::Check, || {
-                let pages = intact_digest::page_crc_blob(data, page_size);
+                let pages = (!opts.without_page_crcs())
+                    .then(|| intact_digest::page_crc_blob(data, page_size));
                 (pages, hash(defaults::BLOCK_ALGORITHM, data).ct_eq(d))
             });
             if !ok {
                 return Ok(Verdict::Done(false, None));
             }
-            Some(pages)
+            pages
         }
         None => None,
     };

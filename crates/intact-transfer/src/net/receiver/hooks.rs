@@ -23,6 +23,14 @@ impl ReceiveOptions {
         None
     }
 
+    /// The benchmark's control: no page CRCs computed or recorded.
+    pub(super) fn without_page_crcs(&self) -> bool {
+        #[cfg(feature = "fault-hooks")]
+        return self.without_page_crcs;
+        #[cfg(not(feature = "fault-hooks"))]
+        false
+    }
+
     /// The fault lab's broken riva (re-reads through the page cache).
     pub(super) fn reread_through_cache(&self) -> bool {
         #[cfg(feature = "fault-hooks")]
