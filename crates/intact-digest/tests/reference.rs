@@ -4,8 +4,8 @@
 use std::io::Write;
 
 use intact_digest::{
-    block_digests, digest_file, hash, hash_parallel, page_crcs, Algorithm, Digest, DigestPlan,
-    Granular, Hasher, ReadPath, ReadStrategy, PAGE_SIZE,
+    block_digests, digest_file, hash, hash_parallel, hash_with_page_crcs, page_crcs, Algorithm,
+    Digest, DigestPlan, Granular, Hasher, ReadPath, ReadStrategy, PAGE_SIZE,
 };
 use md5::Digest as _;
 use proptest::prelude::*;
@@ -237,6 +237,28 @@ fn blocks_and_pages_match_the_reference() {
             want,
             "pages over {len} B"
         );
+    }
+}
+
+#[test]
+fn one_pass_digest_and_page_crcs_match_the_reference() {
+    for (i, &len) in SIZES.iter().chain(&[3 << 20, (1 << 20) + 4097]).enumerate() {
+        let input = data(len, 300 + i as u64);
+        for alg in [Algorithm::Xxh3_128, Algorithm::Sha256] {
+            for page in [512, PAGE_SIZE, 64 << 10, 1 << 20, 1000] {
+                let (digest, blob) = hash_with_page_crcs(alg, &input, page);
+                assert_eq!(
+                    digest.to_hex(),
+                    reference_hex(alg, &input),
+                    "{alg} of {len} B"
+                );
+                let want: Vec<u8> = input
+                    .chunks(page)
+                    .flat_map(|p| crc32c_reference(p).to_le_bytes())
+                    .collect();
+                assert!(blob == want, "pages of {page} B over {len} B");
+            }
+        }
     }
 }
 

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use intact_cache::{DeviceReader, ReadOutcome, ReadPath};
-use intact_digest::{defaults, hash, page_crc_blob, AlignedBuf};
+use intact_digest::{defaults, hash, hash_with_page_crcs, AlignedBuf};
 use intact_proto::WirePath;
 use serde::Serialize;
 
@@ -594,10 +594,20 @@ fn check_file(
             unrecorded += len as u64;
             return;
         };
-        let block_ok = hash(defaults::BLOCK_ALGORITHM, data).as_bytes() == rec.digest;
-        match &rec.pages {
-            Some(pages) if pages.len() == len.div_ceil(page) * 4 => {
-                let now = page_crc_blob(data, page);
+        // Both sums in one pass over the block where there are pages.
+        let pages_fit = rec
+            .pages
+            .as_ref()
+            .is_some_and(|p| p.len() == len.div_ceil(page) * 4);
+        let (digest, now) = if pages_fit {
+            let (d, now) = hash_with_page_crcs(defaults::BLOCK_ALGORITHM, data, page);
+            (d, Some(now))
+        } else {
+            (hash(defaults::BLOCK_ALGORITHM, data), None)
+        };
+        let block_ok = digest.as_bytes() == rec.digest;
+        match (&rec.pages, now) {
+            (Some(pages), Some(now)) => {
                 for (p, (a, b)) in pages.chunks(4).zip(now.chunks(4)).enumerate() {
                     if a != b {
                         let start = offset + (p * page) as u64;
@@ -614,7 +624,7 @@ fn check_file(
                     add_range(&mut fs.rot, offset, len as u64, vec!["xxh3-128"]);
                 }
             }
-            other => {
+            (other, _) => {
                 if other.is_some() {
                     malformed_pages += 1;
                 } else {

@@ -74,9 +74,12 @@ pub(super) fn accept_block(
     let pages = match &expected {
         Some(d) => {
             let (pages, ok) = profile.time(Stage::Check, || {
-                let pages = (!opts.without_page_crcs())
-                    .then(|| intact_digest::page_crc_blob(data, page_size));
-                (pages, hash(defaults::BLOCK_ALGORITHM, data).ct_eq(d))
+                if opts.without_page_crcs() {
+                    return (None, hash(defaults::BLOCK_ALGORITHM, data).ct_eq(d));
+                }
+                let (digest, pages) =
+                    intact_digest::hash_with_page_crcs(defaults::BLOCK_ALGORITHM, data, page_size);
+                (Some(pages), digest.ct_eq(d))
             });
             if !ok {
                 return Ok(Verdict::Done(false, None));
