@@ -202,7 +202,14 @@ impl Destination {
             | rfs::ResolveFlags::NO_MAGICLINKS;
         match rfs::openat2(&self.root, rel, flags, Mode::empty(), resolve) {
             Ok(fd) => Some(fd),
-            Err(Errno::NOSYS | Errno::PERM) => {
+            // Missing, or refused by a seccomp filter (EPERM; a write-open
+            // of an immutable file also says EPERM, and that says nothing
+            // of openat2).
+            Err(Errno::NOSYS) => {
+                NO_OPENAT2.store(true, Ordering::Relaxed);
+                None
+            }
+            Err(Errno::PERM) if !flags.intersects(OFlags::WRONLY | OFlags::RDWR) => {
                 NO_OPENAT2.store(true, Ordering::Relaxed);
                 None
             }
@@ -248,8 +255,10 @@ impl Destination {
 
     /// As [`Destination::open_final`], with the file's status as it was
     /// opened (one `fstat` for the caller that needs both).
-    pub fn open_final_stat(&self, path: &WirePath) -> Option<(File, rfs::Stat)> {
-        self.open_regular(path, OFlags::RDONLY)
+    /// An error of kind `NotFound` means no regular file is there; any
+    /// other (out of descriptors, permission, I/O) says nothing of it.
+    pub fn open_final_stat(&self, path: &WirePath) -> std::io::Result<(File, rfs::Stat)> {
+        self.try_open_regular(path, OFlags::RDONLY)
     }
 
     /// As [`Destination::open_final`], open for writing too (a repair
@@ -259,6 +268,24 @@ impl Destination {
     }
 
     fn open_regular(&self, path: &WirePath, access: OFlags) -> Option<(File, rfs::Stat)> {
+        self.try_open_regular(path, access).ok()
+    }
+
+    /// As [`Destination::open_regular`], saying why not: an error of kind
+    /// `NotFound` when there is no regular file by that name under the
+    /// root (none, a symlink, a directory in the way, not regular, a
+    /// reserved name); any other error as the system gave it (out of
+    /// descriptors, permission, I/O), which says nothing of the file.
+    fn try_open_regular(
+        &self,
+        path: &WirePath,
+        access: OFlags,
+    ) -> std::io::Result<(File, rfs::Stat)> {
+        let not_there = || std::io::Error::from(std::io::ErrorKind::NotFound);
+        let sys = |e: Errno| match e {
+            Errno::NOENT | Errno::LOOP | Errno::NOTDIR | Errno::XDEV => not_there(),
+            e => e.into(),
+        };
         // Non-blocking: a FIFO planted under the name must not hold the
         // thread in open (it is then refused as not regular).
         let flags = access | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK;
@@ -271,13 +298,23 @@ impl Destination {
         let fd = match fast {
             Some(fd) => fd,
             None => {
-                let (dir, name) = self.parent(path, false).ok()?;
-                rfs::openat(&dir, &name, flags, Mode::empty()).ok()?
+                let (dir, name) = match self.parent(path, false) {
+                    Ok(p) => p,
+                    Err(TransferError::Destination { source, .. })
+                        if source.kind() != std::io::ErrorKind::NotFound =>
+                    {
+                        return Err(source)
+                    }
+                    Err(_) => return Err(not_there()),
+                };
+                rfs::openat(&dir, &name, flags, Mode::empty()).map_err(sys)?
             }
         };
-        let st = rfs::fstat(&fd).ok()?;
-        (rfs::FileType::from_raw_mode(st.st_mode) == rfs::FileType::RegularFile)
-            .then(|| (File::from(fd), st))
+        let st = rfs::fstat(&fd)?;
+        if rfs::FileType::from_raw_mode(st.st_mode) != rfs::FileType::RegularFile {
+            return Err(not_there());
+        }
+        Ok((File::from(fd), st))
     }
 
     /// The status of the regular file `path` holds now, not following a

@@ -131,6 +131,9 @@ fn scrub_names_the_page_a_device_flip_hit_and_only_that_page() {
     assert_eq!((direct.clean, direct.rotten), (2, 0), "{direct:?}");
     assert_eq!(file(&direct, "big").level, VerifyLevel::Device);
     assert_eq!(file(&direct, "small").level, VerifyLevel::Device);
+    // What only O_DIRECT leaves: no page of the file in the cache (an
+    // evict-then-read scrub leaves what it read there).
+    assert_eq!(intact_cache::resident(&f, 0, big.len() as u64).unwrap(), 0);
 }
 
 #[test]
@@ -375,11 +378,15 @@ fn a_status_change_while_a_file_is_scrubbed_caps_its_level_at_cache() {
         &|_| {},
     )
     .unwrap();
-    let plain = run_scrub(dst.path(), &ScrubOptions::default());
-    if file(&plain, "f").level != VerifyLevel::Device {
+    let on_device = intact_cache::backing(&File::open(dst.path().join("f")).unwrap())
+        .unwrap()
+        .has_device();
+    if !on_device {
         intact_testkit::skip(NAME, "the target directory is not on a block device");
         return;
     }
+    let plain = run_scrub(dst.path(), &ScrubOptions::default());
+    assert_eq!(file(&plain, "f").level, VerifyLevel::Device, "{plain:?}");
     // A chmod between the reads moves the ctime only: the bytes are the
     // same, but a page read after it is not proven to be the device's.
     let t = dst.path().join("f");
@@ -398,4 +405,87 @@ fn a_status_change_while_a_file_is_scrubbed_caps_its_level_at_cache() {
         "{f:?}"
     );
     assert_eq!((rep.at_device, rep.below_device), (0, 1));
+}
+
+#[test]
+fn an_empty_file_scrubs_clean_with_and_without_a_replica() {
+    let src = tempfile::tempdir().unwrap();
+    let dst = tempfile::tempdir().unwrap();
+    fs::write(src.path().join("empty"), b"").unwrap();
+    fs::write(src.path().join("one"), intact_sample::bytes(5000, 3)).unwrap();
+    let sources = [src.path().join("empty"), src.path().join("one")];
+    let r = copy(&sources, dst.path(), &opts(VerifyMode::Riva), &|_| {}).unwrap();
+    assert_eq!(r.failed, 0, "{r:?}");
+    let rep = run_scrub(dst.path(), &ScrubOptions::default());
+    assert_eq!((rep.files, rep.clean), (2, 2), "{rep:?}");
+    // No byte was read: nothing was proven from the device.
+    assert_eq!(file(&rep, "empty").level, VerifyLevel::Cache);
+    let mut replica = intact_transfer::Replica::local(src.path()).unwrap();
+    let o = ScrubOptions {
+        restart: true,
+        ..ScrubOptions::default()
+    };
+    let rep = scrub(dst.path(), &o, Some(&mut replica), true, &mut |_| {}).unwrap();
+    assert_eq!((rep.files, rep.clean), (2, 2), "{rep:?}");
+}
+
+#[test]
+fn one_block_files_read_in_groups_are_judged_by_the_device_each_on_its_own() {
+    if !common::usable("one_block_files_read_in_groups_are_judged_by_the_device_each_on_its_own") {
+        return;
+    }
+    let lfs = LoopFs::new(Path::new(env!("CARGO_TARGET_TMPDIR")), 64).unwrap();
+    let src = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let names: Vec<String> = (0..6).map(|i| format!("s{i}")).collect();
+    let datas: Vec<Vec<u8>> = (0..6)
+        .map(|i| intact_sample::bytes(9000 + i * 100, 50 + i as u64))
+        .collect();
+    for (n, d) in names.iter().zip(&datas) {
+        fs::write(src.path().join(n), d).unwrap();
+    }
+    let dst = lfs.mnt().join("dst");
+    let sources: Vec<_> = names.iter().map(|n| src.path().join(n)).collect();
+    let r = copy(&sources, &dst, &opts(VerifyMode::Riva), &|_| {}).unwrap();
+    assert_eq!(r.failed, 0, "{r:?}");
+    // A bit flipped on the device under s3 and s5. s0 to s3 are cold (no
+    // page cached: their device reads are asked for ahead); s4 and s5
+    // stay cached with the good bytes (they are evicted and re-read).
+    let at = 4096 + 17;
+    for (i, n) in names.iter().enumerate() {
+        let f = File::open(dst.join(n)).unwrap();
+        if i == 3 || i == 5 {
+            lfs.flip_bit_under(&f, at).unwrap();
+            assert_ne!(
+                lfs.device_byte_under(&f, at).unwrap(),
+                datas[i][at as usize]
+            );
+        }
+        if i <= 3 {
+            intact_cache::evict(&f, 0, datas[i].len() as u64).unwrap();
+            assert_eq!(intact_cache::resident(&f, 0, 1 << 20).unwrap(), 0);
+        } else {
+            let mut good = vec![0u8; datas[i].len()];
+            std::os::unix::fs::FileExt::read_exact_at(&f, &mut good, 0).unwrap();
+            assert!(good == datas[i], "the cache keeps {n}'s good bytes");
+        }
+    }
+    // s0's check changes s2's status (same group, already opened and
+    // asked for): s2's read is then not proven to be the device's.
+    let s2 = dst.join("s2");
+    let rep = scrub_with_hook(&dst, None, "s0", move || {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&s2, fs::Permissions::from_mode(0o600)).unwrap();
+    });
+    assert_eq!((rep.files, rep.rotten), (6, 2), "{rep:?}");
+    for n in ["s3", "s5"] {
+        let bad = file(&rep, n);
+        assert_eq!(bad.state, "rot", "{rep:?}");
+        assert_eq!(bad.level, VerifyLevel::Device);
+        assert_eq!((bad.rot[0].offset, bad.rot[0].len), (4096, 4096));
+    }
+    assert_eq!(file(&rep, "s2").level, VerifyLevel::Cache, "{rep:?}");
+    for n in ["s0", "s1", "s4"] {
+        let f = file(&rep, n);
+        assert_eq!((f.state, f.level), ("clean", VerifyLevel::Device), "{f:?}");
+    }
 }

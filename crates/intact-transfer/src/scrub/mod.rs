@@ -439,16 +439,25 @@ fn scrub_file(
         return Ok(fs);
     }
     let (opened, reader) = match ahead {
-        Some(a) => (Some((a.file, a.st)), Some(a.reader)),
+        Some(a) => (Ok((a.file, a.st)), Some(a.reader)),
         None => (dest.open_final_stat(&wire), None),
     };
-    let Some((file, st)) = opened else {
-        verdict(
-            &mut fs,
-            ScrubState::Missing,
-            "not there as a regular file".into(),
-        );
-        return Ok(fs);
+    let (file, st) = match opened {
+        Ok(o) => o,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let why = "not there as a regular file".into();
+            verdict(&mut fs, ScrubState::Missing, why);
+            return Ok(fs);
+        }
+        Err(e) => {
+            // Out of descriptors, permission, I/O: nothing said of the file.
+            verdict(
+                &mut fs,
+                ScrubState::Unreadable,
+                format!("could not open it: {e}"),
+            );
+            return Ok(fs);
+        }
     };
     let seen = Opened::from(&st);
     let now = (st.st_size as u64, st.st_mtime, st.st_mtime_nsec as u32);
@@ -761,8 +770,10 @@ fn chunks(files: &[CatalogFile], threads: usize) -> Vec<&[CatalogFile]> {
 }
 
 /// Scrubs `files` on a thread per buffer of `bufs`; the verdicts in
-/// their order, None for the files a stop left unread (the threads take
-/// no file after a stop, so those are the last ones).
+/// their order, None for the files a stop left unread. A thread takes no
+/// file after a stop, so a None may come before another thread's
+/// verdicts: the caller keeps the verdicts before the first None only
+/// (the rest are read again by the next pass).
 fn scrub_parallel(
     dest: &Destination,
     journal: &Journal,
@@ -780,8 +791,8 @@ fn scrub_parallel(
         for buf in bufs.iter_mut().take(groups.len()) {
             let (next, slots, groups) = (&next, &slots, &groups);
             s.spawn(move || loop {
-                // Checked before a group is taken: the files taken are
-                // then the first ones, and each is read to its end.
+                // Checked before a group and before each file: a file
+                // begun is read to its end, and a stop waits for no more.
                 if opts.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst)) {
                     break;
                 }
@@ -795,6 +806,9 @@ fn scrub_parallel(
                 let mut ahead: Vec<Option<Ahead>> =
                     group.iter().map(|cf| open_ahead(dest, cf, opts)).collect();
                 for (j, cf) in group.iter().enumerate() {
+                    if opts.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst)) {
+                        break;
+                    }
                     let r = scrub_file(
                         dest,
                         journal,

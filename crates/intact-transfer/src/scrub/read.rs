@@ -41,6 +41,10 @@ pub(super) fn read_blocks(
     // As large as this file's largest block (a buffer kept across files
     // grows to the largest; a block-sized one for every small file would
     // be zeroed, faulted in and unmapped again each time).
+    if wanted.is_empty() {
+        // An empty file: nothing to read.
+        return Ok(());
+    }
     let need = wanted.iter().map(|&i| range(i).1).max().unwrap_or(0).max(1);
     if buf.len() < need {
         *buf = AlignedBuf::new(need);
@@ -63,8 +67,7 @@ pub(super) fn read_blocks(
     // (most are, when a scrub comes round) is only asked for, not
     // evicted. Up to PREFETCH_BYTES and 8 blocks (at least the next one)
     // are asked for ahead of the block being hashed.
-    let bs = range(wanted[0]).1.max(1) as u64;
-    let depth = (PREFETCH_BYTES / bs).clamp(1, 8) as usize;
+    let depth = (PREFETCH_BYTES / need as u64).clamp(1, 8) as usize;
     let mut ahead = std::collections::VecDeque::new();
     let mut queued = 0;
     for (k, &index) in wanted.iter().enumerate() {
@@ -155,17 +158,29 @@ pub(super) struct Ahead {
 }
 
 /// `files` in the order a scrub takes them: runs of up to [`GROUP`]
-/// one-block files, and every larger file alone (so that large files
-/// are spread over the threads).
+/// one-block files and [`PREFETCH_BYTES`] (what a thread asks the device
+/// for at once), and every larger file alone (so that large files are
+/// spread over the threads).
 pub(super) fn groups(files: &[CatalogFile]) -> Vec<std::ops::Range<usize>> {
     let mut out: Vec<std::ops::Range<usize>> = Vec::new();
     let one_block = |f: &CatalogFile| f.size <= u64::from(f.block_size);
+    // Bytes the last group asks for at once.
+    let mut bytes = 0u64;
     for (i, f) in files.iter().enumerate() {
         match out.last_mut() {
-            Some(r) if one_block(f) && one_block(&files[r.start]) && r.len() < GROUP => {
-                r.end = i + 1
+            Some(r)
+                if one_block(f)
+                    && one_block(&files[r.start])
+                    && r.len() < GROUP
+                    && bytes + f.size <= PREFETCH_BYTES =>
+            {
+                r.end = i + 1;
+                bytes += f.size;
             }
-            _ => out.push(i..i + 1),
+            _ => {
+                out.push(i..i + 1);
+                bytes = f.size;
+            }
         }
     }
     out
@@ -181,7 +196,7 @@ pub(super) fn open_ahead(
         return None;
     }
     let wire = WirePath::parse(&cf.path).ok()?;
-    let (file, st) = dest.open_final_stat(&wire)?;
+    let (file, st) = dest.open_final_stat(&wire).ok()?;
     let now = (st.st_size as u64, st.st_mtime, st.st_mtime_nsec as u32);
     if now != (cf.size, cf.mtime.0, cf.mtime.1) {
         return None;
@@ -198,13 +213,13 @@ mod tests {
     use super::*;
     use crate::verify::VerifyLevel;
 
-    fn cf(size: u64) -> CatalogFile {
+    fn cf(size: u64, block_size: u32) -> CatalogFile {
         CatalogFile {
             id: 0,
             path: b"f".to_vec(),
             size,
             mtime: (0, 0),
-            block_size: 1000,
+            block_size,
             arrival: crate::journal::VerifiedAt::now(
                 crate::verify::VerifyMode::Riva,
                 VerifyLevel::Device,
@@ -218,12 +233,15 @@ mod tests {
 
     #[test]
     fn one_block_files_are_grouped_and_every_larger_file_goes_alone() {
-        let mut files: Vec<CatalogFile> = (0..20).map(|_| cf(1000)).collect();
-        files.insert(3, cf(1001));
-        files.push(cf(5000));
-        files.push(cf(0));
+        let mut files: Vec<CatalogFile> = (0..20).map(|_| cf(1000, 1000)).collect();
+        files.insert(3, cf(1001, 1000));
+        files.push(cf(5000, 1000));
+        files.push(cf(0, 1000));
         let g = groups(&files);
         assert_eq!(g, vec![0..3, 3..4, 4..4 + GROUP, 20..21, 21..22, 22..23]);
         assert_eq!(g.iter().map(|r| r.len()).sum::<usize>(), files.len());
+        // Large one-block files: a group asks for PREFETCH_BYTES at most.
+        let big: Vec<CatalogFile> = (0..5).map(|_| cf(6 << 20, 8 << 20)).collect();
+        assert_eq!(groups(&big), vec![0..2, 2..4, 4..5]);
     }
 }
