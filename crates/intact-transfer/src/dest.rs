@@ -283,7 +283,7 @@ impl Destination {
     ) -> std::io::Result<(File, rfs::Stat)> {
         let not_there = || std::io::Error::from(std::io::ErrorKind::NotFound);
         let sys = |e: Errno| match e {
-            Errno::NOENT | Errno::LOOP | Errno::NOTDIR | Errno::XDEV => not_there(),
+            Errno::NOENT | Errno::LOOP | Errno::NOTDIR => not_there(),
             e => e.into(),
         };
         // Non-blocking: a FIFO planted under the name must not hold the

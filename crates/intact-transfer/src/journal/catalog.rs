@@ -109,6 +109,19 @@ pub struct CatalogFile {
     pub source: Option<Vec<u8>>,
 }
 
+impl CatalogFile {
+    /// Whether a file now of `size` bytes and mtime `mtime` (seconds,
+    /// nanoseconds) is as cataloged; if not, another program changed it.
+    pub fn is_as_cataloged(&self, size: u64, mtime: (i64, u32)) -> bool {
+        (size, mtime) == (self.size, self.mtime)
+    }
+
+    /// Whether all its bytes are one block.
+    pub fn is_one_block(&self) -> bool {
+        self.size <= u64::from(self.block_size)
+    }
+}
+
 /// What a scrub found of one file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ScrubMark {

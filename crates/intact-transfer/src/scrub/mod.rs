@@ -460,13 +460,13 @@ fn scrub_file(
         }
     };
     let seen = Opened::from(&st);
-    let now = (st.st_size as u64, st.st_mtime, st.st_mtime_nsec as u32);
-    if now != (cf.size, cf.mtime.0, cf.mtime.1) {
+    let (size, mtime) = (st.st_size as u64, (st.st_mtime, st.st_mtime_nsec as u32));
+    if !cf.is_as_cataloged(size, mtime) {
         let mut what = Vec::new();
-        if now.0 != cf.size {
-            what.push(format!("size {} (cataloged {})", now.0, cf.size));
+        if size != cf.size {
+            what.push(format!("size {size} (cataloged {})", cf.size));
         }
-        if (now.1, now.2) != cf.mtime {
+        if mtime != cf.mtime {
             what.push("mtime".to_string());
         }
         verdict(
@@ -564,7 +564,7 @@ fn check_file(
     };
     let reader = match reader {
         Some(r) => r,
-        None => read::reader_for(file, seen.dev, path, cf.size <= bs)
+        None => read::reader_for(file, seen.dev, path, cf.is_one_block())
             .map_err(|e| io(std::io::Error::other(e.to_string())))?,
     };
     // The whole-file BLAKE3 is read only where block records leave bytes
@@ -668,8 +668,9 @@ fn check_file(
     if after.as_ref().map(|m| (m.ctime(), m.ctime_nsec())) != Some(seen.ctime) {
         all_device = false;
         fs.note = Some("it changed while it was read: its reads count as cache only".into());
-        let now = after.map(|m| (m.len(), m.mtime(), m.mtime_nsec() as u32));
-        if now != Some((cf.size, cf.mtime.0, cf.mtime.1)) {
+        let kept =
+            after.is_some_and(|m| cf.is_as_cataloged(m.len(), (m.mtime(), m.mtime_nsec() as u32)));
+        if !kept {
             // Another program wrote it meanwhile: what was read is not
             // rot, and nothing may be repaired into it.
             fs.state = ScrubState::Changed.name();

@@ -38,14 +38,14 @@ pub(super) fn read_blocks(
     buf: &mut AlignedBuf,
     each: &mut BlockCheck<'_>,
 ) -> std::io::Result<()> {
-    // As large as this file's largest block (a buffer kept across files
-    // grows to the largest; a block-sized one for every small file would
-    // be zeroed, faulted in and unmapped again each time).
     if wanted.is_empty() {
         // An empty file: nothing to read.
         return Ok(());
     }
-    let need = wanted.iter().map(|&i| range(i).1).max().unwrap_or(0).max(1);
+    // As large as this file's largest block (a buffer kept across files
+    // grows to the largest; a block-sized one for every small file would
+    // be zeroed, faulted in and unmapped again each time).
+    let need = wanted.iter().map(|&i| range(i).1).max().unwrap_or(1).max(1);
     if buf.len() < need {
         *buf = AlignedBuf::new(need);
     }
@@ -163,14 +163,13 @@ pub(super) struct Ahead {
 /// spread over the threads).
 pub(super) fn groups(files: &[CatalogFile]) -> Vec<std::ops::Range<usize>> {
     let mut out: Vec<std::ops::Range<usize>> = Vec::new();
-    let one_block = |f: &CatalogFile| f.size <= u64::from(f.block_size);
     // Bytes the last group asks for at once.
     let mut bytes = 0u64;
     for (i, f) in files.iter().enumerate() {
         match out.last_mut() {
             Some(r)
-                if one_block(f)
-                    && one_block(&files[r.start])
+                if f.is_one_block()
+                    && files[r.start].is_one_block()
                     && r.len() < GROUP
                     && bytes + f.size <= PREFETCH_BYTES =>
             {
@@ -191,14 +190,12 @@ pub(super) fn open_ahead(
     cf: &CatalogFile,
     opts: &ScrubOptions,
 ) -> Option<Ahead> {
-    let one_block = cf.size > 0 && cf.size <= u64::from(cf.block_size);
-    if opts.direct || !one_block || cf.block_size > MAX_BLOCK_SIZE {
+    if opts.direct || cf.size == 0 || !cf.is_one_block() || cf.block_size > MAX_BLOCK_SIZE {
         return None;
     }
     let wire = WirePath::parse(&cf.path).ok()?;
     let (file, st) = dest.open_final_stat(&wire).ok()?;
-    let now = (st.st_size as u64, st.st_mtime, st.st_mtime_nsec as u32);
-    if now != (cf.size, cf.mtime.0, cf.mtime.1) {
+    if !cf.is_as_cataloged(st.st_size as u64, (st.st_mtime, st.st_mtime_nsec as u32)) {
         return None;
     }
     let mut reader = reader_for(&file, st.st_dev, ReadPath::Evict, true).ok()?;

@@ -146,7 +146,7 @@ fn same_file(read: &File, now: &File, cf: &CatalogFile) -> bool {
     match (read.metadata(), now.metadata()) {
         (Ok(a), Ok(b)) => {
             (a.dev(), a.ino()) == (b.dev(), b.ino())
-                && (b.len(), b.mtime(), b.mtime_nsec() as u32) == (cf.size, cf.mtime.0, cf.mtime.1)
+                && cf.is_as_cataloged(b.len(), (b.mtime(), b.mtime_nsec() as u32))
         }
         _ => false,
     }
