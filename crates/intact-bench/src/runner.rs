@@ -192,6 +192,41 @@ impl std::fmt::Display for Spread {
     }
 }
 
+/// Lower quartile, median and upper quartile of a sample (the nearest
+/// ranks).
+pub struct Quartiles {
+    pub low: f64,
+    pub median: f64,
+    pub high: f64,
+}
+
+impl Quartiles {
+    pub fn of(v: &[f64]) -> Quartiles {
+        let mut s = v.to_vec();
+        s.sort_by(f64::total_cmp);
+        let at = |q: f64| {
+            s.get(((s.len().max(1) - 1) as f64 * q).round() as usize)
+                .copied()
+                .unwrap_or(f64::NAN)
+        };
+        Quartiles {
+            low: at(0.25),
+            median: median(s.clone()),
+            high: at(0.75),
+        }
+    }
+}
+
+impl std::fmt::Display for Quartiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:+.1} / {:+.1} / {:+.1}",
+            self.low, self.median, self.high
+        )
+    }
+}
+
 /// Runs `f(i)` for each of `n` commands `rounds` times, interleaved:
 /// forward order in even rounds, reverse order in odd ones, so that a
 /// change in the machine's load and any order effect hit all of them

@@ -39,8 +39,17 @@ pub fn page_crcs(data: &[u8]) -> Vec<u32> {
 pub fn page_crc_blob(data: &[u8], page: usize) -> Vec<u8> {
     let page = if page == 0 { PAGE_SIZE } else { page };
     data.chunks(page)
-        .flat_map(|p| crc32c::crc32c(p).to_le_bytes())
+        .flat_map(|p| page_crc(p).to_le_bytes())
         .collect()
+}
+
+/// CRC-32C of one page. crc-fast folds with carry-less multiplies
+/// (VPCLMULQDQ on AVX-512 machines, PCLMULQDQ otherwise), 1.6-1.7x the
+/// crc32c crate's SSE4.2 loop on 4 KiB pages on the benchmark host; both
+/// compute the same function (tested against each other and against the
+/// reference vector).
+fn page_crc(page: &[u8]) -> u32 {
+    crc_fast::crc32_iscsi(page)
 }
 
 /// Bytes of a block [`hash_with_page_crcs`] checksums at a time: small
@@ -64,11 +73,7 @@ pub fn hash_with_page_crcs(algorithm: Algorithm, data: &[u8], page: usize) -> (D
     let mut h = Hasher::new(algorithm);
     let mut blob = Vec::with_capacity(data.len().div_ceil(page) * 4);
     for chunk in data.chunks(run) {
-        blob.extend(
-            chunk
-                .chunks(page)
-                .flat_map(|p| crc32c::crc32c(p).to_le_bytes()),
-        );
+        blob.extend(chunk.chunks(page).flat_map(|p| page_crc(p).to_le_bytes()));
         h.update(chunk);
     }
     (h.finalize(), blob)
@@ -311,6 +316,23 @@ mod blob_tests {
         let big = page_crc_blob(&data, 8192);
         assert_eq!(big.len(), 2 * 4, "one 8 KiB page and a short one");
         assert_eq!(&big[..4], &crc32c::crc32c(&data[..8192]).to_le_bytes());
+    }
+
+    #[test]
+    fn the_page_crc_is_crc32c() {
+        assert_eq!(page_crc(b"123456789"), 0xe306_9283, "CRC-32C check value");
+        assert_eq!(page_crc(b""), 0);
+        // Every length up to two folds of the widest SIMD path, and pages,
+        // at every alignment the buffer allows, against the crc32c crate.
+        let data: Vec<u8> = (0..3 * PAGE_SIZE + 64)
+            .map(|i| (i * 131 + (i >> 5)) as u8)
+            .collect();
+        for start in 0..8 {
+            for len in (0..1100).chain([4095, 4096, 4097, 8192, 3 * PAGE_SIZE]) {
+                let piece = &data[start..start + len];
+                assert_eq!(page_crc(piece), crc32c::crc32c(piece), "{start}+{len}");
+            }
+        }
     }
 
     #[test]

@@ -44,8 +44,8 @@ pub fn open_file_limit() -> u64 {
 pub const DESCRIPTORS_PER_FILE: u64 = 4;
 
 /// Descriptors kept free for everything else a server does (listening,
-/// connections, the journal, logging).
-const DESCRIPTOR_RESERVE: u64 = 256;
+/// connections, the journal, logging) and for a background scrub.
+const DESCRIPTOR_RESERVE: u64 = 256 + crate::scrub::MAX_SCRUB_DESCRIPTORS;
 
 /// How many files a server may hold open across all its sessions within
 /// the process's open-file limit (call after

@@ -280,3 +280,34 @@ fn a_file_without_a_whole_file_digest_is_repaired_by_its_recorded_blocks() {
     assert!(fs::read(dst.path().join("f")).unwrap() == data);
     assert_eq!(run(dst.path(), None).clean, 1);
 }
+
+#[test]
+fn a_repair_keeps_to_the_scrubs_rate() {
+    // Under --rate, the repair's fetch and its re-read count as the
+    // scrub's own reads do: at 1 MiB/s, reading 1 MiB, fetching a page
+    // in each of its four blocks and re-reading those blocks takes at
+    // least two seconds (the reads alone, one).
+    let src = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dst = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let data = intact_sample::bytes(4 * BS, 41);
+    fs::write(src.path().join("f"), &data).unwrap();
+    copy_into(src.path(), &["f"], dst.path(), VerifyMode::Riva);
+    for block in 0..4 {
+        rot_in_place(&dst.path().join("f"), (block * BS + 100) as u64);
+    }
+    let opts = ScrubOptions {
+        rate: Some(1 << 20),
+        ..ScrubOptions::default()
+    };
+    let mut replica = Replica::local(src.path()).unwrap();
+    let t0 = std::time::Instant::now();
+    let rep = scrub(dst.path(), &opts, Some(&mut replica), true, &mut |_| {}).unwrap();
+    let took = t0.elapsed();
+    assert_eq!(file(&rep, "f").state, "repaired", "{rep:?}");
+    assert_eq!(rep.fetched_bytes, 4 * 4096, "{rep:?}");
+    assert!(
+        took >= std::time::Duration::from_millis(1950),
+        "2 MiB and 16 KiB at 1 MiB/s took {took:?}"
+    );
+    assert_eq!(fs::read(dst.path().join("f")).unwrap(), data);
+}

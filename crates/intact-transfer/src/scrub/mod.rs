@@ -499,6 +499,7 @@ fn scrub_file(
                 replica,
                 opts.direct,
                 buf,
+                throttle,
             );
             if r.error.is_none() {
                 // As far as the re-read after the repair reached.
@@ -741,8 +742,17 @@ impl Throttle {
 /// (each keeps a [`GROUP`]'s reads in flight), and a large file's
 /// hashing fills a core anyway.
 fn scrub_threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| (n.get() * 4).clamp(4, 16))
+    std::thread::available_parallelism().map_or(1, |n| (n.get() * 4).clamp(4, MAX_SCRUB_THREADS))
 }
+
+/// At most this many [`scrub_threads`].
+const MAX_SCRUB_THREADS: usize = 16;
+
+/// Descriptors one scrub holds open at most: every thread's group of
+/// files, each with its own descriptor and a direct reader's. A server
+/// keeps these free beside its transfers' (a background scrub runs
+/// beside them).
+pub(crate) const MAX_SCRUB_DESCRIPTORS: u64 = (MAX_SCRUB_THREADS * read::GROUP * 2) as u64;
 
 /// Files handed to the threads at once at most (a stop waits for them).
 const PARALLEL_CHUNK: usize = 512;

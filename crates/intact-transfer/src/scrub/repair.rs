@@ -59,6 +59,7 @@ pub(super) fn repair(
     replica: &mut Replica,
     direct: bool,
     buf: &mut AlignedBuf,
+    throttle: &Throttle,
 ) -> Repair {
     let mut r = Repair {
         from: replica.name().to_string(),
@@ -88,12 +89,15 @@ pub(super) fn repair(
     };
     // Bytes the catalog's block records do not cover are checked only by
     // the whole-file digest: then the whole file is re-read.
+    // What was fetched counts against the scrub's rate (a local replica
+    // is read from a disk too), and so does the re-read.
+    throttle.spend(r.bytes);
     let done = written.and_then(|blocks| {
         settle(&file, cf)?;
         // Without a whole-file digest the block records are all there is
         // to re-read against: those blocks, never the whole.
         let only = (!whole && (covered || cf.digest.is_none())).then_some(blocks);
-        reread(&file, cf, records, fs, direct, only, buf)
+        reread(&file, cf, records, fs, direct, only, buf, throttle)
     });
     match done {
         Ok(level) => r.level = level,
@@ -314,6 +318,7 @@ fn write(file: &File, data: &[u8], at: u64, written: &mut u64) -> Result<(), Str
 
 /// Re-reads what was repaired (`only` those blocks; None: all of it) the
 /// way the scrub reads; returns the level of that re-read if it holds.
+#[allow(clippy::too_many_arguments)]
 fn reread(
     file: &File,
     cf: &CatalogFile,
@@ -322,6 +327,7 @@ fn reread(
     direct: bool,
     only: Option<BTreeSet<u64>>,
     buf: &mut AlignedBuf,
+    throttle: &Throttle,
 ) -> Result<VerifyLevel, String> {
     let mut after = FileScrub {
         rot: Vec::new(),
@@ -345,7 +351,7 @@ fn reread(
         None,
         only.as_ref(),
         buf,
-        &Throttle::new(None),
+        throttle,
         &mut after,
     )
     .map_err(|e| format!("re-reading after the repair: {e}"))?;
