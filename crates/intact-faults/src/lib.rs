@@ -8,6 +8,10 @@
 //!   `O_DIRECT`) while the page cache keeps whatever it holds: an
 //!   undetected write error, or, done before a read and undone after, an
 //!   undetected read error.
+//! - [`EmulatedSsd`]: an ext4 on an emulated SSD (FUSE, under a loop
+//!   device), whose write buffer answers re-reads until new writes push a
+//!   page out, with faults in the buffered copy or in the copy programmed
+//!   to flash (Kim et al.'s Table 2).
 //! - [`FlipProxy`]: a TCP proxy on loopback that flips bits in the stream
 //!   at chosen offsets, or cuts the connection after N bytes.
 //!   [`LoopFs::remount`] empties the file system's page cache (ground truth
@@ -19,6 +23,8 @@
 
 mod loopfs;
 mod proxy;
+mod ssd;
 
 pub use loopfs::{loop_devices_of, mounts_under, usable, LoopFs};
 pub use proxy::{FlipProxy, ProxyFault, Victim};
+pub use ssd::{ssd_usable, EmulatedSsd, SsdEvent, SsdLayer, SsdModel, SsdStats, SSD_PAGE};

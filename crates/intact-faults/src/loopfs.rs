@@ -166,12 +166,27 @@ impl LoopFs {
         let dir = tempfile::tempdir_in(parent)?;
         let img = dir.path().join("ext4.img");
         File::create(&img)?.set_len(mib << 20)?;
+        LoopFs::over(dir, img, options, &[])
+    }
+
+    /// Makes an ext4 in the existing file `img` (`mkfs.ext4` with
+    /// `mkfs_extra` arguments too) and mounts it under `dir`, which the
+    /// `LoopFs` then owns.
+    pub(crate) fn over(
+        dir: tempfile::TempDir,
+        img: PathBuf,
+        options: &str,
+        mkfs_extra: &[&str],
+    ) -> io::Result<LoopFs> {
         let mnt = dir.path().join("mnt");
         std::fs::create_dir(&mnt)?;
         let img_s = img.to_str().expect("UTF-8 temp path").to_string();
         let mnt_s = mnt.to_str().expect("UTF-8 temp path").to_string();
         // No blocks reserved for root: the lab fills file systems as root.
-        run("mkfs.ext4", &["-q", "-F", "-b", "4096", "-m", "0", &img_s])?;
+        let mut mkfs = vec!["-q", "-F", "-b", "4096", "-m", "0"];
+        mkfs.extend_from_slice(mkfs_extra);
+        mkfs.push(&img_s);
+        run("mkfs.ext4", &mkfs)?;
         let opts = if options.is_empty() {
             "loop".to_string()
         } else {
@@ -278,6 +293,22 @@ impl LoopFs {
             Ok(left.is_empty())
         });
         unmounted.and(detached)
+    }
+
+    /// Switches the loop device to direct I/O on its backing file (no
+    /// page cache of the image between the device and what backs it);
+    /// an error if the kernel did not (`/sys/block/loopN/loop/dio`).
+    pub(crate) fn direct_io(&self) -> io::Result<()> {
+        run("losetup", &["--direct-io=on", &self.dev])?;
+        let name = self.dev.trim_start_matches("/dev/");
+        let dio = std::fs::read_to_string(format!("/sys/block/{name}/loop/dio"))?;
+        if dio.trim() != "1" {
+            return Err(io::Error::other(format!(
+                "{}: the kernel kept buffered I/O on the backing file",
+                self.dev
+            )));
+        }
+        Ok(())
     }
 
     fn open_device(&self) -> io::Result<File> {
