@@ -129,6 +129,19 @@ fn unescape_mountinfo(s: &str) -> PathBuf {
     PathBuf::from(std::ffi::OsString::from_vec(out))
 }
 
+/// Unmounts the file system mounted at `mnt` (nothing if none is),
+/// retrying while the kernel says it is busy (a thread of the caller, or
+/// another process such as udev, still holding it), within a bounded time.
+pub(crate) fn unmount_within(mnt: &Path) -> io::Result<()> {
+    let mnt_s = mnt.to_string_lossy().to_string();
+    until_released(&format!("umount {mnt_s}"), || {
+        if !mounts_under(mnt).iter().any(|m| m == mnt) {
+            return Ok(true);
+        }
+        run("umount", &[&mnt_s]).map(|_| true)
+    })
+}
+
 /// Loop devices attached to `img` (`losetup -j`).
 fn attached_to(img: &Path) -> io::Result<Vec<String>> {
     let out = run("losetup", &["-j", &img.to_string_lossy()])?;
@@ -254,14 +267,7 @@ impl LoopFs {
         if !self.mounted.load(Ordering::SeqCst) {
             return Ok(());
         }
-        let mnt = self.mnt.to_string_lossy().to_string();
-        // EBUSY while a thread of the caller still closes its files.
-        until_released(&format!("umount {mnt}"), || {
-            if !mounts_under(&self.mnt).contains(&self.mnt) {
-                return Ok(true);
-            }
-            run("umount", &[&mnt]).map(|_| true)
-        })?;
+        unmount_within(&self.mnt)?;
         self.mounted.store(false, Ordering::SeqCst);
         Ok(())
     }

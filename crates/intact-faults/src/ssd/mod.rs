@@ -149,7 +149,8 @@ impl EmulatedSsd {
         let mut n = 0u8;
         while left > 0 {
             let take = left.min(chunk.len() as u64) as usize;
-            // Each MiB different, so that no filler page matches an armed one.
+            // The first page of each MiB differs; none is a page a test
+            // arms (their contents come from intact-sample).
             let mut c = chunk[..take].to_vec();
             c[0] = n;
             f.write_all(&c)?;
@@ -189,11 +190,28 @@ impl EmulatedSsd {
 
     fn teardown(&mut self) -> io::Result<()> {
         let fs = self.fs.take().map_or(Ok(()), LoopFs::close);
-        let fuse = self
-            .session
-            .take()
-            .map_or(Ok(()), fuser::BackgroundSession::umount_and_join);
-        fs.and(fuse)
+        let Some(session) = self.session.take() else {
+            return fs;
+        };
+        // The loop device can hold the FUSE file a little after it was
+        // detached (the kernel lets go of it last), and fuser tries its
+        // unmount once: if that fails, it is retried with the same
+        // patience as the ext4's, lazily as a last resort (fuser's thread
+        // then ends by itself when the kernel closes the session).
+        match session.umount_and_join() {
+            Ok(()) => fs,
+            Err(first) => {
+                let mnt = self.fuse_mount();
+                let again = crate::loopfs::unmount_within(&mnt);
+                if again.is_err() {
+                    let _ = std::process::Command::new("umount")
+                        .arg("-l")
+                        .arg(&mnt)
+                        .status();
+                }
+                fs.and(again.map_err(|e| io::Error::new(e.kind(), format!("{first}; then {e}"))))
+            }
+        }
     }
 
     /// Where the FUSE file system is mounted (for leak checks).

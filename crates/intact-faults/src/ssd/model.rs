@@ -93,8 +93,9 @@ pub struct SsdModel {
     order: BTreeMap<u64, u64>,
     seq: u64,
     armed: Vec<Armed>,
-    /// Pages whose next program to NAND is corrupted (a media fault).
-    program_corrupt: HashMap<u64, SsdLayer>,
+    /// Pages whose next program to NAND is corrupted (a media fault), with
+    /// the content the fault named.
+    program_corrupt: HashMap<u64, u64>,
     /// Pages a fault named, to log when they leave the buffer.
     named: HashMap<u64, SsdLayer>,
     log: Vec<SsdEvent>,
@@ -234,6 +235,16 @@ impl SsdModel {
     fn put(&mut self, page: u64, mut content: Box<[u8]>) -> io::Result<()> {
         self.stats.pages_written += 1;
         let hash = xxhash_rust::xxh3::xxh3_64(&content);
+        // A page overwritten before its media fault was programmed: the
+        // content the fault named never reaches NAND here, so the fault
+        // waits for that content again.
+        if let Some(named) = self.program_corrupt.remove(&page) {
+            self.named.remove(&page);
+            self.armed.push(Armed {
+                layer: SsdLayer::Media,
+                content: named,
+            });
+        }
         if let Some(i) = self.armed.iter().position(|a| a.content == hash) {
             let layer = self.armed.remove(i).layer;
             self.named.insert(page, layer);
@@ -243,7 +254,7 @@ impl SsdModel {
                     self.event(page, layer, "buffered copy corrupted");
                 }
                 SsdLayer::Media => {
-                    self.program_corrupt.insert(page, layer);
+                    self.program_corrupt.insert(page, hash);
                 }
             }
         }
@@ -261,14 +272,16 @@ impl SsdModel {
         }
         self.order.insert(seq, page);
         while self.pages.len() > self.capacity {
-            let (_, oldest) = self.order.pop_first().expect("as many as pages");
-            let b = self
-                .pages
-                .remove(&oldest)
-                .expect("ordered pages are buffered");
+            let (&seq, &oldest) = self.order.first_key_value().expect("as many as pages");
+            // Programmed before it leaves: a failed program keeps it
+            // buffered (and dirty), nothing lost.
+            let b = &self.pages[&oldest];
             if b.dirty {
-                self.program(oldest, &b.data)?;
+                let data = b.data.clone();
+                self.program(oldest, &data)?;
             }
+            self.order.remove(&seq);
+            self.pages.remove(&oldest);
             self.stats.pages_evicted += 1;
             if let Some(layer) = self.named.remove(&oldest) {
                 self.event(oldest, layer, "left the buffer");
@@ -280,11 +293,12 @@ impl SsdModel {
     fn program(&mut self, page: u64, data: &[u8]) -> io::Result<()> {
         self.stats.pages_programmed += 1;
         let at = page * SSD_PAGE as u64;
-        if let Some(layer) = self.program_corrupt.remove(&page) {
+        if self.program_corrupt.contains_key(&page) {
             let mut bad = data.to_vec();
             bad[FLIP_AT] ^= 1;
             self.nand.write_all_at(&bad, at)?;
-            self.event(page, layer, "programmed corrupted to NAND");
+            self.program_corrupt.remove(&page);
+            self.event(page, SsdLayer::Media, "programmed corrupted to NAND");
             return Ok(());
         }
         self.nand.write_all_at(data, at)
@@ -385,6 +399,25 @@ mod tests {
             what,
             [(1, "programmed corrupted to NAND"), (1, "left the buffer")]
         );
+        assert_eq!(m.armed(), 0);
+    }
+
+    #[test]
+    fn a_media_fault_overwritten_before_its_program_waits_for_its_content() {
+        let (_d, mut m) = model(16, 4);
+        m.arm(SsdLayer::Media, &page_of(7));
+        m.write(0, &page_of(7)).unwrap();
+        m.write(0, &page_of(8)).unwrap();
+        assert_eq!(m.armed(), 1, "waiting again");
+        m.flush().unwrap();
+        assert_eq!(
+            m.nand_bytes(0, SSD_PAGE).unwrap(),
+            page_of(8),
+            "not corrupted"
+        );
+        m.write(4096, &page_of(7)).unwrap();
+        m.flush().unwrap();
+        assert_ne!(m.nand_bytes(4096, SSD_PAGE).unwrap(), page_of(7));
         assert_eq!(m.armed(), 0);
     }
 

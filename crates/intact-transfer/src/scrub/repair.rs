@@ -76,6 +76,7 @@ pub(super) fn repair(
         read,
         cf,
         checked: false,
+        throttle,
     };
     let bs = u64::from(cf.block_size.max(1));
     let covered = records.len() as u64 == cf.size.div_ceil(bs)
@@ -89,9 +90,6 @@ pub(super) fn repair(
     };
     // Bytes the catalog's block records do not cover are checked only by
     // the whole-file digest: then the whole file is re-read.
-    // What was fetched counts against the scrub's rate (a local replica
-    // is read from a disk too), and so does the re-read.
-    throttle.spend(r.bytes);
     let done = written.and_then(|blocks| {
         settle(&file, cf)?;
         // Without a whole-file digest the block records are all there is
@@ -121,6 +119,10 @@ struct Target<'a> {
     read: &'a File,
     cf: &'a CatalogFile,
     checked: bool,
+    /// The scrub's rate: what a repair reads (the rotten blocks, the
+    /// replica's bytes, which a local replica reads from a disk too) and
+    /// re-reads counts against it as the scrub's own reads do.
+    throttle: &'a Throttle,
 }
 
 impl Target<'_> {
@@ -189,11 +191,13 @@ fn pages(
             .find(|r| r.index == index)
             .ok_or_else(|| format!("block {index} has no record in the catalog"))?;
         let mut block = vec![0u8; (b_end - b0) as usize];
+        target.throttle.spend(block.len() as u64);
         target
             .file
             .read_exact_at(&mut block, b0)
             .map_err(|e| format!("reading block {index}: {e}"))?;
         for &(at, to) in ranges {
+            target.throttle.spend(to - at);
             let data = replica.fetch(wire, at, to - at)?;
             check_pages(rec, cf.page_size, b0, b_end, at, &data)?;
             block[(at - b0) as usize..(to - b0) as usize].copy_from_slice(&data);
@@ -264,6 +268,7 @@ fn whole_file(
     let mut at = 0;
     while at < cf.size {
         let len = (cf.size - at).min(WHOLE_CHUNK);
+        target.throttle.spend(len);
         let data = replica.fetch(wire, at, len)?;
         whole.update(&data);
         chunks.push(blake3::hash(&data));
@@ -275,6 +280,7 @@ fn whole_file(
     let mut at = 0;
     for good in chunks {
         let len = (cf.size - at).min(WHOLE_CHUNK);
+        target.throttle.spend(len);
         let data = replica.fetch(wire, at, len)?;
         if blake3::hash(&data) != good {
             return Err(format!(
