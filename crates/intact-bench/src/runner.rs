@@ -113,9 +113,18 @@ pub fn intact_binary() -> anyhow::Result<PathBuf> {
 /// CPU seconds (user + system) of this process's children that have been
 /// waited for, so far: the difference around a run is that run's CPU.
 pub fn children_cpu() -> f64 {
+    rusage_cpu(libc::RUSAGE_CHILDREN)
+}
+
+/// CPU seconds (user and system) of this process's threads so far.
+pub fn self_cpu() -> f64 {
+    rusage_cpu(libc::RUSAGE_SELF)
+}
+
+fn rusage_cpu(who: libc::c_int) -> f64 {
     // SAFETY: getrusage only writes the struct it is given.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
+    unsafe { libc::getrusage(who, &mut ru) };
     let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     secs(ru.ru_utime) + secs(ru.ru_stime)
 }

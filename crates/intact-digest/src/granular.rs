@@ -44,7 +44,7 @@ pub fn page_crc_blob(data: &[u8], page: usize) -> Vec<u8> {
 }
 
 /// CRC-32C of one page. crc-fast folds with carry-less multiplies
-/// (VPCLMULQDQ on AVX-512 machines, PCLMULQDQ otherwise), 1.6-1.7x the
+/// (VPCLMULQDQ on AVX-512 machines, PCLMULQDQ otherwise), 1.5-1.75x the
 /// crc32c crate's SSE4.2 loop on 4 KiB pages on the benchmark host; both
 /// compute the same function (tested against each other and against the
 /// reference vector).

@@ -50,6 +50,15 @@ pub struct ScrubOptions {
     pub after_read: Option<crate::ScrubReadHook>,
 }
 
+impl ScrubOptions {
+    /// Whether a stop was asked for.
+    fn stopped(&self) -> bool {
+        self.stop
+            .as_ref()
+            .is_some_and(|s| s.load(std::sync::atomic::Ordering::SeqCst))
+    }
+}
+
 /// A byte range of a file that no longer matches the catalog.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct RotRange {
@@ -271,11 +280,7 @@ pub fn scrub_catalog(
     let mut bufs: Vec<AlignedBuf> = (0..threads).map(|_| AlignedBuf::new(0)).collect();
     let mut after = pass.last_file;
     let mut flushed = Instant::now();
-    let stopped = || {
-        opts.stop
-            .as_ref()
-            .is_some_and(|s| s.load(std::sync::atomic::Ordering::SeqCst))
-    };
+    let stopped = || opts.stopped();
     'pass: loop {
         let batch = journal.catalog_after(after, before, 512)?;
         if batch.is_empty() {
@@ -804,7 +809,7 @@ fn scrub_parallel(
             s.spawn(move || loop {
                 // Checked before a group and before each file: a file
                 // begun is read to its end, and a stop waits for no more.
-                if opts.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst)) {
+                if opts.stopped() {
                     break;
                 }
                 let Some(range) = groups.get(next.fetch_add(1, Ordering::SeqCst)) else {
@@ -817,7 +822,7 @@ fn scrub_parallel(
                 let mut ahead: Vec<Option<Ahead>> =
                     group.iter().map(|cf| open_ahead(dest, cf, opts)).collect();
                 for (j, cf) in group.iter().enumerate() {
-                    if opts.stop.as_ref().is_some_and(|s| s.load(Ordering::SeqCst)) {
+                    if opts.stopped() {
                         break;
                     }
                     let r = scrub_file(
