@@ -17,15 +17,20 @@
 //! - [`backing`] tells whether a device read is possible at all under a
 //!   file: tmpfs has no device, and on network, FUSE and ZFS file systems
 //!   eviction does not reach the bytes' real home ([`Backing`]).
+//! - [`DeviceCounter`] reads the block device's own count of bytes
+//!   written, so that a re-read can wait until a device's write cache has
+//!   turned over (`--verify flash`).
 //! - [`extents`] lists a file's physical extents (FIEMAP), so that tests
 //!   and the fault lab can change bytes on the device under a file.
 
 mod backing;
+mod counter;
 mod evict;
 mod fiemap;
 mod read;
 
 pub use backing::{backing, Backing};
+pub use counter::DeviceCounter;
 pub use evict::{evict, resident, start_writeback, Eviction, PAGE};
 pub use fiemap::{extents, physical_offset, Extent};
 pub use read::{prefetch, DeviceReader, Prepared, ReadOutcome, ReadPath};

@@ -8,7 +8,7 @@ use std::io::Write;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use intact_cache::{evict, extents, resident, DeviceReader, ReadPath, PAGE};
+use intact_cache::{evict, extents, resident, DeviceCounter, DeviceReader, ReadPath, PAGE};
 use intact_digest::AlignedBuf;
 use intact_faults::LoopFs;
 
@@ -356,4 +356,34 @@ fn on_ramfs_a_reader_neither_evicts_nor_tries_o_direct() {
     // The test mounted a ramfs, which has no device: the read cannot
     // count as a device read.
     assert!(!out.device);
+}
+
+#[test]
+fn a_loop_device_counts_the_bytes_written_to_it_and_tmpfs_has_no_counter() {
+    const T: &str = "a_loop_device_counts_the_bytes_written_to_it_and_tmpfs_has_no_counter";
+    let Some(fs) = loop_ext4(T, 64) else {
+        return;
+    };
+    let path = fs.mnt().join("f");
+    let f = File::create(&path).unwrap();
+    let c = DeviceCounter::for_file(&f).unwrap().expect("a loop device");
+    // The counter is the loop device's, the one the test made.
+    assert_eq!(format!("/dev/{}", c.name()), fs.device());
+    assert_eq!(c.capacity(), 64 << 20);
+    let before = c.bytes_written().unwrap();
+    (&f).write_all(&intact_sample::bytes(4 << 20, 3)).unwrap();
+    f.sync_all().unwrap();
+    let after = c.bytes_written().unwrap();
+    assert!(
+        after - before >= 4 << 20,
+        "4 MiB written and synced, the device counted {}",
+        after - before
+    );
+    drop(f);
+    fs.close().unwrap();
+    let Some(tmp) = intact_testkit::tmpfs(T) else {
+        return;
+    };
+    let f = tempfile::tempfile_in(tmp.path()).unwrap();
+    assert!(DeviceCounter::for_file(&f).unwrap().is_none());
 }

@@ -102,6 +102,10 @@ impl Entry {
     pub const REQUIRE_DEVICE: u8 = 2;
     /// Flag: device-level re-reads use O_DIRECT (else evict-then-read).
     pub const DIRECT: u8 = 4;
+    /// Flag (with [`Entry::REQUIRE_DEVICE`]): fail the file unless its
+    /// verification reaches the media behind the device's write cache
+    /// (`--require-level media`).
+    pub const REQUIRE_MEDIA: u8 = 8;
 }
 
 /// What the receiver already holds of a file just announced.

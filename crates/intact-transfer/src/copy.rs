@@ -74,6 +74,9 @@ pub struct CopyOptions {
     /// `ReceiveOptions::without_page_crcs`).
     #[cfg(feature = "fault-hooks")]
     pub without_page_crcs: bool,
+    /// `--verify flash`: the destination device's write-cache window and
+    /// the filler budget (`--device-cache`, `--max-filler`).
+    pub flash: crate::flash::FlashSettings,
 }
 
 impl Default for CopyOptions {
@@ -95,6 +98,7 @@ impl Default for CopyOptions {
             after_check: None,
             #[cfg(feature = "fault-hooks")]
             without_page_crcs: false,
+            flash: Default::default(),
         }
     }
 }
@@ -129,6 +133,7 @@ impl CopyOptions {
             after_check: self.after_check.clone(),
             #[cfg(feature = "fault-hooks")]
             without_page_crcs: self.without_page_crcs,
+            flash: self.flash.clone(),
             ..ReceiveOptions::default()
         }
     }
@@ -233,6 +238,9 @@ pub fn copy_scanned(
             }
         }
         report.stages = profile.stages();
+        if opts.verify == VerifyMode::Flash {
+            report.filler_bytes = Some(recv_opts.flash.filler_written());
+        }
         Ok(report)
     })
 }

@@ -123,6 +123,12 @@ pub struct CopyReport {
     /// results report them.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub stages: Vec<crate::StageTime>,
+    /// `copy --verify flash`: bytes of filler written to push the last
+    /// blocks past the device's write-cache window (each file's note says
+    /// which window). None for other modes, and for `send` (the server
+    /// writes it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub filler_bytes: Option<u64>,
 }
 
 /// Progress callback: bytes sent so far.
@@ -156,6 +162,7 @@ impl CopyReport {
             model: None,
             frames: None,
             stages: Vec::new(),
+            filler_bytes: None,
         }
         .with_model(streams)
     }
@@ -210,4 +217,19 @@ pub(crate) fn simple_report(
         note: None,
         error: err.map(|e| e.to_string()),
     }
+}
+
+/// `n` bytes as people read them: `512 B`, `3.2 MiB`.
+pub(crate) fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut v = n as f64 / 1024.0;
+    let mut unit = 0;
+    while v >= 1024.0 && unit < UNITS.len() - 1 {
+        v /= 1024.0;
+        unit += 1;
+    }
+    format!("{v:.1} {}", UNITS[unit])
 }

@@ -33,17 +33,23 @@ pub enum VerifyMode {
     /// at the sender; transfer, eviction and checksum of different blocks
     /// overlap.
     Riva,
+    /// Kim et al.'s flash-aware verification: as `riva`, but each written
+    /// block is re-read from the device only once the device's write cache
+    /// has turned over (W bytes written to the device after it), so the
+    /// read reaches the flash media, not the SSD's DRAM buffer.
+    Flash,
 }
 
 impl VerifyMode {
     /// Every mode this build implements.
-    pub const ALL: [VerifyMode; 6] = [
+    pub const ALL: [VerifyMode; 7] = [
         VerifyMode::None,
         VerifyMode::Sequential,
         VerifyMode::File,
         VerifyMode::Block,
         VerifyMode::Fiver,
         VerifyMode::Riva,
+        VerifyMode::Flash,
     ];
 
     /// The default of `copy` and `send`.
@@ -58,6 +64,7 @@ impl VerifyMode {
             VerifyMode::Block => "block",
             VerifyMode::Fiver => "fiver",
             VerifyMode::Riva => "riva",
+            VerifyMode::Flash => "flash",
         }
     }
 
@@ -81,6 +88,9 @@ impl VerifyMode {
             VerifyMode::Riva => {
                 "re-read every block from the device after evicting its cached copy, at both ends; level device"
             }
+            VerifyMode::Flash => {
+                "as riva, but re-read each block only after the device's write cache has turned over (--device-cache), so the read reaches the flash media; level media"
+            }
         }
     }
 
@@ -93,6 +103,7 @@ impl VerifyMode {
             VerifyMode::Block => 3,
             VerifyMode::Fiver => 4,
             VerifyMode::Riva => 5,
+            VerifyMode::Flash => 6,
         }
     }
 
@@ -109,12 +120,13 @@ impl VerifyMode {
             VerifyMode::Fiver => VerifyLevel::Network,
             VerifyMode::Sequential | VerifyMode::File | VerifyMode::Block => VerifyLevel::Cache,
             VerifyMode::Riva => VerifyLevel::Device,
+            VerifyMode::Flash => VerifyLevel::Media,
         }
     }
 
     /// Whether the mode's verification reads must reach the device.
     pub fn reads_device(self) -> bool {
-        self == VerifyMode::Riva
+        matches!(self, VerifyMode::Riva | VerifyMode::Flash)
     }
 }
 
@@ -164,15 +176,21 @@ pub enum VerifyLevel {
     /// Every block was re-read from the device (after an eviction that
     /// a residency count confirmed, or through `O_DIRECT`) at both ends, and matched.
     Device,
+    /// As `device`, and every block's re-read at the destination came only
+    /// after the device's write cache window (W bytes written to the same
+    /// device after the block) had passed: the bytes came from the media
+    /// behind an SSD's DRAM buffer, not from the buffer (`--verify flash`).
+    Media,
 }
 
 impl VerifyLevel {
     /// Every level, lowest first.
-    pub const ALL: [VerifyLevel; 4] = [
+    pub const ALL: [VerifyLevel; 5] = [
         VerifyLevel::None,
         VerifyLevel::Network,
         VerifyLevel::Cache,
         VerifyLevel::Device,
+        VerifyLevel::Media,
     ];
 
     /// Name on the command line and in reports.
@@ -182,6 +200,19 @@ impl VerifyLevel {
             VerifyLevel::Network => "network",
             VerifyLevel::Cache => "cache",
             VerifyLevel::Device => "device",
+            VerifyLevel::Media => "media",
+        }
+    }
+
+    /// The cap a read of the source at this level puts on a file: reading
+    /// the source's device is all a source can give (there is no window
+    /// to wait for at the sending end), so `device` caps nothing below
+    /// `media`.
+    pub fn as_source_cap(self) -> VerifyLevel {
+        if self == VerifyLevel::Device {
+            VerifyLevel::Media
+        } else {
+            self
         }
     }
 }
@@ -198,7 +229,7 @@ impl FromStr for VerifyLevel {
         VerifyLevel::ALL
             .into_iter()
             .find(|l| l.name() == s)
-            .ok_or_else(|| format!("unknown level '{s}' (none, network, cache, device)"))
+            .ok_or_else(|| format!("unknown level '{s}' (none, network, cache, device, media)"))
     }
 }
 
@@ -316,8 +347,9 @@ pub(crate) fn check_reachable(
 ) -> Result<(), crate::TransferError> {
     match required {
         Some(want) if want > mode.level() => Err(crate::TransferError::Usage(format!(
-            "--verify {mode} reaches at most level {}, so --require-level {want} cannot be met (use --verify riva)",
-            mode.level()
+            "--verify {mode} reaches at most level {}, so --require-level {want} cannot be met (use --verify {})",
+            mode.level(),
+            if want == VerifyLevel::Media { "flash" } else { "riva" }
         ))),
         _ => Ok(()),
     }

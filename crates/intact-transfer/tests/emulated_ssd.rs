@@ -6,16 +6,18 @@
 //! destination of a `riva` copy for the two layers below the host in
 //! Kim et al.'s Table 2: a fault in the buffered copy is caught and
 //! repaired by riva's re-read; a fault in programming the flash is not,
-//! because the re-read is answered by the buffer. The second row is the
-//! gap `--verify flash` is to close; this test pins it as a fact of the
-//! emulator and of riva today.
+//! because the re-read is answered by the buffer. `--verify flash` closes
+//! that gap: its re-read waits until the device's write cache has turned
+//! over, so it catches both faults and says `media`; where the window
+//! could not pass (no filler allowed, the block still in the emulator's
+//! buffer), it says `device` and misses the flash fault, as it must.
 
 use std::fs::{self, File};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use intact_faults::{loop_devices_of, mounts_under, ssd_usable, EmulatedSsd, SsdLayer, SSD_PAGE};
-use intact_transfer::{copy, VerifyLevel, VerifyMode};
+use intact_transfer::{copy, CopyReport, FlashSettings, VerifyLevel, VerifyMode};
 
 mod common;
 
@@ -119,25 +121,58 @@ fn the_emulated_ssd_answers_from_its_buffer_until_it_turns_over() {
     close(ssd);
 }
 
-/// A riva copy of `data` onto the emulated SSD with `layer` armed on the
-/// page at `fault_page`; returns the copy's report and the file's bytes
-/// read after the buffer turned over and the page cache was emptied.
+/// A copy in `mode` of `data` onto the emulated SSD with `layer` armed
+/// on the page at `fault_page`; returns the copy's report, whether the
+/// file's first page was still in the emulator's buffer right after the
+/// copy, and the file's bytes read after the buffer turned over and the
+/// page cache was emptied.
+fn copy_onto(
+    ssd: &EmulatedSsd,
+    data: &[u8],
+    mode: VerifyMode,
+    flash: FlashSettings,
+    (layer, fault_page): (SsdLayer, usize),
+) -> (CopyReport, bool, Vec<u8>) {
+    let src = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    fs::write(src.path().join("f"), data).unwrap();
+    ssd.arm(layer, page(data, fault_page));
+    let dst = ssd.mnt().join("dst");
+    let o = intact_transfer::CopyOptions {
+        flash,
+        ..common::copy_opts(mode, BS)
+    };
+    let r = copy(&[src.path().join("f")], &dst, &o, &|_| {}).unwrap();
+    assert_eq!(ssd.model().armed(), 0, "the armed page was written");
+    let buffered = ssd
+        .buffered_under(&File::open(dst.join("f")).unwrap(), 0)
+        .unwrap();
+    ssd.write_filler(3 * BUFFER).unwrap();
+    ssd.remount().unwrap();
+    (r, buffered, fs::read(dst.join("f")).unwrap())
+}
+
+/// A riva copy (see [`copy_onto`]).
 fn riva_onto(
     ssd: &EmulatedSsd,
     data: &[u8],
     layer: SsdLayer,
     fault_page: usize,
-) -> (intact_transfer::CopyReport, Vec<u8>) {
-    let src = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    fs::write(src.path().join("f"), data).unwrap();
-    ssd.arm(layer, page(data, fault_page));
-    let dst = ssd.mnt().join("dst");
-    let o = common::copy_opts(VerifyMode::Riva, BS);
-    let r = copy(&[src.path().join("f")], &dst, &o, &|_| {}).unwrap();
-    assert_eq!(ssd.model().armed(), 0, "the armed page was written");
-    ssd.write_filler(3 * BUFFER).unwrap();
-    ssd.remount().unwrap();
-    (r, fs::read(dst.join("f")).unwrap())
+) -> (CopyReport, Vec<u8>) {
+    let (r, _, after) = copy_onto(
+        ssd,
+        data,
+        VerifyMode::Riva,
+        FlashSettings::default(),
+        (layer, fault_page),
+    );
+    (r, after)
+}
+
+/// The pages of `after` that differ from `data`.
+fn bad_pages(data: &[u8], after: &[u8]) -> Vec<usize> {
+    (0..data.len() / SSD_PAGE)
+        .filter(|&i| page(after, i) != page(data, i))
+        .collect()
 }
 
 #[test]
@@ -168,9 +203,114 @@ fn riva_does_not_see_a_fault_in_programming_the_flash() {
     let f = &r.files[0];
     assert_eq!((f.blocks_resent, f.level), (0, Some(VerifyLevel::Device)));
     // ... and once the buffer turned over, the flash's copy is wrong.
-    let bad: Vec<usize> = (0..data.len() / SSD_PAGE)
-        .filter(|&i| page(&after, i) != page(&data, i))
-        .collect();
-    assert_eq!(bad, [70], "exactly the page the emulator programmed wrong");
+    assert_eq!(
+        bad_pages(&data, &after),
+        [70],
+        "exactly the page the emulator programmed wrong"
+    );
+    close(ssd);
+}
+
+/// flash's window on the emulator: twice its buffer, so that the bytes
+/// the device counts after a block (the file system's journal and
+/// metadata among them) surely pushed the block out.
+fn window() -> FlashSettings {
+    FlashSettings::new(Some(2 * BUFFER), None)
+}
+
+#[test]
+fn flash_catches_a_fault_in_programming_the_flash() {
+    let Some(ssd) = ssd("flash_catches_a_fault_in_programming_the_flash") else {
+        return;
+    };
+    // 16 blocks, the data twice the window (Kim et al.'s fault: NAND
+    // programmed wrong while the buffer keeps the good copy).
+    let data = intact_sample::bytes(16 * BS, 29);
+    let (r, _, after) = copy_onto(
+        &ssd,
+        &data,
+        VerifyMode::Flash,
+        window(),
+        (SsdLayer::Media, 70),
+    );
+    assert_eq!(r.failed, 0, "{r:?}");
+    let f = &r.files[0];
+    assert_eq!(f.blocks_resent, 1, "the block with the bad page: {f:?}");
+    assert_eq!(f.level, Some(VerifyLevel::Media), "{f:?}");
+    let note = f.note.as_deref().unwrap_or("");
+    assert!(note.contains("W = 4.0 MiB (--device-cache)"), "{note}");
+    assert!(note.contains("sectors-written counter"), "{note}");
+    // The last blocks were pushed past the window by filler.
+    let filler = r.filler_bytes.expect("a flash copy reports its filler");
+    assert!(filler > 0 && filler <= 2 * 2 * BUFFER, "{filler}");
+    // Read after the buffer turned over: the flash holds the source's bytes.
+    assert!(bad_pages(&data, &after).is_empty());
+    let log: Vec<_> = ssd.model().log().iter().map(|e| e.what).collect();
+    assert!(log.contains(&"programmed corrupted to NAND"), "{log:?}");
+    close(ssd);
+}
+
+#[test]
+fn flash_catches_a_fault_in_the_ssds_buffer() {
+    let Some(ssd) = ssd("flash_catches_a_fault_in_the_ssds_buffer") else {
+        return;
+    };
+    let data = intact_sample::bytes(16 * BS, 31);
+    let (r, _, after) = copy_onto(
+        &ssd,
+        &data,
+        VerifyMode::Flash,
+        window(),
+        (SsdLayer::Buffer, 70),
+    );
+    assert_eq!(r.failed, 0, "{r:?}");
+    let f = &r.files[0];
+    assert_eq!(f.blocks_resent, 1, "{f:?}");
+    assert_eq!(f.level, Some(VerifyLevel::Media), "{f:?}");
+    assert!(bad_pages(&data, &after).is_empty());
+    close(ssd);
+}
+
+#[test]
+fn flash_never_says_media_when_the_window_has_not_passed() {
+    let Some(ssd) = ssd("flash_never_says_media_when_the_window_has_not_passed") else {
+        return;
+    };
+    // One block, far less than the window, and no filler allowed: the
+    // block is still in the emulator's buffer when it is re-read, so the
+    // re-read cannot have reached the flash, and the fault programmed
+    // into the flash goes unseen. The level must say so.
+    let data = intact_sample::bytes(BS, 37);
+    let no_filler = FlashSettings::new(Some(2 * BUFFER), Some(0));
+    let (r, buffered, after) = copy_onto(
+        &ssd,
+        &data,
+        VerifyMode::Flash,
+        no_filler,
+        (SsdLayer::Media, 3),
+    );
+    assert!(
+        buffered,
+        "the emulator still buffered the file after the copy"
+    );
+    assert_eq!(r.failed, 0, "{r:?}");
+    let f = &r.files[0];
+    assert_eq!(
+        (f.blocks_resent, f.level),
+        (0, Some(VerifyLevel::Device)),
+        "{f:?}"
+    );
+    let note = f.note.as_deref().unwrap_or("");
+    assert!(
+        note.contains("before the device's write cache had turned over"),
+        "{note}"
+    );
+    assert!(note.contains("were allowed"), "{note}");
+    assert_eq!(r.filler_bytes, Some(0));
+    assert_eq!(
+        bad_pages(&data, &after),
+        [3],
+        "the fault flash could not see"
+    );
     close(ssd);
 }

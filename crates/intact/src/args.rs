@@ -354,6 +354,9 @@ pub struct ServeArgs {
     /// client session (with its totals) and one per failure.
     #[arg(short, long)]
     pub verbose: bool,
+
+    #[command(flatten)]
+    pub flash: FlashArgs,
 }
 
 #[derive(Debug, Args)]
@@ -400,8 +403,8 @@ pub struct PipelineArgs {
     pub read_path: intact_cache::ReadPath,
 
     /// Fail every file that does not reach this level (none, network,
-    /// cache, device) instead of accepting it with a warning; e.g. riva to
-    /// a tmpfs destination reaches only `cache`.
+    /// cache, device, media) instead of accepting it with a warning; e.g.
+    /// riva to a tmpfs destination reaches only `cache`.
     #[arg(long, value_name = "LEVEL", value_parser = parse_level)]
     pub require_level: Option<intact_transfer::VerifyLevel>,
 
@@ -467,6 +470,38 @@ pub struct CopyArgs {
 
     #[command(flatten)]
     pub pipeline: PipelineArgs,
+
+    #[command(flatten)]
+    pub flash: FlashArgs,
+}
+
+/// How the receiving end runs `--verify flash` (`copy`, `serve`).
+#[derive(Debug, Args)]
+pub struct FlashArgs {
+    /// --verify flash: the destination device's write-cache window W; a
+    /// block is re-read only after W bytes were written to the device
+    /// after it (counted by the device's own sectors-written counter).
+    /// Default: 0.1% of the device's capacity (Kim et al.), at most 1GiB.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_u64)]
+    pub device_cache: Option<u64>,
+
+    /// --verify flash: filler one receiving stream may write (to a
+    /// scratch file on the destination, fsynced, then removed) to push the
+    /// last blocks past the window; beyond it they are re-read at once and
+    /// reported at level device, with the reason. Default: W; 0 writes none.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_u64)]
+    pub max_filler: Option<u64>,
+}
+
+impl FlashArgs {
+    /// The receiver's settings.
+    pub fn settings(&self) -> intact_transfer::FlashSettings {
+        intact_transfer::FlashSettings::new(self.device_cache, self.max_filler)
+    }
+}
+
+fn parse_size_u64(s: &str) -> Result<u64, String> {
+    parse_size(s).map(|n| n as u64)
 }
 
 fn parse_read_path(s: &str) -> Result<intact_cache::ReadPath, String> {

@@ -24,9 +24,10 @@ fn unreachable_level(p: &PipelineArgs) -> Option<ExitCode> {
     let want = p.require_level?;
     (want > p.verify.level()).then(|| {
         eprintln!(
-            "intact: --verify {} reaches at most level {}, so --require-level {want} cannot be met (use --verify riva)",
+            "intact: --verify {} reaches at most level {}, so --require-level {want} cannot be met (use --verify {})",
             p.verify,
-            p.verify.level()
+            p.verify.level(),
+            if want == intact_transfer::VerifyLevel::Media { "flash" } else { "riva" }
         );
         ExitCode::from(2)
     })
@@ -71,6 +72,7 @@ pub fn run(args: &CopyArgs) -> anyhow::Result<ExitCode> {
         require_level: p.require_level,
         reverify: p.reverify,
         source_cache: source_cache(p),
+        flash: args.flash.settings(),
         ..CopyOptions::default()
     };
     let report = copy_scanned(scanned, &plan.root, &opts, &|sent| {

@@ -79,6 +79,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
             max_delete_paths: Some(args.max_delete_paths),
             keep_special_bits: args.keep_special_bits,
             allow_fetch: args.allow_fetch,
+            flash: args.flash.settings(),
             limits: intact_transfer::ReceiveLimits {
                 admit_wait: Duration::from_secs(args.admit_wait),
                 ..Default::default()

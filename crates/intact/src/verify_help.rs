@@ -66,9 +66,10 @@ pub fn levels() -> String {
     format!(
         "\
 Verification (--verify, default {d}; every mode is listed under --verify
-below): the report says the level each file really reached: device
-(every block re-read from the disk after its cached copy was evicted, at
-both ends), cache (re-read through the page cache, so a device that
+below): the report says the level each file really reached: media (flash: as
+device, and every block re-read only after the device's write cache had
+turned over, --device-cache), device (every block re-read from the disk
+after its cached copy was evicted, at both ends), cache (re-read through the page cache, so a device that
 stored other bytes goes unseen), network (checked as it crossed the
 link) or none. {d} reaches {} only where a device is under both ends;
 on tmpfs, network and FUSE file systems it reaches cache and says why
@@ -92,7 +93,7 @@ mod tests {
             assert_eq!(got, m);
         }
         assert!(p
-            .parse_ref(&cmd, None, std::ffi::OsStr::new("flash"))
+            .parse_ref(&cmd, None, std::ffi::OsStr::new("media"))
             .is_err());
     }
 }

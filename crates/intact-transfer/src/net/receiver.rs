@@ -70,7 +70,7 @@ mod verifier;
 
 use incoming::Incoming;
 use session::Session;
-use verifier::{verifier, Check, Checked};
+use verifier::{verifier, Check, Checked, Flash, Job};
 
 /// Deliveries the link may hold ahead of the session thread: messages
 /// read off a socket, or batches moved in process (at most
@@ -125,6 +125,17 @@ impl SessionSummary {
         if self.failures.len() < MAX_FAILURES_KEPT {
             self.failures.push((path.to_string(), why.to_string()));
         }
+    }
+}
+
+/// The level an Entry's flags require the receiver to reach, if any.
+fn required_level(flags: u8) -> Option<VerifyLevel> {
+    if flags & intact_proto::Entry::REQUIRE_MEDIA != 0 {
+        Some(VerifyLevel::Media)
+    } else if flags & intact_proto::Entry::REQUIRE_DEVICE != 0 {
+        Some(VerifyLevel::Device)
+    } else {
+        None
     }
 }
 
@@ -210,6 +221,10 @@ pub struct ReceiveOptions {
     /// under the session's root (`intact serve --allow-fetch`). Off: a
     /// Fetch is refused and its session ends.
     pub allow_fetch: bool,
+    /// `--verify flash`: the device's write-cache window and the filler
+    /// budget (`--device-cache`, `--max-filler`); clones share the count
+    /// of filler written.
+    pub flash: crate::flash::FlashSettings,
 }
 
 /// How long a frame may wait for its session's share of the server's
@@ -369,8 +384,17 @@ impl Inbox {
             credits,
         } = self;
         drop(credit_tx);
-        let (jobs, jobs_rx) = mpsc::sync_channel::<Check>(VERIFY_QUEUE);
-        let checker = std::thread::spawn(move || verifier(jobs_rx, tx));
+        let (jobs, jobs_rx) = mpsc::sync_channel::<Job>(VERIFY_QUEUE);
+        let state = root.join(crate::journal::STATE_DIR);
+        let flash = Flash {
+            settings: opts.flash.clone(),
+            scratch: if state.is_dir() {
+                state
+            } else {
+                root.to_path_buf()
+            },
+        };
+        let checker = std::thread::spawn(move || verifier(jobs_rx, tx, flash));
         let mut files: HashMap<u64, Incoming> = HashMap::new();
         let mut ready: Vec<(u64, Incoming)> = Vec::new();
         let mut sess = Session {
@@ -390,6 +414,7 @@ impl Inbox {
             in_use: InUse::default(),
             shares,
             at_verifier: HashMap::new(),
+            deferred_out: 0,
             summary: SessionSummary::default(),
             buf: AlignedBuf::new(0),
             deferred: Default::default(),

@@ -49,6 +49,11 @@ pub const MAX_FILES_IN_FLIGHT: usize = 1024;
 /// Bytes one stream keeps unacknowledged at most (with 4 streams, 64 MiB
 /// in flight: enough for 10 Gbit/s at 50 ms round trip).
 pub const MAX_BYTES_IN_FLIGHT: u64 = 16 << 20;
+/// The same in `--verify flash`, where the receiver answers a block only
+/// once its device's write cache window (up to 1 GiB by default) has
+/// passed: less would stall each stream on every window. What it costs is
+/// open files (still at most [`MAX_FILES_IN_FLIGHT`]) and digests, not data.
+pub const MAX_BYTES_IN_FLIGHT_FLASH: u64 = 4 << 30;
 
 /// Entries begun between two pushes of what is queued to the receiver
 /// (else sent when the queue fills, or when the sender waits), so the
@@ -268,8 +273,11 @@ fn entry_flags(opts: &SendOptions) -> u8 {
     if opts.reverify {
         f |= Entry::REVERIFY;
     }
-    if opts.require_level == Some(VerifyLevel::Device) {
+    if opts.require_level >= Some(VerifyLevel::Device) {
         f |= Entry::REQUIRE_DEVICE;
+    }
+    if opts.require_level == Some(VerifyLevel::Media) {
+        f |= Entry::REQUIRE_MEDIA;
     }
     if opts.read_path == ReadPath::Direct {
         f |= Entry::DIRECT;

@@ -14,6 +14,7 @@ use crate::net::bounds::{Budgets, Shares};
 use crate::net::ratelimit::{Kinds, REPEAT_WINDOW};
 use crate::net::SessionSummary;
 use crate::profile::Profile;
+use crate::report::human_bytes;
 
 /// Where a server's log lines go.
 pub type Log = Arc<dyn Fn(String) + Send + Sync>;
@@ -277,21 +278,6 @@ impl Drop for Stream {
             );
         }
     }
-}
-
-/// `n` bytes as people read them: `512 B`, `3.2 MiB`.
-fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    if n < 1024 {
-        return format!("{n} B");
-    }
-    let mut v = n as f64 / 1024.0;
-    let mut unit = 0;
-    while v >= 1024.0 && unit < UNITS.len() - 1 {
-        v /= 1024.0;
-        unit += 1;
-    }
-    format!("{v:.1} {}", UNITS[unit])
 }
 
 #[cfg(test)]

@@ -12,13 +12,14 @@
 //! | `block`              | [`CacheReread`]  | re-read through the cache | nothing                 | cache    |
 //! | `riva`               | [`DeviceReread`] | evicted, re-read from the device | nothing          | device   |
 //! | `sequential`, `file` | [`WholeReread`]  | nothing                   | whole file re-read      | cache    |
+//! | `flash`              | [`MediaReread`]  | flushed; evicted and re-read from the device once the device's write cache turned over | nothing | media |
 //!
 //! A per-block re-read runs on the session's verifier thread
 //! ([`crate::recheck`], where every read from the device is; the
 //! whole-file re-read goes through the cache with [`reread_matches`]),
-//! while the session thread receives and writes the next blocks. `flash`
-//! (deferred verification) is the room left here: a stage whose FileEnd
-//! hands the file to a later device re-read instead of re-reading now.
+//! while the session thread receives and writes the next blocks. In
+//! `flash` the verifier holds each block in its deferred queue (see
+//! [`crate::flash`]) until W bytes were written to the device after it.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -46,6 +47,22 @@ pub(crate) trait VerifyStage: Send {
 
     /// [`VerifyStage::block_reread`], to count what its reads did.
     fn block_reread_mut(&mut self) -> Option<&mut BlockReread> {
+        None
+    }
+
+    /// Whether the per-block re-read waits for the device's write cache
+    /// to turn over (`flash`).
+    fn defers(&self) -> bool {
+        false
+    }
+
+    /// A deferred re-read of one block came back: whether the device's
+    /// window had passed, why not, and the window's statement.
+    fn windowed(&mut self, _w: &WindowVerdict) {}
+
+    /// What a report should say about this file's verification even at its
+    /// aim (`flash`: which window was used, and where it came from).
+    fn statement(&self) -> Option<String> {
         None
     }
 
@@ -137,6 +154,94 @@ impl VerifyStage for DeviceReread {
     }
 }
 
+/// `flash`: each written block is flushed to the device, and evicted and
+/// re-read from it only once W more bytes were written to the device (its
+/// write cache has turned over). Level media only where every re-read
+/// reached the device after its window passed; a re-read made before (the
+/// filler budget spent, the queue full) lowers the file to device, with
+/// the reason.
+pub(crate) struct MediaReread {
+    pub(crate) reread: BlockReread,
+    /// Re-reads made after their window passed.
+    after_window: u64,
+    /// Why the first re-read made early was.
+    early: Option<String>,
+    /// The window's statement.
+    window: Option<std::sync::Arc<str>>,
+}
+
+/// What the verifier says about a deferred re-read's window.
+#[derive(Debug, Clone)]
+pub(crate) struct WindowVerdict {
+    /// W bytes were written to the device after the block before it was
+    /// re-read.
+    pub passed: bool,
+    /// Why not, where not.
+    pub why: Option<std::sync::Arc<str>>,
+    /// The window's statement (W, where it came from, how it is counted).
+    pub statement: std::sync::Arc<str>,
+}
+
+impl VerifyStage for MediaReread {
+    fn block_reread(&self) -> Option<&BlockReread> {
+        Some(&self.reread)
+    }
+
+    fn block_reread_mut(&mut self) -> Option<&mut BlockReread> {
+        Some(&mut self.reread)
+    }
+
+    fn defers(&self) -> bool {
+        true
+    }
+
+    fn windowed(&mut self, w: &WindowVerdict) {
+        if w.passed {
+            self.after_window += 1;
+        } else if self.early.is_none() {
+            self.early = Some(w.why.as_deref().unwrap_or("").to_string());
+        }
+        if self.window.is_none() {
+            self.window = Some(w.statement.clone());
+        }
+    }
+
+    fn statement(&self) -> Option<String> {
+        self.window.as_deref().map(str::to_string)
+    }
+
+    fn lower(&self, reached: &mut Reached) {
+        let backing = self.reread.lock().backing();
+        let stats = &self.reread.stats;
+        stats.lower(reached, "destination", backing);
+        // Every re-read counted (held blocks re-verified in place too) must
+        // have come after its window for the level to be media.
+        if stats.reads > self.after_window {
+            let why = match &self.early {
+                Some(why) if !why.is_empty() => format!(": {why}"),
+                _ => String::new(),
+            };
+            let window = self
+                .window
+                .as_deref()
+                .map(|w| format!(" ({w})"))
+                .unwrap_or_default();
+            reached.lower(
+                VerifyLevel::Device,
+                format!(
+                    "{} of {} re-reads at the destination came before the device's write cache had turned over{window}{why}",
+                    stats.reads - self.after_window,
+                    stats.reads
+                ),
+            );
+        }
+    }
+
+    fn no_device_reason(&self) -> Option<String> {
+        self.reread.lock().backing().no_device_reason()
+    }
+}
+
 /// `sequential` and `file`: once every block has arrived, the whole file
 /// is read back through the page cache and each block compared with its
 /// digest (level cache); a block that differs is asked for again.
@@ -185,7 +290,7 @@ pub(crate) fn stage_for(
         (VerifyMode::Block, Some(f)) => {
             Box::new(CacheReread(BlockReread::open(f, ReadPath::Cached)?))
         }
-        (VerifyMode::Riva, Some(f)) => {
+        (VerifyMode::Riva | VerifyMode::Flash, Some(f)) => {
             let path = if through_cache {
                 ReadPath::Cached
             } else if direct {
@@ -193,7 +298,17 @@ pub(crate) fn stage_for(
             } else {
                 ReadPath::Evict
             };
-            Box::new(DeviceReread(BlockReread::open(f, path)?))
+            let reread = BlockReread::open(f, path)?;
+            if mode == VerifyMode::Flash {
+                Box::new(MediaReread {
+                    reread,
+                    after_window: 0,
+                    early: None,
+                    window: None,
+                })
+            } else {
+                Box::new(DeviceReread(reread))
+            }
         }
         (mode, _) => stage_without_file(mode),
     })
@@ -206,7 +321,9 @@ pub(crate) fn stage_without_file(mode: VerifyMode) -> Box<dyn VerifyStage> {
     match mode {
         VerifyMode::None => Box::new(Unchecked),
         VerifyMode::Sequential | VerifyMode::File => Box::new(WholeReread),
-        VerifyMode::Fiver | VerifyMode::Block | VerifyMode::Riva => Box::new(ArrivalOnly),
+        VerifyMode::Fiver | VerifyMode::Block | VerifyMode::Riva | VerifyMode::Flash => {
+            Box::new(ArrivalOnly)
+        }
     }
 }
 
@@ -325,7 +442,7 @@ mod tests {
         // Only `block` and `riva` re-read every block, and only once they
         // have a file to re-read.
         for m in VerifyMode::ALL {
-            let per_block = matches!(m, VerifyMode::Block | VerifyMode::Riva);
+            let per_block = matches!(m, VerifyMode::Block | VerifyMode::Riva | VerifyMode::Flash);
             assert_eq!(with_file(m).block_reread().is_some(), per_block, "{m}");
             assert!(stage_without_file(m).block_reread().is_none(), "{m}");
         }

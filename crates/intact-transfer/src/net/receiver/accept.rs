@@ -119,6 +119,7 @@ pub(super) fn accept_block(
             file: Arc::clone(&r.file),
             reader: Arc::clone(&r.reader),
             pages,
+            deferred: f.verify.defers(),
         }));
     }
     // Unchecked (`none`): no digest; the data's own marks the slot done.

@@ -16,7 +16,7 @@ use crate::journal::Journal;
 use crate::net::whole_digest::{HeldWhole, Stamp};
 use crate::profile::Stage;
 use crate::stage::verify::{stage_for, VerifyStage};
-use crate::verify::{VerifyLevel, VerifyMode};
+use crate::verify::VerifyMode;
 use crate::TransferError;
 
 /// What an Entry begins: a reply to send, or a directory for the session.
@@ -76,7 +76,7 @@ fn begin_file(
             what: "unsupported block algorithm or block size".into(),
         });
     }
-    let require_device = e.flags & Entry::REQUIRE_DEVICE != 0;
+    let required = super::required_level(e.flags);
     let same = |r: &crate::journal::FileRow| {
         r.size == e.size
             && r.mtime_sec == e.mtime_sec
@@ -107,10 +107,10 @@ fn begin_file(
             if !reverify && r.verified.level >= mode.level() {
                 // Trusted at the level its record says, no higher.
                 let level = r.verified.level;
-                if require_device && level < VerifyLevel::Device {
+                if let Some(want) = required.filter(|want| level < *want) {
                     return Err(TransferError::Verification {
                         path: e.path.to_string(),
-                        what: format!("--require-level device: held at level {level}"),
+                        what: format!("--require-level {want}: held at level {level}"),
                     });
                 }
                 let mut inc = Incoming::fresh(e.clone(), mode, None, r.id);
@@ -200,11 +200,11 @@ pub(super) fn open_stage(
     let direct = inc.entry.flags & Entry::DIRECT != 0;
     let stage =
         stage_for(inc.mode, file, direct, opts.reread_through_cache()).map_err(inc.path_err())?;
-    if inc.entry.flags & Entry::REQUIRE_DEVICE != 0 {
+    if let Some(want) = super::required_level(inc.entry.flags) {
         if let Some(why) = stage.no_device_reason() {
             return Err(TransferError::Verification {
                 path: inc.entry.path.to_string(),
-                what: format!("--require-level device: the destination is on {why}"),
+                what: format!("--require-level {want}: the destination is on {why}"),
             });
         }
     }

@@ -211,10 +211,10 @@ pub(super) fn commit_ready(
     Ok(())
 }
 
-/// Why a file below `--require-level device` fails.
-pub(super) fn below_required(reached: &Reached) -> String {
+/// Why a file below `--require-level want` fails.
+pub(super) fn below_required(reached: &Reached, want: VerifyLevel) -> String {
     format!(
-        "reached level {}, but --require-level device was asked for: {}",
+        "reached level {}, but --require-level {want} was asked for: {}",
         reached.level,
         reached.note.as_deref().unwrap_or("")
     )

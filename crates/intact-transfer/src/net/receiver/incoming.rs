@@ -136,7 +136,10 @@ impl Incoming {
         let mut r = Reached::aim(self.mode);
         self.verify.lower(&mut r);
         if let Some(level) = self.source_level {
-            r.lower(level, format!("the source's reads reached level {level}"));
+            r.lower(
+                level.as_source_cap(),
+                format!("the source's reads reached level {level}"),
+            );
         }
         if let Some(level) = self.held.trusted_level() {
             r.lower(
@@ -146,6 +149,10 @@ impl Incoming {
                     self.held.trusted_bytes()
                 ),
             );
+        }
+        if r.note.is_none() {
+            // `flash` says which window it waited for even at its aim.
+            r.note = self.verify.statement();
         }
         r
     }

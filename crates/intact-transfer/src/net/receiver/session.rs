@@ -5,14 +5,14 @@ use std::collections::HashMap;
 use std::sync::{mpsc, Arc};
 
 use intact_digest::{defaults, AlignedBuf, Digest};
-use intact_proto::{Entry, Message, ProtoError, WirePath};
+use intact_proto::{Message, ProtoError, WirePath};
 
 use super::accept::{accept_block, end_file, Verdict};
 use super::begin::start_anew;
 use super::commit::{below_required, commit_ready, failed, whole_digest_matches};
 use super::data_clock::DataClock;
 use super::{
-    admit, wire_level, Check, Checked, Event, Incoming, ReceiveOptions, SessionSummary,
+    admit, wire_level, Checked, Event, Incoming, Job, ReceiveOptions, SessionSummary,
     GROUP_COMMIT_FILES, JOURNAL_BATCH, MAX_ROUNDS,
 };
 use crate::dest::{CreatedDirs, Destination, Mtime};
@@ -32,7 +32,9 @@ pub(super) struct Session<'a> {
     pub(super) pending_delete: Option<Pending>,
     pub(super) journal: &'a Journal,
     pub(super) opts: &'a ReceiveOptions,
-    pub(super) jobs: mpsc::SyncSender<Check>,
+    pub(super) jobs: mpsc::SyncSender<Job>,
+    /// `flash` blocks sent to the verifier and not yet back.
+    pub(super) deferred_out: u64,
     pub(super) files: &'a mut HashMap<u64, Incoming>,
     pub(super) ready: &'a mut Vec<(u64, Incoming)>,
     /// Directories this session created, to finish at the end, and the
@@ -203,7 +205,11 @@ impl Session<'_> {
             }
             Message::Waiting => {
                 // The sender blocks until it hears back: commit the group
-                // now, so small files share one syncfs and their results go.
+                // now, so small files share one syncfs and their results go;
+                // `flash` blocks waiting for their window are pushed past it.
+                if self.deferred_out > 0 {
+                    self.jobs.send(Job::Drain).map_err(|_| ProtoError::Closed)?;
+                }
                 self.commit()?;
             }
             other => {
@@ -300,7 +306,10 @@ impl Session<'_> {
             Verdict::Check(check) => {
                 f.checking += 1;
                 *self.at_verifier.entry(b.file).or_insert(0) += 1;
-                self.jobs.send(check).map_err(|_| ProtoError::Closed)?;
+                self.deferred_out += u64::from(check.deferred);
+                self.jobs
+                    .send(Job::Check(check))
+                    .map_err(|_| ProtoError::Closed)?;
                 Ok(())
             }
             Verdict::Done(ok, pages) => {
@@ -354,6 +363,9 @@ impl Session<'_> {
                 self.at_verifier.remove(&c.id);
             }
         }
+        if c.window.is_some() {
+            self.deferred_out = self.deferred_out.saturating_sub(1);
+        }
         let Some(f) = self.files.get_mut(&c.id) else {
             return Ok(());
         };
@@ -368,10 +380,17 @@ impl Session<'_> {
         if let Some(r) = f.verify.block_reread_mut() {
             r.count(&c.outcome, c.took);
         }
+        if let Some(w) = &c.window {
+            f.verify.windowed(w);
+        }
         if ok {
             f.verified.set(c.index as usize, Some(c.digest));
         }
-        let level = reread_level(&c.outcome).min(c.source_level);
+        let mut level = reread_level(&c.outcome);
+        if level == VerifyLevel::Device && c.window.as_ref().is_some_and(|w| w.passed) {
+            level = VerifyLevel::Media;
+        }
+        let level = level.min(c.source_level.as_source_cap());
         self.block_done(c.id, c.index, ok, Some(c.digest), level, c.pages)?;
         let end = self
             .files
@@ -436,10 +455,10 @@ impl Session<'_> {
                     return Ok(());
                 }
                 let reached = f.reached();
-                if reached.level < VerifyLevel::Device && f.entry.flags & Entry::REQUIRE_DEVICE != 0
-                {
+                let required = super::required_level(f.entry.flags);
+                if let Some(want) = required.filter(|want| reached.level < *want) {
                     let _ = f.journal(self.journal, &self.opts.profile);
-                    let msg = below_required(&reached);
+                    let msg = below_required(&reached, want);
                     self.summary.fail(&f.entry.path.to_string(), &msg);
                     self.out.put(failed(file, &msg))?;
                     return Ok(());

@@ -1,19 +1,41 @@
-//! A session's verifier thread: the per-block re-read of the `riva` and
-//! `block` verify stages, off the session thread.
+//! A session's verifier thread: the per-block re-read of the `riva`,
+//! `block` and `flash` verify stages, off the session thread.
+//!
+//! `riva` and `block` blocks are re-read as they come, in batches. A
+//! `flash` block is flushed and evicted as it comes, then waits in the
+//! deferred queue (see [`crate::flash`]) until W bytes were written to its
+//! device after it; the queue is drained with filler when the sender waits
+//! for results ([`Job::Drain`]) or nothing new came for
+//! [`IDLE_DRAIN`](crate::flash::IDLE_DRAIN).
 
 use std::fs::File;
+use std::path::PathBuf;
 use std::sync::{mpsc, Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use intact_cache::DeviceReader;
 use intact_digest::{AlignedBuf, Digest};
 
 use super::Event;
+use crate::flash::{DeferredQueue, FlashSettings, IDLE_DRAIN, MAX_DEFERRED};
 use crate::recheck::{recheck_batch, Recheck, BATCH_BYTES};
+use crate::stage::verify::WindowVerdict;
 use crate::verify::VerifyLevel;
 
-/// Work for the verifier thread: re-read a written block (from the device
-/// in `riva`, through the cache in `block`).
+/// How often a verifier with deferred blocks looks at the device's counter.
+const POLL: Duration = Duration::from_millis(20);
+
+/// Work for the verifier thread.
+pub(super) enum Job {
+    /// Re-read a written block.
+    Check(Check),
+    /// The sender waits for results: push every deferred block past its
+    /// window with filler (within the budget) and re-read them all now.
+    Drain,
+}
+
+/// A written block to re-read (from the device in `riva` and `flash`,
+/// through the cache in `block`).
 pub(super) struct Check {
     pub(super) id: u64,
     pub(super) index: u64,
@@ -26,6 +48,8 @@ pub(super) struct Check {
     pub(super) reader: Arc<Mutex<DeviceReader>>,
     /// The CRC-32C of each page of the bytes received (for the catalog).
     pub(super) pages: Option<Vec<u8>>,
+    /// `flash`: wait for the device's write cache to turn over first.
+    pub(super) deferred: bool,
 }
 
 /// The verifier's verdict on one block.
@@ -39,51 +63,206 @@ pub(super) struct Checked {
     pub(super) took: Duration,
     /// As the [`Check`] had them.
     pub(super) pages: Option<Vec<u8>>,
+    /// A deferred re-read: whether its window had passed.
+    pub(super) window: Option<WindowVerdict>,
+}
+
+/// Where a verifier's `flash` blocks wait, and where its filler goes.
+pub(super) struct Flash {
+    pub(super) settings: FlashSettings,
+    /// A directory on the destination's file system, for filler.
+    pub(super) scratch: PathBuf,
 }
 
 /// The verifier thread of a session: it takes the blocks queued so far as
 /// one batch (see [`crate::recheck`]) and sends a verdict for each.
-pub(super) fn verifier(jobs: mpsc::Receiver<Check>, events: mpsc::Sender<Event>) {
+pub(super) fn verifier(jobs: mpsc::Receiver<Job>, events: mpsc::Sender<Event>, flash: Flash) {
     // Grown by the first re-read to its length: an idle session holds none.
     let mut buf = AlignedBuf::new(0);
-    while let Ok(first) = jobs.recv() {
-        let mut bytes = first.len;
-        let mut batch = vec![first];
-        while bytes < BATCH_BYTES {
-            match jobs.try_recv() {
-                Ok(c) => {
-                    bytes += c.len;
-                    batch.push(c);
+    let mut queue: DeferredQueue<Check> = DeferredQueue::new(flash.settings.clone());
+    let mut last_job = Instant::now();
+    loop {
+        let first = if queue.is_empty() {
+            match jobs.recv() {
+                Ok(j) => Some(j),
+                Err(_) => return,
+            }
+        } else {
+            match jobs.recv_timeout(POLL) {
+                Ok(j) => Some(j),
+                Err(mpsc::RecvTimeoutError::Timeout) => None,
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            }
+        };
+        let mut now = Vec::new();
+        let mut later = Vec::new();
+        let mut drain = false;
+        if let Some(first) = first {
+            last_job = Instant::now();
+            let mut bytes = 0;
+            let mut next = Some(first);
+            while let Some(job) = next.take() {
+                match job {
+                    Job::Drain => drain = true,
+                    Job::Check(c) => {
+                        bytes += c.len;
+                        if c.deferred {
+                            later.push(c);
+                        } else {
+                            now.push(c);
+                        }
+                    }
                 }
-                Err(_) => break,
+                if bytes < BATCH_BYTES {
+                    next = jobs.try_recv().ok();
+                }
             }
         }
-        let items: Vec<Recheck<'_>> = batch
-            .iter()
-            .map(|c| Recheck {
-                file: &c.file,
-                reader: Some(&*c.reader),
-                offset: c.offset,
-                len: c.len,
-                digest: &c.digest,
-            })
-            .collect();
-        let results = recheck_batch(&items, &mut buf);
-        drop(items);
-        for (c, r) in batch.into_iter().zip(results) {
-            let done = Checked {
-                id: c.id,
-                index: c.index,
-                source_level: c.source_level,
-                digest: c.digest,
-                ok: r.ok,
-                outcome: r.outcome,
-                took: r.took,
-                pages: c.pages,
-            };
-            if events.send(Event::Checked(done)).is_err() {
-                return;
+        if !send_all(&events, reread(now, &mut buf)) {
+            return;
+        }
+        if !send_all(&events, admit(&mut queue, later)) {
+            return;
+        }
+        drain |= !queue.is_empty() && last_job.elapsed() >= IDLE_DRAIN;
+        let mut early_why = None;
+        if drain {
+            let (_, why) = queue.fill(&flash.scratch);
+            early_why = why;
+        }
+        // A few at a time while blocks keep coming; all of them when drained.
+        let due = match queue.take_due(if drain { usize::MAX } else { 64 }) {
+            Ok(due) => due,
+            Err(e) => {
+                early_why = Some(format!("the device's counter could not be read: {e}"));
+                Vec::new()
             }
+        };
+        if !send_all(&events, reread_waiting(due, true, None, &mut buf)) {
+            return;
+        }
+        // Drained, or over the bound: what is left is re-read now, before
+        // its window passed.
+        let mut early = Vec::new();
+        if drain || early_why.is_some() {
+            while let Some(w) = queue.take_oldest() {
+                early.push(w);
+            }
+        }
+        while queue.len() > MAX_DEFERRED {
+            early.extend(queue.take_oldest());
+            early_why.get_or_insert_with(|| {
+                format!("more than {MAX_DEFERRED} blocks waited for their window at once")
+            });
+        }
+        let why = early_why.map(|w| Arc::from(w.as_str()));
+        if !send_all(&events, reread_waiting(early, false, why, &mut buf)) {
+            return;
+        }
+    }
+}
+
+/// Sends each verdict; false once the session is gone.
+fn send_all(events: &mpsc::Sender<Event>, done: Vec<Checked>) -> bool {
+    done.into_iter()
+        .all(|c| events.send(Event::Checked(c)).is_ok())
+}
+
+/// Flushes and evicts `flash` blocks as they come, then queues them: each
+/// is due once W bytes were written to its device after its flush. A block
+/// that cannot be flushed fails at once.
+fn admit(queue: &mut DeferredQueue<Check>, later: Vec<Check>) -> Vec<Checked> {
+    for c in &later {
+        intact_cache::start_writeback(&c.file, c.offset, c.len as u64);
+    }
+    let mut failed = Vec::new();
+    for c in later {
+        let t = Instant::now();
+        if let Err(e) = intact_cache::evict(&c.file, c.offset, c.len as u64) {
+            failed.push(c.failed(e.into(), t.elapsed()));
+            continue;
+        }
+        let file = Arc::clone(&c.file);
+        if let Err((c, e)) = queue.push(&file, c.len as u64, c) {
+            failed.push(c.failed(e, t.elapsed()));
+        }
+    }
+    failed
+}
+
+/// Re-reads `now` (not deferred) as one batch.
+fn reread(now: Vec<Check>, buf: &mut AlignedBuf) -> Vec<Checked> {
+    reread_with(now.into_iter().map(|c| (c, None)).collect(), buf)
+}
+
+/// Re-reads deferred blocks, whose window had `passed` or not (`why`).
+fn reread_waiting(
+    waiting: Vec<(Check, Arc<str>)>,
+    passed: bool,
+    why: Option<Arc<str>>,
+    buf: &mut AlignedBuf,
+) -> Vec<Checked> {
+    let batch = waiting
+        .into_iter()
+        .map(|(c, statement)| {
+            let w = WindowVerdict {
+                passed,
+                why: why.clone(),
+                statement,
+            };
+            (c, Some(w))
+        })
+        .collect();
+    reread_with(batch, buf)
+}
+
+/// Re-reads a batch (see [`crate::recheck`]) and gives each its verdict.
+fn reread_with(batch: Vec<(Check, Option<WindowVerdict>)>, buf: &mut AlignedBuf) -> Vec<Checked> {
+    if batch.is_empty() {
+        return Vec::new();
+    }
+    let items: Vec<Recheck<'_>> = batch
+        .iter()
+        .map(|(c, _)| Recheck {
+            file: &c.file,
+            reader: Some(&*c.reader),
+            offset: c.offset,
+            len: c.len,
+            digest: &c.digest,
+        })
+        .collect();
+    let results = recheck_batch(&items, buf);
+    drop(items);
+    batch
+        .into_iter()
+        .zip(results)
+        .map(|((c, window), r)| Checked {
+            id: c.id,
+            index: c.index,
+            source_level: c.source_level,
+            digest: c.digest,
+            ok: r.ok,
+            outcome: r.outcome,
+            took: r.took,
+            pages: c.pages,
+            window,
+        })
+        .collect()
+}
+
+impl Check {
+    /// The verdict on a block that could not be re-read.
+    fn failed(self, e: std::io::Error, took: Duration) -> Checked {
+        Checked {
+            id: self.id,
+            index: self.index,
+            source_level: self.source_level,
+            digest: self.digest,
+            ok: Err(e),
+            outcome: intact_cache::ReadOutcome::default(),
+            took,
+            pages: self.pages,
+            window: None,
         }
     }
 }

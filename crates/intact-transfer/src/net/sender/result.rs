@@ -88,9 +88,11 @@ impl Stream<'_> {
             source.lower(&mut reached);
         }
         o.report.level = Some(reached.level);
+        // Below the aim, why; `flash` also says which window it waited for.
+        let mode = self.ctx.opts.verify;
         o.report.note = reached
             .note
-            .filter(|_| reached.level < self.ctx.opts.verify.level());
+            .filter(|_| reached.level < mode.level() || mode == crate::VerifyMode::Flash);
         // The bytes the receiver holds have this run's digest of the source:
         // the next quick check can take it from the cache.
         if let (Some(c), Some(k), Some(src), Some(d), Some(SourceDigest::Transfer)) = (

@@ -9,7 +9,10 @@ use intact_digest::{defaults, Blake3Blocks};
 use intact_proto::{Entry, EntryKind, Message, ProtoError};
 
 use super::link::TcpEnd;
-use super::{entry_flags, Ctx, SenderLink, FLUSH_EVERY, MAX_BYTES_IN_FLIGHT, MAX_FILES_IN_FLIGHT};
+use super::{
+    entry_flags, Ctx, SenderLink, FLUSH_EVERY, MAX_BYTES_IN_FLIGHT, MAX_BYTES_IN_FLIGHT_FLASH,
+    MAX_FILES_IN_FLIGHT,
+};
 use crate::link::{Arrival, Outbound};
 use crate::profile::Stage;
 use crate::report::{simple_report, FileReport};
@@ -78,11 +81,16 @@ impl<'a> Stream<'a> {
     pub(super) fn run(&mut self, mut next: impl FnMut() -> Option<usize>) {
         let mut exhausted = false;
         let mut begun = 0usize;
+        let max_bytes = if self.ctx.opts.verify == crate::VerifyMode::Flash {
+            MAX_BYTES_IN_FLIGHT_FLASH
+        } else {
+            MAX_BYTES_IN_FLIGHT
+        };
         loop {
             while self.broken.is_none()
                 && !exhausted
                 && self.out.len() < MAX_FILES_IN_FLIGHT
-                && self.in_flight < MAX_BYTES_IN_FLIGHT
+                && self.in_flight < max_bytes
             {
                 match next() {
                     Some(i) => self.begin(i),
@@ -115,11 +123,19 @@ impl<'a> Stream<'a> {
             // until the receiver commits its group of verified files, so
             // say so. (While files await their Status or block results, the
             // receiver answers those anyway; a Waiting then would only
-            // shrink its group.)
+            // shrink its group.) In `flash` the receiver holds block
+            // results until the device's write cache has turned over, so
+            // files whose blocks are all out count as ended: told, it
+            // pushes them past the window with filler.
             let profile = self.ctx.profile;
             let t = Instant::now();
             let mut handed = Ok(());
-            if self.out.values().all(|o| o.ended) {
+            let flash = self.ctx.opts.verify == crate::VerifyMode::Flash;
+            if self
+                .out
+                .values()
+                .all(|o| o.ended || (flash && o.pending > 0))
+            {
                 handed = self.conn.put(Message::Waiting);
             }
             let handed = handed.and_then(|()| self.conn.flush());
