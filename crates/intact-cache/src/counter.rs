@@ -17,18 +17,28 @@ use crate::CacheError;
 /// Sysfs's unit for sector counts and sizes.
 const SECTOR: u64 = 512;
 
-/// The counter of bytes written to the block device under a file.
+/// One disk under a file system: its name, its `stat`, its capacity.
 #[derive(Debug, Clone)]
-pub struct DeviceCounter {
+struct Leaf {
     name: String,
     stat: PathBuf,
     capacity: u64,
 }
 
+/// The counters of bytes written to the disks under a file: one disk, or
+/// for a stacked device (LVM and other device-mapper targets, md RAID)
+/// every disk it is built on, each of which has its own write cache.
+#[derive(Debug, Clone)]
+pub struct DeviceCounter {
+    name: String,
+    leaves: Vec<Leaf>,
+}
+
 impl DeviceCounter {
-    /// The counter of the whole block device holding `file`; None where
-    /// the file system has no block device in sysfs (tmpfs, btrfs's
-    /// anonymous device numbers, network and FUSE file systems).
+    /// The counters of the disks holding `file`; None where the file
+    /// system has no block device in sysfs (tmpfs, btrfs's anonymous
+    /// device numbers, network and FUSE file systems). An error reading
+    /// sysfs is an error, not "no device".
     pub fn for_file(file: &File) -> Result<Option<DeviceCounter>, CacheError> {
         let meta = file.metadata().map_err(|source| CacheError::Io {
             op: "fstat",
@@ -36,60 +46,121 @@ impl DeviceCounter {
         })?;
         let dev = meta.dev();
         let (major, minor) = (libc::major(dev), libc::minor(dev));
-        Ok(Self::under(
-            Path::new("/sys/dev/block"),
-            &format!("{major}:{minor}"),
-        ))
+        Self::under(Path::new("/sys"), &format!("{major}:{minor}")).map_err(|source| {
+            CacheError::Io {
+                op: "reading the block device's sysfs",
+                source,
+            }
+        })
     }
 
-    /// The counter for device `majmin` as `sysfs_dev_block` lists it
-    /// (separate so that a test can point it at a made-up tree).
-    fn under(sysfs_dev_block: &Path, majmin: &str) -> Option<DeviceCounter> {
-        let mut dir = std::fs::canonicalize(sysfs_dev_block.join(majmin)).ok()?;
-        if dir.join("partition").exists() {
-            dir = dir.parent()?.to_path_buf();
-        }
-        let name = dir.file_name()?.to_string_lossy().into_owned();
-        let sectors: u64 = std::fs::read_to_string(dir.join("size"))
-            .ok()?
-            .trim()
-            .parse()
-            .ok()?;
-        let c = DeviceCounter {
-            name,
-            stat: dir.join("stat"),
-            capacity: sectors * SECTOR,
+    /// The counters for device `majmin` in the sysfs tree at `sys` (a
+    /// parameter so that a test can point it at a made-up tree).
+    fn under(sys: &Path, majmin: &str) -> std::io::Result<Option<DeviceCounter>> {
+        let dir = match std::fs::canonicalize(sys.join("dev/block").join(majmin)) {
+            Ok(d) => d,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
         };
-        c.bytes_written().ok()?;
-        Some(c)
+        let dir = whole_disk(dir);
+        let name = dir_name(&dir);
+        let mut leaves = Vec::new();
+        collect_leaves(sys, &dir, &mut leaves, 0)?;
+        let c = DeviceCounter { name, leaves };
+        c.bytes_written()?;
+        Ok(Some(c))
     }
 
-    /// The device's name (`sda`, `nvme0n1`, `loop3`).
+    /// The device's name (`sda`, `nvme0n1`, `loop3`, `dm-0`).
     pub fn name(&self) -> &str {
         &self.name
     }
 
-    /// The whole device's capacity in bytes.
-    pub fn capacity(&self) -> u64 {
-        self.capacity
+    /// The disks counted: the device itself, or those it is built on.
+    pub fn disks(&self) -> Vec<&str> {
+        self.leaves.iter().map(|l| l.name.as_str()).collect()
     }
 
-    /// Bytes written to the device since boot, by anyone.
-    pub fn bytes_written(&self) -> Result<u64, CacheError> {
-        let text = std::fs::read_to_string(&self.stat).map_err(|source| CacheError::Io {
-            op: "reading the device's stat",
-            source,
-        })?;
-        parse_sectors_written(&text)
-            .map(|s| s.saturating_mul(SECTOR))
-            .ok_or_else(|| CacheError::Io {
-                op: "reading the device's stat",
-                source: std::io::Error::new(
-                    std::io::ErrorKind::InvalidData,
-                    format!("no sectors-written field in {}", self.stat.display()),
-                ),
-            })
+    /// The largest disk's capacity in bytes (each disk's write cache is
+    /// its own; the largest one's is the longest to turn over).
+    pub fn capacity(&self) -> u64 {
+        self.leaves.iter().map(|l| l.capacity).max().unwrap_or(0)
     }
+
+    /// Bytes written to each disk since boot, by anyone, in the order of
+    /// [`DeviceCounter::disks`].
+    pub fn bytes_written(&self) -> std::io::Result<Vec<u64>> {
+        self.leaves
+            .iter()
+            .map(|l| {
+                let text = std::fs::read_to_string(&l.stat)?;
+                parse_sectors_written(&text)
+                    .map(|s| s.saturating_mul(SECTOR))
+                    .ok_or_else(|| {
+                        std::io::Error::new(
+                            std::io::ErrorKind::InvalidData,
+                            format!("no sectors-written field in {}", l.stat.display()),
+                        )
+                    })
+            })
+            .collect()
+    }
+}
+
+/// A partition's disk, else the device itself.
+fn whole_disk(dir: PathBuf) -> PathBuf {
+    match dir.parent() {
+        Some(parent) if dir.join("partition").exists() => parent.to_path_buf(),
+        _ => dir,
+    }
+}
+
+fn dir_name(dir: &Path) -> String {
+    dir.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// The disks under `dir`: itself where it is built on nothing (its
+/// `slaves` is empty or absent), else the disks under each of those.
+fn collect_leaves(sys: &Path, dir: &Path, out: &mut Vec<Leaf>, depth: u32) -> std::io::Result<()> {
+    if depth > 16 {
+        return Err(std::io::Error::other(
+            "block devices stacked more than 16 deep",
+        ));
+    }
+    let mut below = Vec::new();
+    match std::fs::read_dir(dir.join("slaves")) {
+        Ok(entries) => {
+            for e in entries {
+                below.push(e?.file_name());
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    if below.is_empty() {
+        let name = dir_name(dir);
+        if out.iter().any(|l| l.name == name) {
+            return Ok(());
+        }
+        let sectors: u64 = std::fs::read_to_string(dir.join("size"))?
+            .trim()
+            .parse()
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "bad size"))?;
+        out.push(Leaf {
+            name,
+            stat: dir.join("stat"),
+            capacity: sectors * SECTOR,
+        });
+        return Ok(());
+    }
+    below.sort();
+    for b in below {
+        let d = whole_disk(std::fs::canonicalize(sys.join("class/block").join(&b))?);
+        collect_leaves(sys, &d, out, depth + 1)?;
+    }
+    Ok(())
 }
 
 /// Field 7 of a block device's `stat` (Documentation/block/stat.rst).
@@ -100,7 +171,6 @@ fn parse_sectors_written(stat: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Write;
 
     #[test]
     fn the_sectors_written_are_the_seventh_field() {
@@ -110,27 +180,57 @@ mod tests {
         assert_eq!(parse_sectors_written("1 2 3 4 5 6 x"), None);
     }
 
+    /// A made-up sysfs: `devices/NAME` with `size` (sectors) and `stat`
+    /// (sectors written), linked from `dev/block/MAJ:MIN` and
+    /// `class/block/NAME`.
+    fn disk(sys: &Path, path: &str, majmin: &str, size: u64, written: u64) -> PathBuf {
+        let dir = sys.join("devices").join(path);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("size"), format!("{size}\n")).unwrap();
+        std::fs::write(dir.join("stat"), format!("0 0 0 0 0 0 {written} 0\n")).unwrap();
+        for (d, n) in [
+            ("dev/block", majmin),
+            ("class/block", path.rsplit('/').next().unwrap()),
+        ] {
+            std::fs::create_dir_all(sys.join(d)).unwrap();
+            std::os::unix::fs::symlink(&dir, sys.join(d).join(n)).unwrap();
+        }
+        dir
+    }
+
     #[test]
     fn a_partition_counts_with_its_whole_disk() {
-        // A made-up sysfs: dev/block/8:1 -> devices/sda/sda1 (a partition).
         let t = tempfile::tempdir().unwrap();
-        let disk = t.path().join("devices/sda");
-        let part = disk.join("sda1");
-        std::fs::create_dir_all(&part).unwrap();
+        let sys = t.path();
+        disk(sys, "sda", "8:0", 2000, 1000);
+        let part = disk(sys, "sda/sda1", "8:1", 100, 7);
         std::fs::write(part.join("partition"), "1\n").unwrap();
-        std::fs::write(part.join("size"), "100\n").unwrap();
-        std::fs::write(part.join("stat"), "0 0 0 0 0 0 7 0\n").unwrap();
-        std::fs::write(disk.join("size"), "2000\n").unwrap();
-        let mut stat = File::create(disk.join("stat")).unwrap();
-        stat.write_all(b"0 0 0 0 0 0 1000 0\n").unwrap();
-        let by = t.path().join("dev/block");
-        std::fs::create_dir_all(&by).unwrap();
-        std::os::unix::fs::symlink(&part, by.join("8:1")).unwrap();
-        let c = DeviceCounter::under(&by, "8:1").unwrap();
-        assert_eq!(c.name(), "sda");
+        let c = DeviceCounter::under(sys, "8:1").unwrap().unwrap();
+        assert_eq!((c.name(), c.disks()), ("sda", vec!["sda"]));
         assert_eq!(c.capacity(), 2000 * 512);
-        assert_eq!(c.bytes_written().unwrap(), 1000 * 512);
+        assert_eq!(c.bytes_written().unwrap(), vec![1000 * 512]);
         // A device sysfs does not list has no counter.
-        assert!(DeviceCounter::under(&by, "9:9").is_none());
+        assert!(DeviceCounter::under(sys, "9:9").unwrap().is_none());
+    }
+
+    #[test]
+    fn a_stacked_device_counts_each_disk_it_is_built_on() {
+        // dm-0 (LVM) over a partition of sda and over sdb.
+        let t = tempfile::tempdir().unwrap();
+        let sys = t.path();
+        disk(sys, "sda", "8:0", 4000, 10);
+        let part = disk(sys, "sda/sda1", "8:1", 100, 7);
+        std::fs::write(part.join("partition"), "1\n").unwrap();
+        disk(sys, "sdb", "8:16", 8000, 20);
+        let dm = disk(sys, "dm-0", "253:0", 500, 99);
+        std::fs::create_dir_all(dm.join("slaves")).unwrap();
+        for s in ["sda1", "sdb"] {
+            std::os::unix::fs::symlink(sys.join("class/block").join(s), dm.join("slaves").join(s))
+                .unwrap();
+        }
+        let c = DeviceCounter::under(sys, "253:0").unwrap().unwrap();
+        assert_eq!((c.name(), c.disks()), ("dm-0", vec!["sda", "sdb"]));
+        assert_eq!(c.capacity(), 8000 * 512, "the largest disk's");
+        assert_eq!(c.bytes_written().unwrap(), vec![10 * 512, 20 * 512]);
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! The rule for LIE is kept crisp: a run that *succeeded* while the device
 //! (after a remount) differs from the source is a LIE if it reported a file
-//! at level `device`, or if it ran with `--require-level device` (exit 0
+//! at level `device` (or `media`, which claims more), or if it ran with `--require-level device` (exit 0
 //! there promises the device). The unchanged case needs no rule of its
 //! own: a file reported `unchanged` at a level the journal remembered but
 //! this run never checked is caught by the second clause under riva. Any
@@ -96,9 +96,10 @@ impl Said {
         }
     }
 
-    /// Whether a success promised the device's bytes.
+    /// Whether a success promised the device's bytes (`device`, or
+    /// `media` above it).
     pub fn claims_device(&self) -> bool {
-        self.ok && (self.level == Some(VerifyLevel::Device) || self.require_device)
+        self.ok && (self.level >= Some(VerifyLevel::Device) || self.require_device)
     }
 
     /// "level device, 2 blocks skipped, unchanged" for the detail column.
@@ -184,5 +185,27 @@ pub(crate) fn judge_after(said: &Said, equal: bool) -> (Outcome, String) {
         (true, true) => (Outcome::Repaired, said.summary()),
         (true, false) => wrong(said),
         (false, _) => (Outcome::FailedClean, said.summary()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wrong_bytes_under_a_device_or_media_level_are_a_lie() {
+        let at = |level| Said {
+            ok: true,
+            level: Some(level),
+            ..Said::default()
+        };
+        for (level, want) in [
+            (VerifyLevel::Media, Outcome::Lie),
+            (VerifyLevel::Device, Outcome::Lie),
+            (VerifyLevel::Cache, Outcome::Missed),
+            (VerifyLevel::Network, Outcome::Missed),
+        ] {
+            assert_eq!(judge_after(&at(level), false).0, want, "{level}");
+        }
     }
 }

@@ -206,6 +206,7 @@ pub fn copy_scanned(
     let profile = Arc::new(Profile::default());
     recv_opts.profile = Arc::clone(&profile);
     let shares = Shares::alone(&recv_opts.limits);
+    let filler_before = recv_opts.flash.filler_written();
     let (dest, journal, recv_opts) = (&dest, &journal, &recv_opts);
     std::thread::scope(|s| {
         let mut links = Vec::new();
@@ -239,7 +240,7 @@ pub fn copy_scanned(
         }
         report.stages = profile.stages();
         if opts.verify == VerifyMode::Flash {
-            report.filler_bytes = Some(recv_opts.flash.filler_written());
+            report.filler_bytes = Some(recv_opts.flash.filler_written() - filler_before);
         }
         Ok(report)
     })

@@ -47,10 +47,6 @@ pub const DEFAULT_SHARE: f64 = 0.001;
 /// sets any size.
 pub const MAX_DEFAULT_WINDOW: u64 = 1 << 30;
 
-/// The window where the device's capacity is unknown (no block device in
-/// sysfs; such a file system has no device to re-read anyway).
-pub const UNKNOWN_DEVICE_WINDOW: u64 = 64 << 20;
-
 /// Blocks waiting for their window per receiving stream at most; past it
 /// the oldest is re-read at once (level `device`).
 pub const MAX_DEFERRED: usize = 1 << 16;
@@ -93,16 +89,20 @@ impl FlashSettings {
     }
 }
 
-/// The write-cache window of one device, and its count of bytes written.
+/// The write-cache window of one device, and its counters of bytes
+/// written (one per disk under it).
 #[derive(Debug)]
 pub(crate) struct Window {
     /// W, in bytes.
     pub bytes: u64,
     /// Where W came from.
     what: String,
+    /// None: this file system has no block device in sysfs, so writes
+    /// after a block cannot be counted and no block reaches `media`.
     counter: Option<DeviceCounter>,
-    /// intact's own flushed writes (where there is no device counter).
-    own: u64,
+    /// Unit tests: counters they set themselves.
+    #[cfg(test)]
+    fake: Option<Arc<Mutex<Vec<u64>>>>,
 }
 
 impl Window {
@@ -123,256 +123,302 @@ impl Window {
                     (share, of)
                 }
             }
-            (None, None) => (
-                UNKNOWN_DEVICE_WINDOW,
-                "the device's capacity is unknown here".to_string(),
-            ),
+            (None, None) => (0, "no device".to_string()),
         };
         Ok(Window {
             bytes,
             what,
             counter,
-            own: 0,
+            #[cfg(test)]
+            fake: None,
         })
     }
 
-    /// Bytes written so far by the count this window uses.
-    pub fn position(&self) -> std::io::Result<u64> {
-        match &self.counter {
-            Some(c) => Ok(c.bytes_written()?),
-            None => Ok(self.own),
+    /// Bytes written so far to each disk under the device.
+    fn positions(&self) -> std::io::Result<Vec<u64>> {
+        #[cfg(test)]
+        if let Some(f) = &self.fake {
+            return Ok(f.lock().unwrap().clone());
         }
-    }
-
-    /// intact wrote and flushed `n` bytes on this device.
-    pub fn wrote(&mut self, n: u64) {
-        self.own += n;
+        match &self.counter {
+            Some(c) => c.bytes_written(),
+            None => Err(std::io::Error::other(NO_COUNTER)),
+        }
     }
 
     /// W, where it came from, and how bytes after a block are counted, for
     /// reports.
     pub fn statement(&self) -> String {
-        let counted = match &self.counter {
-            Some(c) => format!(
-                "counted by {}'s own sectors-written counter (/sys/block/{}/stat, every writer's traffic)",
-                c.name(),
-                c.name()
-            ),
-            None => "counted by intact's own flushed writes (no block device counter here)".into(),
-        };
-        format!(
-            "write-cache window W = {} ({}), {counted}",
-            human_bytes(self.bytes),
-            self.what
-        )
+        match &self.counter {
+            None => format!("no write-cache window: {NO_COUNTER}"),
+            Some(c) => {
+                let disks = c.disks();
+                let counted = if disks == [c.name()] {
+                    format!(
+                        "counted by {}'s own sectors-written counter (/sys/block/{}/stat, every writer's traffic)",
+                        c.name(),
+                        c.name()
+                    )
+                } else {
+                    format!(
+                        "counted on each disk under {} ({}) by its own sectors-written counter",
+                        c.name(),
+                        disks.join(", ")
+                    )
+                };
+                format!(
+                    "write-cache window W = {} ({}), {counted}",
+                    human_bytes(self.bytes),
+                    self.what
+                )
+            }
+        }
     }
 }
 
-/// A block waiting for its window.
-struct Waiting<T> {
+/// Why a file system without a block device in sysfs cannot reach `media`.
+const NO_COUNTER: &str = "this file system has no block device in sysfs (btrfs, tmpfs, a network or FUSE file system), so the bytes written to the device after a block cannot be counted";
+
+/// The blocks of one device waiting for its window, in write order (so
+/// their due positions only grow).
+struct DeviceQueue<T> {
     dev: u64,
-    due: u64,
-    item: T,
+    window: Window,
+    statement: Arc<str>,
+    /// (order queued, due position per disk, block).
+    waiting: VecDeque<(u64, Vec<u64>, T)>,
 }
 
-/// The blocks written but not yet due, in write order, with the windows of
-/// their devices.
+impl<T> DeviceQueue<T> {
+    /// Bytes still to be written to the least-advanced disk for the
+    /// block at `at` (front: 0, back: len - 1) to be due.
+    fn shortfall(&self, at: usize, now: &[u64]) -> u64 {
+        self.waiting.get(at).map_or(0, |(_, due, _)| {
+            due.iter()
+                .zip(now)
+                .map(|(d, n)| d.saturating_sub(*n))
+                .max()
+                .unwrap_or(0)
+        })
+    }
+}
+
+/// The blocks written but not yet due, per device, with their windows.
 pub(crate) struct DeferredQueue<T> {
-    waiting: VecDeque<Waiting<T>>,
-    /// Per device: its number, its window, and the window's statement.
-    windows: Vec<(u64, Window, Arc<str>)>,
+    devices: Vec<DeviceQueue<T>>,
     settings: FlashSettings,
     /// Filler this queue has written.
     filler_spent: u64,
     /// Bytes of blocks queued so far.
     queued: u64,
+    /// Blocks queued so far (their order).
+    seq: u64,
+    len: usize,
 }
+
+/// A stream may write this many times the bytes it queued in filler, in
+/// all: a sender cannot make the device write much more than it sent.
+pub const FILLER_PER_BYTE: u64 = 4;
 
 impl<T> DeferredQueue<T> {
     pub fn new(settings: FlashSettings) -> DeferredQueue<T> {
         DeferredQueue {
-            waiting: VecDeque::new(),
-            windows: Vec::new(),
+            devices: Vec::new(),
             settings,
             filler_spent: 0,
             queued: 0,
+            seq: 0,
+            len: 0,
         }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.waiting.is_empty()
+        self.len == 0
     }
 
     pub fn len(&self) -> usize {
-        self.waiting.len()
+        self.len
     }
 
-    /// The window of `file`'s device, made on first use.
-    pub fn window(&mut self, file: &File) -> std::io::Result<&mut Window> {
+    /// The queue of `file`'s device, made on first use.
+    fn device(&mut self, file: &File) -> std::io::Result<&mut DeviceQueue<T>> {
         let dev = file.metadata()?.dev();
-        if let Some(i) = self.windows.iter().position(|(d, _, _)| *d == dev) {
-            return Ok(&mut self.windows[i].1);
+        if let Some(i) = self.devices.iter().position(|d| d.dev == dev) {
+            return Ok(&mut self.devices[i]);
         }
-        let w = Window::for_file(file, &self.settings)?;
-        let statement = w.statement().into();
-        self.windows.push((dev, w, statement));
-        Ok(&mut self.windows.last_mut().expect("just pushed").1)
+        let window = Window::for_file(file, &self.settings)?;
+        let statement = window.statement().into();
+        self.devices.push(DeviceQueue {
+            dev,
+            window,
+            statement,
+            waiting: VecDeque::new(),
+        });
+        Ok(self.devices.last_mut().expect("just pushed"))
     }
 
     /// Queues `item`, written and flushed to the device of `file` (of
-    /// `len` bytes): it is due once W more bytes are written after now.
-    /// Gives the item back where the device's counter cannot be read.
-    pub fn push(&mut self, file: &File, len: u64, item: T) -> Result<(), (T, std::io::Error)> {
-        let placed = file.metadata().and_then(|m| {
-            let w = self.window(file)?;
-            w.wrote(len);
-            Ok((m.dev(), w.position()?.saturating_add(w.bytes)))
+    /// `len` bytes): it is due once W more bytes were written to every
+    /// disk under the device. Gives the item back, with why and the
+    /// window's statement, where that cannot be counted (no device
+    /// counter, or it cannot be read).
+    pub fn push(&mut self, file: &File, len: u64, item: T) -> Result<(), (T, String, Arc<str>)> {
+        let seq = self.seq;
+        let placed = self.device(file).and_then(|d| {
+            let due = d
+                .window
+                .positions()?
+                .into_iter()
+                .map(|p| p.saturating_add(d.window.bytes))
+                .collect();
+            Ok((d, due))
         });
         match placed {
-            Ok((dev, due)) => {
+            Ok((d, due)) => {
+                d.waiting.push_back((seq, due, item));
+                self.seq += 1;
+                self.len += 1;
                 self.queued += len;
-                self.waiting.push_back(Waiting { dev, due, item });
                 Ok(())
             }
-            Err(e) => Err((item, e)),
-        }
-    }
-
-    /// The statement of the window `w` waits for.
-    fn statement_of(&self, w: &Waiting<T>) -> Arc<str> {
-        self.windows
-            .iter()
-            .find(|(d, _, _)| *d == w.dev)
-            .map_or_else(|| Arc::from(""), |(_, _, s)| Arc::clone(s))
-    }
-
-    /// The blocks due now, oldest first, at most `limit` of them, each
-    /// with its window's statement.
-    pub fn take_due(&mut self, limit: usize) -> std::io::Result<Vec<(T, Arc<str>)>> {
-        let mut positions = Vec::with_capacity(self.windows.len());
-        for (dev, w, _) in &self.windows {
-            positions.push((*dev, w.position()?));
-        }
-        let now = |dev: u64| {
-            positions
-                .iter()
-                .find(|(d, _)| *d == dev)
-                .map_or(0, |(_, p)| *p)
-        };
-        let mut due = Vec::new();
-        let mut keep = VecDeque::with_capacity(self.waiting.len());
-        let waiting = std::mem::take(&mut self.waiting);
-        for w in waiting {
-            if due.len() < limit && now(w.dev) >= w.due {
-                let s = self.statement_of(&w);
-                due.push((w.item, s));
-            } else {
-                keep.push_back(w);
+            Err(e) => {
+                let statement = match self.device(file) {
+                    Ok(d) => Arc::clone(&d.statement),
+                    Err(_) => Arc::from(""),
+                };
+                Err((item, e.to_string(), statement))
             }
         }
-        self.waiting = keep;
+    }
+
+    /// Every block due now, oldest first per device, each with its
+    /// window's statement.
+    pub fn take_due(&mut self) -> std::io::Result<Vec<(T, Arc<str>)>> {
+        let mut due = Vec::new();
+        for d in &mut self.devices {
+            if d.waiting.is_empty() {
+                continue;
+            }
+            let now = d.window.positions()?;
+            while d.shortfall(0, &now) == 0 {
+                let Some((_, _, item)) = d.waiting.pop_front() else {
+                    break;
+                };
+                self.len -= 1;
+                due.push((item, Arc::clone(&d.statement)));
+            }
+        }
         Ok(due)
     }
 
     /// The oldest block, taken before its window passed (the queue is
     /// over its bound, or is being drained), with its window's statement.
     pub fn take_oldest(&mut self) -> Option<(T, Arc<str>)> {
-        let w = self.waiting.pop_front()?;
-        let s = self.statement_of(&w);
-        Some((w.item, s))
-    }
-
-    /// Bytes still to be written on each device for every waiting block to
-    /// be due, the largest over the devices with waiting blocks, and the
-    /// device's window.
-    fn shortfall(&self) -> std::io::Result<u64> {
-        let mut most = 0;
-        for (dev, w, _) in &self.windows {
-            let Some(last) = self
-                .waiting
-                .iter()
-                .filter(|x| x.dev == *dev)
-                .map(|x| x.due)
-                .max()
-            else {
-                continue;
-            };
-            most = most.max(last.saturating_sub(w.position()?));
-        }
-        Ok(most)
+        let d = self
+            .devices
+            .iter_mut()
+            .filter(|d| !d.waiting.is_empty())
+            .min_by_key(|d| d.waiting.front().map(|w| w.0))?;
+        let (_, _, item) = d.waiting.pop_front()?;
+        self.len -= 1;
+        Some((item, Arc::clone(&d.statement)))
     }
 
     /// `--max-filler`, or W.
     fn max_filler(&self) -> u64 {
         self.settings.max_filler.unwrap_or_else(|| {
-            self.windows
+            self.devices
                 .iter()
-                .map(|(_, w, _)| w.bytes)
+                .map(|d| d.window.bytes)
                 .max()
                 .unwrap_or(0)
         })
     }
 
     /// The filler the next drain may write: `--max-filler`, within what
-    /// is left of this stream's whole allowance (`--max-filler` plus twice
-    /// the bytes queued).
+    /// is left of this stream's whole allowance ([`FILLER_PER_BYTE`] times
+    /// the bytes it queued).
     pub fn filler_left(&self) -> u64 {
-        let max = self.max_filler();
-        let all = max.saturating_add(self.queued.saturating_mul(2));
-        all.saturating_sub(self.filler_spent).min(max)
+        let all = self.queued.saturating_mul(FILLER_PER_BYTE);
+        all.saturating_sub(self.filler_spent).min(self.max_filler())
     }
 
-    /// Pushes the waiting blocks past their window with filler written in
-    /// `dir` (on their file system), within the budget left. Returns the
-    /// filler written and, where the budget or the file system fell short,
-    /// why.
+    /// The shortfall of the front and of the back of the queue of the
+    /// device `dir` is on (filler written there moves only its counters).
+    fn needs(&self, dir: &Path) -> std::io::Result<Option<(u64, u64)>> {
+        let dev = dir.metadata()?.dev();
+        let Some(d) = self
+            .devices
+            .iter()
+            .find(|d| d.dev == dev && !d.waiting.is_empty())
+        else {
+            return Ok(None);
+        };
+        let now = d.window.positions()?;
+        Ok(Some((
+            d.shortfall(0, &now),
+            d.shortfall(d.waiting.len() - 1, &now),
+        )))
+    }
+
+    /// Pushes the waiting blocks of the device `dir` is on past their
+    /// window with filler written in `dir`, within the allowance. Returns
+    /// the filler written and, where it fell short, why.
     pub fn fill(&mut self, dir: &Path) -> (u64, Option<String>) {
         // One stream fills at a time, in the whole process: another
-        // stream's filler moves the same device counter.
+        // stream's filler moves the same counters. Whether filler is
+        // needed at all is asked before waiting for the others.
         static FILLING: Mutex<()> = Mutex::new(());
-        let _one = FILLING.lock().unwrap_or_else(|e| e.into_inner());
-        let need = match self.shortfall() {
-            Ok(n) => n,
-            Err(e) => {
-                return (
-                    0,
-                    Some(format!("the device's counter could not be read: {e}")),
-                )
-            }
+        let needs = |q: &Self| match q.needs(dir) {
+            Ok(n) => Ok(n.filter(|(_, last)| *last > 0)),
+            Err(e) => Err(format!("the device's counter could not be read: {e}")),
         };
-        if need == 0 {
-            return (0, None);
+        match needs(self) {
+            Ok(None) => return (0, None),
+            Err(why) => return (0, Some(why)),
+            Ok(Some(_)) => {}
         }
+        let _one = FILLING.lock().unwrap_or_else(|e| e.into_inner());
+        let (first, need) = match needs(self) {
+            Ok(None) => return (0, None),
+            Err(why) => return (0, Some(why)),
+            Ok(Some(n)) => n,
+        };
         let left = self.filler_left();
+        let short = || {
+            format!(
+                "{} of filler were needed; {} were allowed (--max-filler {} per drain, and per stream in all {FILLER_PER_BYTE}× the {} it received, of which {} were written before)",
+                human_bytes(need),
+                human_bytes(left),
+                human_bytes(self.max_filler()),
+                human_bytes(self.queued),
+                human_bytes(self.filler_spent),
+            )
+        };
+        if left < first {
+            // Not even the oldest block would become due: write nothing.
+            return (0, Some(short()));
+        }
         let want = need.min(left);
-        let (wrote, err) = if want > 0 {
-            match write_filler(dir, want) {
-                Ok(n) => (n, None),
-                Err((n, e)) => (n, Some(e)),
-            }
-        } else {
-            (0, None)
+        let why = (want < need).then(short);
+        let (wrote, err) = match write_filler(dir, want) {
+            Ok(n) => (n, None),
+            Err((n, e)) => (n, Some(e)),
         };
         self.filler_spent += wrote;
         self.settings
             .filler_written
             .fetch_add(wrote, Ordering::Relaxed);
-        for (_, w, _) in &mut self.windows {
-            w.wrote(wrote);
+        match err {
+            Some(e) => (
+                wrote,
+                Some(format!(
+                    "writing filler failed after {}: {e}",
+                    human_bytes(wrote)
+                )),
+            ),
+            None => (wrote, why),
         }
-        let why = match err {
-            Some(e) => Some(format!("writing filler failed after {}: {e}", human_bytes(wrote))),
-            None if want < need => Some(format!(
-                "{} of filler were needed; {} were allowed (--max-filler {} per drain, and per stream in all that plus twice the {} it wrote; {} written before)",
-                human_bytes(need),
-                human_bytes(left),
-                human_bytes(self.max_filler()),
-                human_bytes(self.queued),
-                human_bytes(self.filler_spent - wrote),
-            )),
-            None => None,
-        };
-        (wrote, why)
     }
 }
 
@@ -382,7 +428,7 @@ impl<T> DeferredQueue<T> {
 /// and why it stopped short.
 pub(crate) fn write_filler(dir: &Path, bytes: u64) -> Result<u64, (u64, String)> {
     let path = dir.join(format!(
-        ".intact-flash-filler-{}-{:x}",
+        ".intact-partial-flash-filler-{}-{:x}",
         std::process::id(),
         rand_u64()
     ));
@@ -437,93 +483,92 @@ mod tests {
         v.into_iter().map(|(t, _)| t).collect()
     }
 
-    fn on_tmp() -> (tempfile::TempDir, File) {
+    /// A queue whose device (the test directory's) has the counters `disks`.
+    fn queue<T>(
+        settings: FlashSettings,
+        f: &File,
+        disks: &Arc<Mutex<Vec<u64>>>,
+    ) -> DeferredQueue<T> {
+        let mut q = DeferredQueue::new(settings);
+        q.device(f).unwrap().window.fake = Some(Arc::clone(disks));
+        q
+    }
+
+    fn push<T>(q: &mut DeferredQueue<T>, f: &File, len: u64, item: T) {
+        assert!(q.push(f, len, item).is_ok());
+    }
+
+    #[test]
+    fn a_block_is_due_only_after_w_more_bytes_on_every_disk() {
         let t = tempfile::tempdir().unwrap();
         let f = File::create(t.path().join("f")).unwrap();
-        (t, f)
-    }
-
-    #[test]
-    fn a_block_is_due_only_after_w_more_bytes_are_counted() {
-        let (t, f) = on_tmp();
-        let settings = FlashSettings {
-            device_cache: Some(10 << 20),
-            max_filler: Some(0),
-            ..FlashSettings::default()
-        };
-        let mut q = DeferredQueue::new(settings);
-        // Count by intact's own writes, whatever device the test dir is on,
-        // so the test decides what is written.
-        q.window(&f).unwrap().counter = None;
-        q.push(&f, 4096, 1u32).map_err(|(_, e)| e).unwrap();
-        q.push(&f, 4096, 2u32).map_err(|(_, e)| e).unwrap();
-        assert!(q.take_due(10).unwrap().is_empty());
-        q.window(&f).unwrap().wrote((10 << 20) - 4096 - 1);
-        assert!(q.take_due(10).unwrap().is_empty(), "one byte short");
-        q.window(&f).unwrap().wrote(1);
-        assert_eq!(items(q.take_due(10).unwrap()), vec![1]);
-        q.window(&f).unwrap().wrote(4096);
-        assert_eq!(items(q.take_due(10).unwrap()), vec![2]);
-        assert!(q.is_empty());
-        drop(t);
-    }
-
-    #[test]
-    fn filler_pushes_waiting_blocks_past_the_window_within_its_budget() {
-        let (t, f) = on_tmp();
-        let settings = FlashSettings {
-            device_cache: Some(3 << 20),
-            max_filler: Some(2 << 20),
-            ..FlashSettings::default()
-        };
-        let mut q = DeferredQueue::new(settings.clone());
-        q.window(&f).unwrap().counter = None;
-        q.push(&f, 1 << 20, 'a').map_err(|(_, e)| e).unwrap();
-        // 3 MiB are needed, 2 MiB allowed: short, and says why.
-        let (wrote, why) = q.fill(t.path());
-        assert_eq!(wrote, 2 << 20);
-        assert!(why.unwrap().contains("--max-filler"));
-        assert!(q.take_due(10).unwrap().is_empty());
-        assert_eq!(settings.filler_written(), 2 << 20);
-        // The scratch file is gone.
-        let left: Vec<_> = std::fs::read_dir(t.path()).unwrap().collect();
-        assert_eq!(left.len(), 1, "only the test's own file");
-        // In all, a stream may write --max-filler plus twice what it
-        // queued: 2 + 2 × 1 MiB, so 2 MiB are left, 1 MiB needed.
-        assert_eq!(q.filler_left(), 2 << 20);
-        assert_eq!(q.fill(t.path()), (1 << 20, None));
-        assert_eq!(items(q.take_due(10).unwrap()), vec!['a']);
-        assert_eq!(q.filler_left(), 1 << 20, "4 MiB allowed, 3 MiB spent");
-        q.push(&f, 1 << 20, 'c').map_err(|(_, e)| e).unwrap();
-        // 3 MiB needed, 2 MiB allowed now (6 in all, 3 spent, 2 per drain).
-        let (wrote, why) = q.fill(t.path());
-        assert_eq!(wrote, 2 << 20);
-        assert!(why.unwrap().contains("were allowed"));
-        assert_eq!(q.take_oldest().map(|(c, _)| c), Some('c'));
-
-        // A budget that covers it makes the block due.
-        let settings = FlashSettings {
-            device_cache: Some(3 << 20),
-            ..FlashSettings::default()
-        };
-        let mut q = DeferredQueue::new(settings);
-        q.window(&f).unwrap().counter = None;
-        q.push(&f, 1 << 20, 'b').map_err(|(_, e)| e).unwrap();
-        assert_eq!(q.fill(t.path()), (3 << 20, None));
-        let due = q.take_due(10).unwrap();
+        let disks = Arc::new(Mutex::new(vec![0, 0]));
+        let w = 10 << 20;
+        let mut q = queue(FlashSettings::new(Some(w), Some(0)), &f, &disks);
+        push(&mut q, &f, 4096, 1u32);
+        *disks.lock().unwrap() = vec![4096, 4096];
+        push(&mut q, &f, 4096, 2u32);
+        assert!(q.take_due().unwrap().is_empty());
+        *disks.lock().unwrap() = vec![w, w - 1];
+        assert!(q.take_due().unwrap().is_empty(), "one disk one byte short");
+        *disks.lock().unwrap() = vec![w + 4095, w];
+        assert_eq!(items(q.take_due().unwrap()), vec![1]);
+        *disks.lock().unwrap() = vec![w + 4096, w + 4096];
+        let due = q.take_due().unwrap();
         assert!(
-            due[0].1.contains("W = 3.0 MiB (--device-cache)"),
+            due[0].1.contains("W = 10.0 MiB (--device-cache)"),
             "{}",
             due[0].1
         );
-        assert_eq!(items(due), vec!['b']);
-        // Nothing waiting: no filler.
-        assert_eq!(q.fill(t.path()), (0, None));
+        assert_eq!(items(due), vec![2]);
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn filler_is_written_only_within_its_allowance_and_where_it_helps() {
+        let t = tempfile::tempdir().unwrap();
+        let f = File::create(t.path().join("f")).unwrap();
+        let disks = Arc::new(Mutex::new(vec![0]));
+        let mib = 1 << 20;
+        // W = 3 MiB, 2 MiB per drain: not even the oldest block would
+        // become due, so nothing is written, and it says why.
+        let settings = FlashSettings::new(Some(3 * mib), Some(2 * mib));
+        let mut q = queue(settings.clone(), &f, &disks);
+        push(&mut q, &f, mib, 'a');
+        let (wrote, why) = q.fill(t.path());
+        assert_eq!(wrote, 0);
+        assert!(why.unwrap().contains("were allowed"));
+        assert_eq!(settings.filler_written(), 0);
+        assert_eq!(q.take_oldest().map(|(c, _)| c), Some('a'));
+
+        // 3 MiB per drain: the whole shortfall is written (the test's
+        // counters stand for the device's: moved by hand), then removed.
+        let settings = FlashSettings::new(Some(3 * mib), None);
+        let mut q = queue(settings.clone(), &f, &disks);
+        push(&mut q, &f, mib, 'b');
+        assert_eq!(q.fill(t.path()), (3 * mib, None));
+        assert_eq!(settings.filler_written(), 3 * mib);
+        let left: Vec<_> = std::fs::read_dir(t.path()).unwrap().collect();
+        assert_eq!(
+            left.len(),
+            1,
+            "only the test's own file: the filler is gone"
+        );
+        *disks.lock().unwrap() = vec![3 * mib];
+        assert_eq!(items(q.take_due().unwrap()), vec!['b']);
+        assert_eq!(q.fill(t.path()), (0, None), "nothing waiting, no filler");
+        // In all a stream may write 4× what it queued: 4 MiB, 3 spent.
+        assert_eq!(q.filler_left(), mib);
+        push(&mut q, &f, 4096, 'c');
+        let (wrote, why) = q.fill(t.path());
+        assert_eq!(wrote, 0, "1 MiB + 16 KiB allowed, 3 MiB needed");
+        assert!(why.is_some());
     }
 
     #[test]
     fn the_default_window_is_a_thousandth_of_the_device_capped() {
-        let (_t, f) = on_tmp();
+        let t = tempfile::tempdir().unwrap();
+        let f = File::create(t.path().join("f")).unwrap();
         let w = Window::for_file(&f, &FlashSettings::default()).unwrap();
         match &w.counter {
             Some(c) => {
@@ -531,14 +576,16 @@ mod tests {
                 assert_eq!(w.bytes, share.min(MAX_DEFAULT_WINDOW));
                 assert!(w.statement().contains("0.1% of"), "{}", w.statement());
             }
-            None => assert_eq!(w.bytes, UNKNOWN_DEVICE_WINDOW),
+            None => {
+                // Without a device counter no block is ever queued.
+                assert!(w.statement().contains("no write-cache window"));
+                let mut q = DeferredQueue::new(FlashSettings::default());
+                let (item, why, _) = q.push(&f, 4096, 7).unwrap_err();
+                assert_eq!((item, why.contains("sysfs")), (7, true));
+            }
         }
-        let given = FlashSettings {
-            device_cache: Some(5 << 20),
-            ..FlashSettings::default()
-        };
+        let given = FlashSettings::new(Some(5 << 20), None);
         let w = Window::for_file(&f, &given).unwrap();
-        assert_eq!(w.bytes, 5 << 20);
-        assert!(w.statement().contains("--device-cache"));
+        assert!(w.counter.is_none() || w.bytes == 5 << 20);
     }
 }

@@ -18,6 +18,8 @@ fn opts(verify: VerifyMode) -> CopyOptions {
         block_size: BS,
         streams: 3,
         retries: 2,
+        // A small window, so that flash's filler is small too.
+        flash: intact_transfer::FlashSettings::new(Some(1 << 20), None),
         ..CopyOptions::default()
     }
 }
@@ -137,7 +139,7 @@ fn every_mode_copies_the_tree_exactly() {
             VerifyMode::Sequential | VerifyMode::File | VerifyMode::Block => {
                 Some(VerifyLevel::Cache)
             }
-            VerifyMode::Riva => None,
+            VerifyMode::Riva | VerifyMode::Flash => None,
         };
         for f in r.files.iter().filter(|f| f.kind == "file") {
             if let Some(level) = level {

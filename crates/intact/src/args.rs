@@ -482,13 +482,15 @@ pub struct FlashArgs {
     /// block is re-read only after W bytes were written to the device
     /// after it (counted by the device's own sectors-written counter).
     /// Default: 0.1% of the device's capacity (Kim et al.), at most 1GiB.
-    #[arg(long, value_name = "SIZE", value_parser = parse_size_u64)]
+    #[arg(long, value_name = "SIZE", value_parser = parse_window)]
     pub device_cache: Option<u64>,
 
-    /// --verify flash: filler one receiving stream may write (to a
+    /// --verify flash: filler a receiving stream may write at once (to a
     /// scratch file on the destination, fsynced, then removed) to push the
-    /// last blocks past the window; beyond it they are re-read at once and
-    /// reported at level device, with the reason. Default: W; 0 writes none.
+    /// blocks not yet due past the window when the sender waits; in all a
+    /// stream writes at most 4 times the bytes it received. Blocks the
+    /// filler cannot push past are re-read at once and reported at level
+    /// device, with the reason. Default: W; 0 writes none.
     #[arg(long, value_name = "SIZE", value_parser = parse_size_u64)]
     pub max_filler: Option<u64>,
 }
@@ -502,6 +504,14 @@ impl FlashArgs {
 
 fn parse_size_u64(s: &str) -> Result<u64, String> {
     parse_size(s).map(|n| n as u64)
+}
+
+/// `--device-cache`: a window of no bytes would claim the media at once.
+fn parse_window(s: &str) -> Result<u64, String> {
+    match parse_size_u64(s)? {
+        0 => Err("the device's write cache window must be more than 0 bytes".into()),
+        n => Ok(n),
+    }
 }
 
 fn parse_read_path(s: &str) -> Result<intact_cache::ReadPath, String> {

@@ -106,12 +106,12 @@ fn failures_and_usage_errors_have_their_exit_status() {
     let out = intact(&[
         "copy",
         "--verify",
-        "flash",
+        "media",
         good.to_str().unwrap(),
         d.to_str().unwrap(),
     ]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid value 'flash'"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid value 'media'"));
     let out = intact(&[
         "copy",
         "--verify",

@@ -79,7 +79,7 @@ fn the_small_fault_matrix() {
         faults: classic.clone(),
         ..config(dir.path())
     });
-    assert_eq!(m.cells.len(), 2 * 6 * classic.len());
+    assert_eq!(m.cells.len(), 2 * VerifyMode::ALL.len() * classic.len());
     // The level faults build on a fiver run; fiver shows what a mode that
     // claims only the network makes of them (MISSED, never LIE), riva must
     // repair them or fail honestly.

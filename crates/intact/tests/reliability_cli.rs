@@ -78,7 +78,8 @@ fn transfer_mode_shows_riva_orders_of_magnitude_better() {
     };
     assert!((exact("fiver") - 0.193).abs() < 0.001);
     assert!(exact("riva") < 1e-10 && exact("riva") > 1e-12);
-    assert!(modes.iter().all(|m| m["verify"] != "flash"), "no such mode");
+    // flash re-reads the device like riva: the same odds of a disk error.
+    assert_eq!(exact("flash"), exact("riva"));
     assert!(exact("none") > exact("sequential"));
     let one = json(&["--transfer", "--verify", "riva", "--json"]);
     assert_eq!(one["modes"].as_array().unwrap().len(), 1);

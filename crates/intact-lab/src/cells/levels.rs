@@ -157,11 +157,15 @@ pub(crate) fn unchanged_damaged(ctx: &Ctx) -> Result<Verdict, LabError> {
     );
     let riva = ctx.mode == VerifyMode::Riva;
     let opts = intact_transfer::SendOptions {
-        require_level: riva.then_some(VerifyLevel::Device),
+        require_level: match ctx.mode {
+            VerifyMode::Riva => Some(VerifyLevel::Device),
+            VerifyMode::Flash => Some(VerifyLevel::Media),
+            _ => None,
+        },
         ..ctx.opts(ctx.mode)
     };
     let second = ctx.send(ctx.src, ctx.receive(), &opts);
-    let said = Said::from_report(&second, riva);
+    let said = Said::from_report(&second, riva || ctx.mode == VerifyMode::Flash);
     let (o, d) = judge_after(&said, ctx.truth()?);
     Ok((o, evidence, format!("sent again in {}: {d}", ctx.mode)))
 }

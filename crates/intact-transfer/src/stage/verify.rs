@@ -219,7 +219,10 @@ impl VerifyStage for MediaReread {
         if stats.reads > self.after_window {
             let why = match &self.early {
                 Some(why) if !why.is_empty() => format!(": {why}"),
-                _ => String::new(),
+                Some(_) => String::new(),
+                // No deferred re-read came back early: the early ones are
+                // held blocks, re-verified in place on arrival.
+                None => ": blocks held from an earlier run were re-verified in place, without waiting for the window".into(),
             };
             let window = self
                 .window

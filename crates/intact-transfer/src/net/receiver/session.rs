@@ -363,7 +363,7 @@ impl Session<'_> {
                 self.at_verifier.remove(&c.id);
             }
         }
-        if c.window.is_some() {
+        if c.deferred {
             self.deferred_out = self.deferred_out.saturating_sub(1);
         }
         let Some(f) = self.files.get_mut(&c.id) else {

@@ -65,6 +65,8 @@ pub(super) struct Checked {
     pub(super) pages: Option<Vec<u8>>,
     /// A deferred re-read: whether its window had passed.
     pub(super) window: Option<WindowVerdict>,
+    /// As the [`Check`] had it (`flash`).
+    pub(super) deferred: bool,
 }
 
 /// Where a verifier's `flash` blocks wait, and where its filler goes.
@@ -121,7 +123,7 @@ pub(super) fn verifier(jobs: mpsc::Receiver<Job>, events: mpsc::Sender<Event>, f
         if !send_all(&events, reread(now, &mut buf)) {
             return;
         }
-        if !send_all(&events, admit(&mut queue, later)) {
+        if !send_all(&events, admit(&mut queue, later, &mut buf)) {
             return;
         }
         drain |= !queue.is_empty() && last_job.elapsed() >= IDLE_DRAIN;
@@ -130,8 +132,7 @@ pub(super) fn verifier(jobs: mpsc::Receiver<Job>, events: mpsc::Sender<Event>, f
             let (_, why) = queue.fill(&flash.scratch);
             early_why = why;
         }
-        // A few at a time while blocks keep coming; all of them when drained.
-        let due = match queue.take_due(if drain { usize::MAX } else { 64 }) {
+        let due = match queue.take_due() {
             Ok(due) => due,
             Err(e) => {
                 early_why = Some(format!("the device's counter could not be read: {e}"));
@@ -171,11 +172,16 @@ fn send_all(events: &mpsc::Sender<Event>, done: Vec<Checked>) -> bool {
 /// Flushes and evicts `flash` blocks as they come, then queues them: each
 /// is due once W bytes were written to its device after its flush. A block
 /// that cannot be flushed fails at once.
-fn admit(queue: &mut DeferredQueue<Check>, later: Vec<Check>) -> Vec<Checked> {
+fn admit(
+    queue: &mut DeferredQueue<Check>,
+    later: Vec<Check>,
+    buf: &mut AlignedBuf,
+) -> Vec<Checked> {
     for c in &later {
         intact_cache::start_writeback(&c.file, c.offset, c.len as u64);
     }
     let mut failed = Vec::new();
+    let mut uncounted = Vec::new();
     for c in later {
         let t = Instant::now();
         if let Err(e) = intact_cache::evict(&c.file, c.offset, c.len as u64) {
@@ -183,9 +189,13 @@ fn admit(queue: &mut DeferredQueue<Check>, later: Vec<Check>) -> Vec<Checked> {
             continue;
         }
         let file = Arc::clone(&c.file);
-        if let Err((c, e)) = queue.push(&file, c.len as u64, c) {
-            failed.push(c.failed(e, t.elapsed()));
+        if let Err((c, why, statement)) = queue.push(&file, c.len as u64, c) {
+            // The writes after it cannot be counted: re-read now (device).
+            uncounted.push(((c, statement), Arc::<str>::from(why.as_str())));
         }
+    }
+    for ((c, statement), why) in uncounted {
+        failed.extend(reread_waiting(vec![(c, statement)], false, Some(why), buf));
     }
     failed
 }
@@ -246,6 +256,7 @@ fn reread_with(batch: Vec<(Check, Option<WindowVerdict>)>, buf: &mut AlignedBuf)
             took: r.took,
             pages: c.pages,
             window,
+            deferred: c.deferred,
         })
         .collect()
 }
@@ -263,6 +274,7 @@ impl Check {
             took,
             pages: self.pages,
             window: None,
+            deferred: self.deferred,
         }
     }
 }

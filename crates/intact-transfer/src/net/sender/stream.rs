@@ -191,7 +191,7 @@ impl<'a> Stream<'a> {
                     opts.verify,
                     opts.block_size,
                     opts.read_path,
-                    opts.require_level == Some(VerifyLevel::Device),
+                    opts.require_level >= Some(VerifyLevel::Device),
                 )
             }) {
                 Ok(f) => (EntryKind::File, Some(f)),
