@@ -198,13 +198,18 @@ mod tests {
         dir
     }
 
+    /// Disk sda of `size` sectors, `written` so far, with partition sda1.
+    fn sda_with_sda1(sys: &Path, size: u64, written: u64) {
+        disk(sys, "sda", "8:0", size, written);
+        let part = disk(sys, "sda/sda1", "8:1", 100, 7);
+        std::fs::write(part.join("partition"), "1\n").unwrap();
+    }
+
     #[test]
     fn a_partition_counts_with_its_whole_disk() {
         let t = tempfile::tempdir().unwrap();
         let sys = t.path();
-        disk(sys, "sda", "8:0", 2000, 1000);
-        let part = disk(sys, "sda/sda1", "8:1", 100, 7);
-        std::fs::write(part.join("partition"), "1\n").unwrap();
+        sda_with_sda1(sys, 2000, 1000);
         let c = DeviceCounter::under(sys, "8:1").unwrap().unwrap();
         assert_eq!((c.name(), c.disks()), ("sda", vec!["sda"]));
         assert_eq!(c.capacity(), 2000 * 512);
@@ -218,9 +223,7 @@ mod tests {
         // dm-0 (LVM) over a partition of sda and over sdb.
         let t = tempfile::tempdir().unwrap();
         let sys = t.path();
-        disk(sys, "sda", "8:0", 4000, 10);
-        let part = disk(sys, "sda/sda1", "8:1", 100, 7);
-        std::fs::write(part.join("partition"), "1\n").unwrap();
+        sda_with_sda1(sys, 4000, 10);
         disk(sys, "sdb", "8:16", 8000, 20);
         let dm = disk(sys, "dm-0", "253:0", 500, 99);
         std::fs::create_dir_all(dm.join("slaves")).unwrap();

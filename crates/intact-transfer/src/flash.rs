@@ -6,12 +6,13 @@
 //! - [`Window`]: W, the device's write-cache window in bytes
 //!   (`--device-cache`, by default 0.1% of the device's capacity as Kim et
 //!   al. assume, capped at [`MAX_DEFAULT_WINDOW`]), and how bytes written
-//!   after a block are counted: the device's own counter of sectors
-//!   written (every writer's traffic, which is what turns the buffer over)
-//!   or, where the file system has no block device in sysfs, intact's own
-//!   flushed writes.
+//!   after a block are counted: each disk's own counter of sectors written
+//!   (every writer's traffic, which is what turns the buffer over). Where
+//!   the file system has no block device in sysfs nothing can be counted,
+//!   and no block reaches `media`.
 //! - [`DeferredQueue`]: the blocks written and flushed but not yet due,
-//!   in write order, each with the position at which it becomes due. It
+//!   per device in write order, each with the positions at which it
+//!   becomes due. It
 //!   holds digests and positions, never data, and is bounded
 //!   ([`MAX_DEFERRED`]): past the bound the oldest is re-read at once and
 //!   counts at level `device`.
@@ -19,9 +20,10 @@
 //!   Waiting, or no new block for [`IDLE_DRAIN`]), the blocks not yet due
 //!   are pushed past the window by writing a scratch file on the same file
 //!   system (fsynced, then removed): at most `--max-filler` bytes (default
-//!   W) per drain, and per receiving stream in all at most that plus twice
-//!   the bytes it wrote, so that a sender (hostile, or one of many tiny
-//!   files) cannot make the device write much more than it sent. Blocks
+//!   W) per drain, and per receiving stream in all at most
+//!   [`FILLER_PER_BYTE`] times the bytes it received, so that a sender
+//!   (hostile, or one of many tiny files) cannot make the device write
+//!   much more than it sent. Blocks
 //!   the filler allowed could not push past the window are re-read at once
 //!   and reported at level `device` with the reason. `media` is never
 //!   claimed for a block whose window has not passed.
@@ -66,8 +68,8 @@ pub struct FlashSettings {
     /// W in bytes; None: 0.1% of the device's capacity, capped.
     pub device_cache: Option<u64>,
     /// Filler one receiving stream may write per drain to push its last
-    /// blocks past the window (and in all, this plus twice the bytes it
-    /// wrote); None: W.
+    /// blocks past the window (and in all at most [`FILLER_PER_BYTE`]
+    /// times the bytes it received); None: W.
     pub max_filler: Option<u64>,
     filler_written: Arc<AtomicU64>,
 }
@@ -213,7 +215,6 @@ pub(crate) struct DeferredQueue<T> {
     queued: u64,
     /// Blocks queued so far (their order).
     seq: u64,
-    len: usize,
 }
 
 /// A stream may write this many times the bytes it queued in filler, in
@@ -228,16 +229,15 @@ impl<T> DeferredQueue<T> {
             filler_spent: 0,
             queued: 0,
             seq: 0,
-            len: 0,
         }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.devices.iter().all(|d| d.waiting.is_empty())
     }
 
     pub fn len(&self) -> usize {
-        self.len
+        self.devices.iter().map(|d| d.waiting.len()).sum()
     }
 
     /// The queue of `file`'s device, made on first use.
@@ -277,7 +277,6 @@ impl<T> DeferredQueue<T> {
             Ok((d, due)) => {
                 d.waiting.push_back((seq, due, item));
                 self.seq += 1;
-                self.len += 1;
                 self.queued += len;
                 Ok(())
             }
@@ -304,7 +303,6 @@ impl<T> DeferredQueue<T> {
                 let Some((_, _, item)) = d.waiting.pop_front() else {
                     break;
                 };
-                self.len -= 1;
                 due.push((item, Arc::clone(&d.statement)));
             }
         }
@@ -320,7 +318,6 @@ impl<T> DeferredQueue<T> {
             .filter(|d| !d.waiting.is_empty())
             .min_by_key(|d| d.waiting.front().map(|w| w.0))?;
         let (_, _, item) = d.waiting.pop_front()?;
-        self.len -= 1;
         Some((item, Arc::clone(&d.statement)))
     }
 

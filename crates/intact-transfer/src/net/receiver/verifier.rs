@@ -69,6 +69,9 @@ pub(super) struct Checked {
     pub(super) deferred: bool,
 }
 
+/// A deferred block and its window's statement.
+type Waiting = (Check, Arc<str>);
+
 /// Where a verifier's `flash` blocks wait, and where its filler goes.
 pub(super) struct Flash {
     pub(super) settings: FlashSettings,
@@ -146,8 +149,12 @@ pub(super) fn verifier(jobs: mpsc::Receiver<Job>, events: mpsc::Sender<Event>, f
         // its window passed.
         let mut early = Vec::new();
         if drain || early_why.is_some() {
-            while let Some(w) = queue.take_oldest() {
-                early.push(w);
+            early.extend(std::iter::from_fn(|| queue.take_oldest()));
+            if !early.is_empty() {
+                // Filler went only to the destination root's file system.
+                early_why.get_or_insert_with(|| {
+                    "the sender waited for results, and no filler could be written on this block's device".into()
+                });
             }
         }
         while queue.len() > MAX_DEFERRED {
@@ -181,7 +188,9 @@ fn admit(
         intact_cache::start_writeback(&c.file, c.offset, c.len as u64);
     }
     let mut failed = Vec::new();
-    let mut uncounted = Vec::new();
+    // Blocks whose later writes cannot be counted, by why (one cause,
+    // nearly always): re-read now, in batches, at level device.
+    let mut uncounted: Vec<(Arc<str>, Vec<Waiting>)> = Vec::new();
     for c in later {
         let t = Instant::now();
         if let Err(e) = intact_cache::evict(&c.file, c.offset, c.len as u64) {
@@ -190,12 +199,14 @@ fn admit(
         }
         let file = Arc::clone(&c.file);
         if let Err((c, why, statement)) = queue.push(&file, c.len as u64, c) {
-            // The writes after it cannot be counted: re-read now (device).
-            uncounted.push(((c, statement), Arc::<str>::from(why.as_str())));
+            match uncounted.iter_mut().find(|(w, _)| **w == *why) {
+                Some((_, batch)) => batch.push((c, statement)),
+                None => uncounted.push((why.into(), vec![(c, statement)])),
+            }
         }
     }
-    for ((c, statement), why) in uncounted {
-        failed.extend(reread_waiting(vec![(c, statement)], false, Some(why), buf));
+    for (why, batch) in uncounted {
+        failed.extend(reread_waiting(batch, false, Some(why), buf));
     }
     failed
 }
@@ -207,7 +218,7 @@ fn reread(now: Vec<Check>, buf: &mut AlignedBuf) -> Vec<Checked> {
 
 /// Re-reads deferred blocks, whose window had `passed` or not (`why`).
 fn reread_waiting(
-    waiting: Vec<(Check, Arc<str>)>,
+    waiting: Vec<Waiting>,
     passed: bool,
     why: Option<Arc<str>>,
     buf: &mut AlignedBuf,
