@@ -353,6 +353,26 @@ impl LoopFs {
         dev.write_all_at(&buf, sector)
     }
 
+    /// Leaves the page cache of `file` holding a flipped bit at `logical`
+    /// while the device holds the right byte (a host-memory fault after the
+    /// write, Kim et al.'s Table 2): the file is synced, the bit flipped on
+    /// the device, the page evicted and read back into the cache, then the
+    /// device restored. Returns whether it took: the cache reads back wrong
+    /// and the device right.
+    pub fn wrong_cache_at(&self, file: &File, logical: u64) -> io::Result<bool> {
+        let truth = self.device_byte_under(file, logical)?;
+        self.flip_bit_under(file, logical)?;
+        let page = logical / PAGE * PAGE;
+        intact_cache::evict(file, page, PAGE).map_err(io::Error::other)?;
+        let mut cached = [0u8; 1];
+        file.read_exact_at(&mut cached, logical)?;
+        self.flip_bit_under(file, logical)?;
+        let restored = self.device_byte_under(file, logical)?;
+        let mut again = [0u8; 1];
+        file.read_exact_at(&mut again, logical)?;
+        Ok(cached[0] != truth && again[0] == cached[0] && restored == truth)
+    }
+
     /// Flips the first bit of every 4 KiB page of `offset..offset + len` of
     /// the file on the device (the RIVA paper's extreme injection); returns
     /// the pages flipped.

@@ -1,5 +1,7 @@
 //! The faults the lab injects, and what a riva run must make of each.
 
+use intact_transfer::{VerifyLevel, VerifyMode};
+
 use crate::Outcome;
 
 /// A fault the lab injects.
@@ -44,11 +46,22 @@ pub enum Fault {
     /// served through the page cache; the source's cache wrong, its device
     /// right; sent with `--read-path direct`.
     DirectDataJournal,
+    /// On the emulated SSD: the destination's page cache holds a flipped
+    /// bit under the middle block after it was written, while the device
+    /// holds the right bytes (Kim et al.'s Table 2, host memory).
+    HostMemory,
+    /// On the emulated SSD: the copy of one page of the middle block in
+    /// the device's write buffer is corrupted (Table 2, buffer cache).
+    SsdBuffer,
+    /// On the emulated SSD: one page of the middle block is programmed
+    /// to the flash wrong while the buffer keeps the good copy (Table 2,
+    /// flash memory).
+    SsdMedia,
 }
 
 impl Fault {
     /// Every fault, in table order.
-    pub const ALL: [Fault; 13] = [
+    pub const ALL: [Fault; 16] = [
         Fault::DeviceWrite,
         Fault::DeviceWriteExtreme,
         Fault::SourceRead,
@@ -62,7 +75,14 @@ impl Fault {
         Fault::HeldBlockResume,
         Fault::UnchangedDamaged,
         Fault::DirectDataJournal,
+        Fault::HostMemory,
+        Fault::SsdBuffer,
+        Fault::SsdMedia,
     ];
+
+    /// Kim et al.'s Table 2: the layers of the receiver's storage stack,
+    /// run on the emulated SSD (intact-faults' `EmulatedSsd`).
+    pub const TABLE_2: [Fault; 3] = [Fault::HostMemory, Fault::SsdBuffer, Fault::SsdMedia];
 
     /// The faults that test the level a run reports rather than one
     /// transfer: a file the tool already holds, or a read path that claims
@@ -92,7 +112,49 @@ impl Fault {
             Fault::HeldBlockResume => "held-block-resume",
             Fault::UnchangedDamaged => "unchanged-damaged",
             Fault::DirectDataJournal => "direct-data-journal",
+            Fault::HostMemory => "host-memory",
+            Fault::SsdBuffer => "ssd-buffer",
+            Fault::SsdMedia => "ssd-media",
         }
+    }
+
+    /// Whether the cell runs on the emulated SSD rather than a loop device
+    /// over a file.
+    pub fn on_ssd(self) -> bool {
+        Fault::TABLE_2.contains(&self)
+    }
+
+    /// The lowest level whose claim covers the layer the fault is in: a
+    /// success with wrong bytes at this level or above is a LIE. A wrong
+    /// page cache is claimed by `cache`; a wrong flash program only by
+    /// `media` (a `device` re-read answered by the SSD's buffer is true of
+    /// what it read); everything else by `device`.
+    pub fn claimed_by(self) -> VerifyLevel {
+        match self {
+            Fault::HostMemory => VerifyLevel::Cache,
+            Fault::SsdMedia => VerifyLevel::Media,
+            _ => VerifyLevel::Device,
+        }
+    }
+
+    /// What Kim et al.'s Table 2 says `mode` makes of this fault, for the
+    /// three modes of the table (`file` catches host memory only; `riva`
+    /// host memory and the buffer; `flash` all three); None elsewhere.
+    /// Caught is REPAIRED; not caught is MISSED (exit 0, wrong bytes, no
+    /// level claiming the layer).
+    pub fn table_2(self, mode: VerifyMode) -> Option<Outcome> {
+        let caught = match (self, mode) {
+            (Fault::HostMemory, VerifyMode::File | VerifyMode::Riva | VerifyMode::Flash) => true,
+            (Fault::SsdBuffer, VerifyMode::Riva | VerifyMode::Flash) => true,
+            (Fault::SsdMedia, VerifyMode::Flash) => true,
+            (f, VerifyMode::File | VerifyMode::Riva) if f.on_ssd() => false,
+            _ => return None,
+        };
+        Some(if caught {
+            Outcome::Repaired
+        } else {
+            Outcome::Missed
+        })
     }
 
     /// Whether the cell needs the real `intact` binary (a process to kill).
@@ -102,8 +164,10 @@ impl Fault {
 
     /// Whether the fault hides behind (or sits in) the page cache, so that
     /// another job dropping the machine's caches mid-cell would change it:
-    /// such a cell is run again (see `quiet`). The wire, crash and
-    /// disk-full faults do not care.
+    /// such a cell is run again (see `quiet`). The Table 2 faults care
+    /// too: `file`'s miss of the SSD faults rests on its re-read being
+    /// served by the page cache. The wire, crash and disk-full faults do
+    /// not care.
     pub fn cache_sensitive(self) -> bool {
         matches!(
             self,
@@ -113,6 +177,9 @@ impl Fault {
                 | Fault::HeldBlockResume
                 | Fault::UnchangedDamaged
                 | Fault::DirectDataJournal
+                | Fault::HostMemory
+                | Fault::SsdBuffer
+                | Fault::SsdMedia
         )
     }
 

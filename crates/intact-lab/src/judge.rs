@@ -2,8 +2,11 @@
 //!
 //! The rule for LIE is kept crisp: a run that *succeeded* while the device
 //! (after a remount) differs from the source is a LIE if it reported a file
-//! at level `device` (or `media`, which claims more), or if it ran with `--require-level device` (exit 0
-//! there promises the device). The unchanged case needs no rule of its
+//! at level `device` (or `media`, which claims more), or if it ran with
+//! `--require-level device` (exit 0 there promises the device). On the
+//! emulated SSD the level that claims the faulted layer is the fault's
+//! own ([`crate::Fault::claimed_by`]): `cache` for a wrong page cache,
+//! `media` for a wrong flash program. The unchanged case needs no rule of its
 //! own: a file reported `unchanged` at a level the journal remembered but
 //! this run never checked is caught by the second clause under riva. Any
 //! other success with wrong bytes is MISSED: the level it reported did not
@@ -30,6 +33,8 @@ pub(crate) struct Said {
     pub blocks_skipped: u64,
     /// Whether the file was reported unchanged (nothing sent).
     pub unchanged: bool,
+    /// The lowest level that claims the faulted layer (None: `device`).
+    pub claimed_by: Option<VerifyLevel>,
 }
 
 impl Said {
@@ -50,6 +55,7 @@ impl Said {
                     resent: r.files.iter().map(|f| f.blocks_resent).sum(),
                     blocks_skipped: r.files.iter().map(|f| f.blocks_skipped).sum(),
                     unchanged: file.is_some_and(|f| f.unchanged),
+                    claimed_by: None,
                 }
             }
             Err(e) => Said {
@@ -93,13 +99,24 @@ impl Said {
                 .as_ref()
                 .and_then(|f| f["unchanged"].as_bool())
                 .unwrap_or(false),
+            claimed_by: None,
         }
     }
 
-    /// Whether a success promised the device's bytes (`device`, or
-    /// `media` above it).
-    pub fn claims_device(&self) -> bool {
-        self.ok && (self.level >= Some(VerifyLevel::Device) || self.require_device)
+    /// Whether a success promised the faulted layer's bytes: a level at or
+    /// above [`Said::claimed_by`] (`device`, or `media` above it, unless
+    /// the fault says otherwise), or `--require-level device`.
+    pub fn claims_layer(&self) -> bool {
+        let claim = self.claimed_by.unwrap_or(VerifyLevel::Device);
+        self.ok && (self.level >= Some(claim) || self.require_device)
+    }
+
+    /// The same, judged against a fault whose layer `level` claims.
+    pub fn claimed_by(self, level: VerifyLevel) -> Said {
+        Said {
+            claimed_by: Some(level),
+            ..self
+        }
     }
 
     /// "level device, 2 blocks skipped, unchanged" for the detail column.
@@ -129,7 +146,7 @@ impl Said {
 
 /// A success with wrong bytes on the device: LIE if it claimed the device.
 fn wrong(said: &Said) -> (Outcome, String) {
-    if said.claims_device() {
+    if said.claims_layer() {
         (
             Outcome::Lie,
             format!(
@@ -207,5 +224,31 @@ mod tests {
         ] {
             assert_eq!(judge_after(&at(level), false).0, want, "{level}");
         }
+    }
+
+    #[test]
+    fn a_flash_fault_is_claimed_by_media_only() {
+        let at = |level| {
+            Said {
+                ok: true,
+                level: Some(level),
+                ..Said::default()
+            }
+            .claimed_by(VerifyLevel::Media)
+        };
+        for (level, want) in [
+            (VerifyLevel::Media, Outcome::Lie),
+            (VerifyLevel::Device, Outcome::Missed),
+        ] {
+            assert_eq!(judge_after(&at(level), false).0, want, "{level}");
+        }
+        // A wrong page cache is claimed by `cache` already.
+        let cache = Said {
+            ok: true,
+            level: Some(VerifyLevel::Cache),
+            ..Said::default()
+        }
+        .claimed_by(VerifyLevel::Cache);
+        assert_eq!(judge_after(&cache, false).0, Outcome::Lie);
     }
 }

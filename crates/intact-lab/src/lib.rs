@@ -2,7 +2,8 @@
 //! ground truth from outside the tool under test.
 //!
 //! [`run_matrix`] runs each [`Fault`] × mode × size as one [`Cell`]: it
-//! builds a fresh loop-mounted ext4 (intact-faults), transfers with
+//! builds a fresh loop-mounted ext4 (intact-faults; for Kim et al.'s
+//! Table 2 faults, an ext4 on the emulated SSD), transfers with
 //! `intact send` into a server in this process (so that fault hooks can sit
 //! in its receiver) or, for crashes, with the real `intact` binary, then
 //! remounts the loop file system (so that nothing of it is cached) and
@@ -27,6 +28,7 @@ mod quiet;
 mod server;
 mod truth;
 
+pub use cells::{ssd_block, ssd_window, PREMISE};
 pub use fault::Fault;
 pub use matrix::{size_name, Cell, Matrix, MatrixConfig, Outcome};
 
@@ -78,6 +80,7 @@ pub fn run_matrix(cfg: &MatrixConfig, progress: &dyn Fn(&Cell)) -> Result<Matrix
         m.skipped.push(format!("every cell: {why}"));
         return Ok(m);
     }
+    let ssd = intact_faults::ssd_usable();
     for &size in &cfg.sizes {
         let src = source_file(&cfg.dir, size)?;
         for &fault in &cfg.faults {
@@ -86,6 +89,10 @@ pub fn run_matrix(cfg: &MatrixConfig, progress: &dyn Fn(&Cell)) -> Result<Matrix
                 if fault.needs_binary() && cfg.intact.is_none() {
                     m.skipped
                         .push(format!("{}: no intact binary given", fault.name()));
+                    continue;
+                }
+                if let (true, Err(why)) = (fault.on_ssd(), &ssd) {
+                    m.skipped.push(format!("{}: {why}", fault.name()));
                     continue;
                 }
                 let mut attempt = 1;

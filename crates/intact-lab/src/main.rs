@@ -38,7 +38,8 @@ struct MatrixArgs {
     /// Faults [default: all]: device-write, device-write-extreme,
     /// source-read, network-flip, network-cut, network-stall, memory,
     /// crash-sender, crash-server, disk-full, held-block-resume,
-    /// unchanged-damaged, direct-data-journal.
+    /// unchanged-damaged, direct-data-journal; and Kim et al.'s Table 2 on
+    /// the emulated SSD: host-memory, ssd-buffer, ssd-media.
     #[arg(long, value_delimiter = ',')]
     faults: Vec<Fault>,
     /// Kill-and-resume trials per crash cell.
@@ -56,6 +57,10 @@ struct MatrixArgs {
     /// device-write, device-write-extreme) unless --modes/--faults are given.
     #[arg(long)]
     negative_control: bool,
+    /// The emulated SSD's write buffer for the Table 2 faults; their
+    /// blocks are 1/16 of it and flash's W (--device-cache) twice it.
+    #[arg(long, default_value = "4MiB", value_parser = parse_size)]
+    ssd_buffer: u64,
     /// Print the matrix as JSON.
     #[arg(long)]
     json: bool,
@@ -105,6 +110,7 @@ fn main() -> anyhow::Result<ExitCode> {
         crash_trials: a.crash_trials,
         intact,
         negative_control: a.negative_control,
+        ssd_buffer: a.ssd_buffer,
     };
     let json = a.json;
     let m = run_matrix(&cfg, &|c| {
@@ -163,6 +169,14 @@ fn print_table(m: &Matrix, cfg: &MatrixConfig) {
             }
             println!("{row}");
         }
+    }
+    if cfg.faults.iter().any(|f| f.on_ssd()) {
+        println!(
+            "\nhost-memory, ssd-buffer, ssd-media (Kim et al.'s Table 2) ran on the emulated SSD: a {} write buffer over NAND, blocks of {}, flash's W = {}; ground truth is what a reader gets through the page cache (host-memory) and what the emulator's NAND file holds under the file once new writes turned the buffer over",
+            size_name(cfg.ssd_buffer),
+            size_name(intact_lab::ssd_block(cfg.ssd_buffer)),
+            size_name(intact_lab::ssd_window(cfg.ssd_buffer))
+        );
     }
     println!("\nrepaired = detected, resent or resumed, device right; failed = detected, run failed, nothing wrong under a final name; MISSED = silent corruption (exit 0, device wrong, no device level claimed); LIE = exit 0, device wrong, yet level `device` reported or --require-level device passed; NO-EFFECT = the fault left no trace (a lab bug)");
     for s in &m.skipped {

@@ -61,6 +61,11 @@ pub struct Cell {
     pub evidence: String,
     /// Anything else worth reading (the level reported, why it failed).
     pub detail: String,
+    /// For Kim et al.'s Table 2 cells of `file`, `riva` and `flash`: the
+    /// outcome the table predicts ([`Fault::table_2`]), or REPAIRED where
+    /// the emulator's log shows the run read the faulted copy itself (then
+    /// the detail starts with [`crate::PREMISE`]). None elsewhere.
+    pub expected: Option<Outcome>,
     /// Wall-clock seconds (of the last attempt).
     pub seconds: f64,
     /// Times the cell was run again because another job dropped the
@@ -101,6 +106,10 @@ pub struct MatrixConfig {
     /// cells must then come out MISSED, proving the lab able to fail. The
     /// crash cells use the real binary and are not affected.
     pub negative_control: bool,
+    /// The emulated SSD's write buffer, in bytes, for the Table 2 faults
+    /// ([`Fault::TABLE_2`]); their blocks are 1/16 of it and `flash`'s W
+    /// twice it.
+    pub ssd_buffer: u64,
 }
 
 /// The whole run.
@@ -123,8 +132,11 @@ pub struct Matrix {
 impl Matrix {
     /// Why this run must fail CI: any LIE; a fault that left no trace; a
     /// loop device or mount left behind; a riva cell not ending as its
-    /// fault requires ([`Fault::riva_accepts`]); or, in the negative
-    /// control, a riva device-write cell that is not MISSED.
+    /// fault requires ([`Fault::riva_accepts`]); a Table 2 cell of `file`,
+    /// `riva` or `flash` not ending as the paper's table says
+    /// ([`Fault::table_2`]: a MISSED there proves the emulator able to
+    /// hide what a mode cannot reach); or, in the negative control, a riva
+    /// device-write cell that is not MISSED.
     pub fn problems(&self) -> Vec<String> {
         let mut p: Vec<String> = self
             .cells
@@ -133,6 +145,7 @@ impl Matrix {
                 let riva = c.mode == VerifyMode::Riva;
                 match c.outcome {
                     Outcome::Lie | Outcome::NoEffect => true,
+                    o if c.fault.on_ssd() => c.expected.is_some_and(|want| o != want),
                     o if self.negative_control => {
                         riva && Fault::NEGATIVE_CONTROL.contains(&c.fault) && o != Outcome::Missed
                     }
@@ -140,10 +153,12 @@ impl Matrix {
                 }
             })
             .map(|c| {
-                let expected = if self.negative_control {
-                    " (negative control: expected MISSED)"
-                } else {
-                    ""
+                let expected = match c.expected {
+                    Some(want) if want != c.outcome => {
+                        format!(" (Table 2: expected {})", want.short())
+                    }
+                    _ if self.negative_control => " (negative control: expected MISSED)".into(),
+                    _ => String::new(),
                 };
                 format!(
                     "{}: {}{expected} ({}; {})",

@@ -99,7 +99,9 @@ impl EmulatedSsd {
         Ok(ssd)
     }
 
-    fn fs(&self) -> &LoopFs {
+    /// The ext4 and its loop device (for the faults above the device:
+    /// [`LoopFs::wrong_cache_at`]).
+    pub fn fs(&self) -> &LoopFs {
         self.fs
             .as_ref()
             .expect("mounted for the life of the EmulatedSsd")
@@ -167,6 +169,36 @@ impl EmulatedSsd {
     pub fn nand_bytes_under(&self, file: &File, logical: u64, len: usize) -> io::Result<Vec<u8>> {
         let phys = self.device_offset(file, logical)?;
         self.model().nand_bytes(phys, len)
+    }
+
+    /// What NAND holds under the whole of `file` (synced first), extent by
+    /// extent; an error if part of it is not in a plain extent.
+    pub fn nand_bytes_of(&self, file: &File) -> io::Result<Vec<u8>> {
+        file.sync_all()?;
+        let len = file.metadata()?.len();
+        let mut out = vec![0u8; len as usize];
+        let mut covered = 0;
+        for e in intact_cache::extents(file).map_err(io::Error::other)? {
+            let end = (e.logical + e.length).min(len);
+            if e.logical >= end {
+                continue;
+            }
+            if !e.is_plain() {
+                return Err(io::Error::other(
+                    "part of the file is not in a plain extent",
+                ));
+            }
+            let n = (end - e.logical) as usize;
+            let bytes = self.model().nand_bytes(e.physical, n)?;
+            out[e.logical as usize..end as usize].copy_from_slice(&bytes);
+            covered += n as u64;
+        }
+        if covered != len {
+            return Err(io::Error::other(format!(
+                "the file's extents cover {covered} of its {len} bytes"
+            )));
+        }
+        Ok(out)
     }
 
     /// Whether the emulator's buffer holds the page under `logical` of

@@ -51,7 +51,8 @@ pub struct SsdEvent {
     /// The layer of the fault.
     pub layer: SsdLayer,
     /// What happened: "buffered copy corrupted", "programmed corrupted to
-    /// NAND", "left the buffer".
+    /// NAND", "left the buffer", and each host read of the page: "read
+    /// from the buffer" or, once it left, "read from NAND".
     pub what: &'static str,
 }
 
@@ -98,6 +99,8 @@ pub struct SsdModel {
     program_corrupt: HashMap<u64, u64>,
     /// Pages a fault named, to log when they leave the buffer.
     named: HashMap<u64, SsdLayer>,
+    /// Pages a fault named that left the buffer (read from NAND since).
+    gone: HashMap<u64, SsdLayer>,
     log: Vec<SsdEvent>,
     stats: SsdStats,
     start: Instant,
@@ -125,6 +128,7 @@ impl SsdModel {
             armed: Vec::new(),
             program_corrupt: HashMap::new(),
             named: HashMap::new(),
+            gone: HashMap::new(),
             log: Vec::new(),
             stats: SsdStats::default(),
             start: Instant::now(),
@@ -187,6 +191,12 @@ impl SsdModel {
 
     /// Reads `len` bytes at `offset` as the host sees them.
     pub fn read(&mut self, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+        self.read_logged(offset, len, true)
+    }
+
+    /// [`SsdModel::read`]; `log`: record reads of the pages faults named
+    /// (not for the device's own read-modify-write).
+    fn read_logged(&mut self, offset: u64, len: usize, log: bool) -> io::Result<Vec<u8>> {
         let len = len.min(self.size.saturating_sub(offset) as usize);
         let mut out = vec![0; len];
         let mut done = 0;
@@ -199,10 +209,16 @@ impl SsdModel {
                 Some(b) => {
                     self.stats.read_hits += 1;
                     out[done..done + n].copy_from_slice(&b.data[within..within + n]);
+                    if let Some(&layer) = self.named.get(&page).filter(|_| log) {
+                        self.event(page, layer, "read from the buffer");
+                    }
                 }
                 None => {
                     self.stats.read_misses += 1;
                     self.nand.read_exact_at(&mut out[done..done + n], at)?;
+                    if let Some(&layer) = self.gone.get(&page).filter(|_| log) {
+                        self.event(page, layer, "read from NAND");
+                    }
                 }
             }
             done += n;
@@ -222,7 +238,7 @@ impl SsdModel {
             let mut content = if n == SSD_PAGE {
                 vec![0; SSD_PAGE].into_boxed_slice()
             } else {
-                self.read(page * SSD_PAGE as u64, SSD_PAGE)?
+                self.read_logged(page * SSD_PAGE as u64, SSD_PAGE, false)?
                     .into_boxed_slice()
             };
             content[within..within + n].copy_from_slice(&data[done..done + n]);
@@ -234,6 +250,7 @@ impl SsdModel {
 
     fn put(&mut self, page: u64, mut content: Box<[u8]>) -> io::Result<()> {
         self.stats.pages_written += 1;
+        self.gone.remove(&page);
         let hash = xxhash_rust::xxh3::xxh3_64(&content);
         // A page overwritten before its media fault was programmed: the
         // content the fault named never reaches NAND here, so the fault
@@ -285,6 +302,7 @@ impl SsdModel {
             self.stats.pages_evicted += 1;
             if let Some(layer) = self.named.remove(&oldest) {
                 self.event(oldest, layer, "left the buffer");
+                self.gone.insert(oldest, layer);
             }
         }
         Ok(())
@@ -397,7 +415,12 @@ mod tests {
         let what: Vec<_> = m.log().iter().map(|e| (e.page, e.what)).collect();
         assert_eq!(
             what,
-            [(1, "programmed corrupted to NAND"), (1, "left the buffer")]
+            [
+                (1, "programmed corrupted to NAND"),
+                (1, "read from the buffer"),
+                (1, "left the buffer"),
+                (1, "read from NAND")
+            ]
         );
         assert_eq!(m.armed(), 0);
     }

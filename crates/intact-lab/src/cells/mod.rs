@@ -17,6 +17,9 @@ mod device;
 mod disk_full;
 mod levels;
 mod network;
+mod ssd;
+
+pub use ssd::{ssd_block, ssd_window, PREMISE};
 
 /// The block size the lab sends with (intact's default).
 pub(crate) const BLOCK: u64 = 4 << 20;
@@ -100,6 +103,21 @@ pub(crate) fn run_cell(
     src: &Path,
     intact: &Path,
 ) -> Result<Cell, LabError> {
+    let cell = |(outcome, evidence, detail): Verdict, expected| Cell {
+        fault,
+        mode,
+        size,
+        outcome,
+        evidence,
+        detail,
+        expected,
+        seconds: 0.0,
+        reruns: 0,
+    };
+    if fault.on_ssd() {
+        let (verdict, expected) = ssd::run(cfg, fault, mode, size, src)?;
+        return Ok(cell(verdict, expected));
+    }
     // data=journal is where O_DIRECT is quietly served by the page cache.
     let options = if fault == Fault::DirectDataJournal {
         "data=journal"
@@ -122,7 +140,7 @@ pub(crate) fn run_cell(
         root,
         lfs,
     };
-    let (outcome, evidence, detail) = match fault {
+    let verdict = match fault {
         Fault::DeviceWrite | Fault::DeviceWriteExtreme => device::device_write(&ctx)?,
         Fault::Memory => device::memory(&ctx)?,
         Fault::SourceRead => device::source_read(&ctx)?,
@@ -133,28 +151,22 @@ pub(crate) fn run_cell(
         Fault::HeldBlockResume => levels::held_block_resume(&ctx)?,
         Fault::UnchangedDamaged => levels::unchanged_damaged(&ctx)?,
         Fault::DirectDataJournal => levels::direct_data_journal(&ctx)?,
+        Fault::HostMemory | Fault::SsdBuffer | Fault::SsdMedia => {
+            unreachable!("run on the emulated SSD above")
+        }
     };
     // Tear down here, not in a Drop that hides the error: a loop device or
     // mount that will not go away is the lab's failure.
     let lfs = sole_owner(ctx.lfs)?;
     lfs.close()
         .map_err(io("tearing down the loop file system"))?;
-    Ok(Cell {
-        fault,
-        mode,
-        size,
-        outcome,
-        evidence,
-        detail,
-        seconds: 0.0,
-        reruns: 0,
-    })
+    Ok(cell(verdict, None))
 }
 
-/// The loop file system once no fault hook holds it any more: a hook sits
-/// in the receive options, which a server session thread may still be
+/// The file system once no fault hook holds it any more: a hook sits in
+/// the receive options, which a server session thread may still be
 /// dropping after the server stopped.
-fn sole_owner(mut lfs: Arc<LoopFs>) -> Result<LoopFs, LabError> {
+pub(crate) fn sole_owner<T>(mut lfs: Arc<T>) -> Result<T, LabError> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         match Arc::try_unwrap(lfs) {
@@ -164,9 +176,9 @@ fn sole_owner(mut lfs: Arc<LoopFs>) -> Result<LoopFs, LabError> {
                 std::thread::sleep(Duration::from_millis(20));
             }
             Err(_) => {
-                return Err(io("tearing down the loop file system")(
-                    std::io::Error::other("a fault hook still holds it after 60 s"),
-                ))
+                return Err(io("tearing down the file system")(std::io::Error::other(
+                    "a fault hook still holds it after 60 s",
+                )))
             }
         }
     }
