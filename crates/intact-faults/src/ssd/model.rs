@@ -262,6 +262,9 @@ impl SsdModel {
                 content: named,
             });
         }
+        // New content: whatever a fault did to the old copy no longer
+        // concerns what is read from this page (a fault may name it again).
+        self.named.remove(&page);
         if let Some(i) = self.armed.iter().position(|a| a.content == hash) {
             let layer = self.armed.remove(i).layer;
             self.named.insert(page, layer);

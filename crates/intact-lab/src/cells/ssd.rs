@@ -24,7 +24,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use intact_faults::{EmulatedSsd, SsdEvent, SsdLayer, SSD_PAGE};
-use intact_transfer::{send, FlashSettings, ReceiveOptions, SendOptions, VerifyMode, WriteHook};
+use intact_transfer::{
+    send, FlashSettings, ReceiveOptions, SendOptions, VerifyLevel, VerifyMode, WriteHook,
+};
 
 use super::{fs_mib, sole_owner, Verdict};
 use crate::judge::{judge_after, judge_during, Said};
@@ -62,7 +64,7 @@ pub(crate) fn run(
     let mib = fs_mib(size) + (8 * buffer).div_ceil(1 << 20);
     let ssd =
         Arc::new(EmulatedSsd::new(&cfg.dir, mib, buffer).map_err(io("making the emulated SSD"))?);
-    let verdict = cell(&ssd, fault, mode, size, src, block);
+    let verdict = cell(&ssd, (fault, mode, size), src, block, cfg.negative_control);
     // Torn down here, not in a Drop that hides the error; a hook may
     // still hold the SSD while a session thread drops its options.
     let ssd = sole_owner(ssd)?;
@@ -70,13 +72,14 @@ pub(crate) fn run(
     verdict
 }
 
+/// `negative_control`: the receiver's re-reads go through the page
+/// cache ([`MatrixConfig::negative_control`]).
 fn cell(
     ssd: &Arc<EmulatedSsd>,
-    fault: Fault,
-    mode: VerifyMode,
-    size: u64,
+    (fault, mode, size): (Fault, VerifyMode, u64),
     src: &Path,
     block: u64,
+    negative_control: bool,
 ) -> Result<(Verdict, Option<Outcome>), LabError> {
     // Read once: the model's lock must never be held across a write to
     // the file system it serves (its FUSE thread takes that lock).
@@ -87,7 +90,8 @@ fn cell(
     // The faulted page: the middle page of the middle block.
     let mid = size.div_ceil(block).max(1) / 2;
     let in_block = (size - mid * block).min(block);
-    let page_at = mid * block + in_block / 2 / SSD_PAGE as u64 * SSD_PAGE as u64;
+    let page_at = (mid * block + in_block / 2 / SSD_PAGE as u64 * SSD_PAGE as u64)
+        .min((size / SSD_PAGE as u64).saturating_sub(1) * SSD_PAGE as u64);
     let source = fs::read(src).map_err(io("reading the source"))?;
     let page = source
         .get(page_at as usize..page_at as usize + SSD_PAGE)
@@ -97,6 +101,7 @@ fn cell(
     let fired = Arc::new(AtomicU64::new(0));
     let mut receive = ReceiveOptions {
         flash: FlashSettings::new(Some(ssd_window(buffer)), None),
+        reread_through_cache: negative_control,
         ..ReceiveOptions::default()
     };
     match fault {
@@ -162,58 +167,75 @@ fn cell(
         .map(|e| format!("device page {}: {}", e.page, e.what))
         .collect();
     log.dedup();
-    let (injected, evidence) = match fault {
+    // Injected during the run (not by the ground truth's own writes).
+    let fired_as = |what: &str| during.iter().find(|e| e.what == what).map(|e| e.page);
+    let (faulted, evidence) = match fault {
         Fault::HostMemory => (
-            cache_wrong.load(Ordering::SeqCst),
+            None,
             "the page cache read back a flipped bit over the device's right byte".to_string(),
         ),
-        Fault::SsdBuffer | Fault::SsdMedia => {
-            let want = if fault == Fault::SsdBuffer {
-                "buffered copy corrupted"
-            } else {
-                "programmed corrupted to NAND"
-            };
-            (
-                log.iter().any(|l| l.ends_with(want)),
-                format!("emulator: {}", log.join(", ")),
-            )
-        }
+        Fault::SsdBuffer => (
+            fired_as("buffered copy corrupted"),
+            format!("emulator: {}", log.join(", ")),
+        ),
+        Fault::SsdMedia => (
+            fired_as("programmed corrupted to NAND"),
+            format!("emulator: {}", log.join(", ")),
+        ),
         _ => unreachable!(),
-    };
-    let (outcome, detail) = match fault {
-        // Proven in place before the run went on: the run must leave
-        // right bytes for a reader and on the flash (an eviction that
-        // drops the wrong cached copy, or a resend, both do).
-        Fault::HostMemory if !injected => (Outcome::NoEffect, "the injector did not take".into()),
-        Fault::HostMemory => {
-            let (o, d) = judge_after(&said, through_cache && on_flash);
-            let how = match (o, said.resent) {
-                (Outcome::Repaired, 0) => "the wrong cached copy was dropped by the eviction; ",
-                (Outcome::Repaired, _) => {
-                    "the re-read saw the wrong copy and the block was resent; "
-                }
-                _ if !through_cache => "a reader gets wrong bytes through the page cache; ",
-                _ => "",
-            };
-            (o, format!("{how}{d}"))
-        }
-        _ => judge_during(&said, injected, on_flash, named),
     };
     // Table 2's misses rest on a premise: the mode's re-read was answered
     // by a good copy (the page cache's, or the SSD buffer's over a bad
     // program). Where the emulator saw this run read the faulted copy
     // itself (a re-read that came late, after the page left the buffer),
-    // the mode had the wrong bytes in hand and must have caught them.
+    // the mode had the wrong bytes in hand: it must have caught them, and
+    // wrong bytes under `device` are then a LIE.
+    let read_bad = faulted.is_some()
+        && during.iter().any(|e| {
+            Some(e.page) == faulted
+                && (e.what == "read from NAND"
+                    || (fault == Fault::SsdBuffer && e.what == "read from the buffer"))
+        });
+    let said = if read_bad {
+        said.claimed_by(VerifyLevel::Device)
+    } else {
+        said
+    };
+    let (outcome, detail) = match fault {
+        Fault::HostMemory if !cache_wrong.load(Ordering::SeqCst) => {
+            (Outcome::NoEffect, "the injector did not take".into())
+        }
+        // Proven in place before the run went on: the run must leave
+        // right bytes for a reader and on the flash. A mode that evicts
+        // (riva, flash) drops the wrong cached copy; one that re-reads
+        // through the cache must have seen it and resent the block, else
+        // the wrong copy went away by itself (reclaimed): no effect.
+        Fault::HostMemory => {
+            let (o, d) = judge_after(&said, through_cache && on_flash);
+            let evicts = said.level >= Some(VerifyLevel::Device);
+            match (o, said.resent) {
+                (Outcome::Repaired, 0) if evicts => (
+                    o,
+                    format!("the wrong cached copy was dropped by the eviction; {d}"),
+                ),
+                (Outcome::Repaired, 0) => (
+                    Outcome::NoEffect,
+                    format!("the wrong cached copy was gone without an eviction or a resend: {d}"),
+                ),
+                (Outcome::Repaired, _) => (
+                    o,
+                    format!("the re-read saw the wrong copy and the block was resent; {d}"),
+                ),
+                _ if !through_cache => (
+                    o,
+                    format!("a reader gets wrong bytes through the page cache; {d}"),
+                ),
+                _ => (o, d),
+            }
+        }
+        _ => judge_during(&said, faulted.is_some(), on_flash, named),
+    };
     let mut expected = fault.table_2(mode);
-    let faulted = during
-        .iter()
-        .find(|e| e.what.contains("corrupted"))
-        .map(|e| e.page);
-    let read_bad = during.iter().any(|e| {
-        Some(e.page) == faulted
-            && (e.what == "read from NAND"
-                || (fault == Fault::SsdBuffer && e.what == "read from the buffer"))
-    });
     let detail = if expected == Some(Outcome::Missed) && read_bad {
         expected = Some(Outcome::Repaired);
         format!("{PREMISE}; {detail}")
