@@ -3,7 +3,6 @@
 
 use std::collections::HashSet;
 use std::fs::{self, File};
-use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -104,31 +103,11 @@ pub(crate) fn wrong_source_cache(
     } else {
         intact_cache::resident(&f, 0, size).map_err(|e| io("mincore")(e.into()))? == 0
     };
-    let truth = ctx
+    let wrong = ctx
         .lfs
-        .device_byte_under(&f, at)
-        .map_err(io("reading the source device"))?;
-    ctx.lfs
-        .flip_bit_under(&f, at)
-        .map_err(io("flipping the source device"))?;
-    // Read the whole file into the cache while the device is wrong.
-    let mut all = vec![0u8; 1 << 20];
-    let mut off = 0;
-    while off < size {
-        let n = (size - off).min(1 << 20) as usize;
-        f.read_exact_at(&mut all[..n], off).map_err(io("read"))?;
-        off += n as u64;
-    }
-    let mut cached = [0u8; 1];
-    f.read_exact_at(&mut cached, at).map_err(io("read"))?;
-    ctx.lfs
-        .flip_bit_under(&f, at)
-        .map_err(io("restoring the source device"))?;
-    let restored = ctx
-        .lfs
-        .device_byte_under(&f, at)
-        .map_err(io("reading the source device"))?;
-    Ok((lsrc, cold && cached[0] != truth && restored == truth))
+        .wrong_cache_at(&f, at)
+        .map_err(io("making the source's cache wrong"))?;
+    Ok((lsrc, cold && wrong))
 }
 
 /// source-read: the source's cache wrong, its device right.

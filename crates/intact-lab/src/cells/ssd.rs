@@ -20,7 +20,7 @@
 
 use std::fs::{self, File};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use intact_faults::{EmulatedSsd, SsdEvent, SsdLayer, SSD_PAGE};
@@ -98,7 +98,7 @@ fn cell(
         .ok_or_else(|| io("the faulted page")(std::io::Error::other("the file is under a page")))?;
 
     let cache_wrong = Arc::new(AtomicBool::new(false));
-    let fired = Arc::new(AtomicU64::new(0));
+    let fired = Arc::new(AtomicBool::new(false));
     let mut receive = ReceiveOptions {
         flash: FlashSettings::new(Some(ssd_window(buffer)), None),
         reread_through_cache: negative_control,
@@ -116,7 +116,7 @@ fn cell(
             let hook: WriteHook =
                 Arc::new(move |file: &File, _: &str, index: u64, _: u64, _: usize| {
                     // Once: a resent block must be able to heal.
-                    if index == mid && fired.fetch_add(1, Ordering::SeqCst) == 0 {
+                    if index == mid && !fired.swap(true, Ordering::SeqCst) {
                         let took = ssd.fs().wrong_cache_at(file, page_at + 100);
                         wrong.store(took.unwrap_or(false), Ordering::SeqCst);
                     }
