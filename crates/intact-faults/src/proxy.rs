@@ -81,6 +81,7 @@ impl Victim {
 pub struct FlipProxy {
     port: u16,
     flipped: Arc<AtomicU64>,
+    forwarded: Arc<AtomicU64>,
     cut: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
 }
@@ -91,9 +92,11 @@ impl FlipProxy {
         let listener = TcpListener::bind("127.0.0.1:0")?;
         let port = listener.local_addr()?.port();
         let flipped = Arc::new(AtomicU64::new(0));
+        let forwarded = Arc::new(AtomicU64::new(0));
         let cut = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
         let (f, c, s) = (Arc::clone(&flipped), Arc::clone(&cut), Arc::clone(&stop));
+        let fw = Arc::clone(&forwarded);
         std::thread::spawn(move || {
             for client in listener.incoming() {
                 if s.load(Ordering::SeqCst) {
@@ -110,13 +113,15 @@ impl FlipProxy {
                     _ => continue,
                 };
                 let (fault, f, c) = (fault.clone(), Arc::clone(&f), Arc::clone(&c));
-                std::thread::spawn(move || pump(c_read, s_write, Some((fault, f, c))));
+                let fw = Arc::clone(&fw);
+                std::thread::spawn(move || pump(c_read, s_write, Some((fault, f, c, fw))));
                 std::thread::spawn(move || pump(server, client, None));
             }
         });
         Ok(FlipProxy {
             port,
             flipped,
+            forwarded,
             cut,
             stop,
         })
@@ -130,6 +135,12 @@ impl FlipProxy {
     /// Bits flipped so far, over all connections.
     pub fn flipped(&self) -> u64 {
         self.flipped.load(Ordering::SeqCst)
+    }
+
+    /// Client-to-server bytes forwarded so far, over all connections: what
+    /// the transfer put on the wire, counted outside the program.
+    pub fn forwarded(&self) -> u64 {
+        self.forwarded.load(Ordering::SeqCst)
     }
 
     /// Connections cut or stalled so far.
@@ -146,7 +157,9 @@ impl Drop for FlipProxy {
     }
 }
 
-type Faulting = (ProxyFault, Arc<AtomicU64>, Arc<AtomicU64>);
+/// The fault, and the counts of bits flipped, connections cut and bytes
+/// forwarded.
+type Faulting = (ProxyFault, Arc<AtomicU64>, Arc<AtomicU64>, Arc<AtomicU64>);
 
 fn pump(mut from: TcpStream, mut to: TcpStream, fault: Option<Faulting>) {
     let mut buf = vec![0u8; 64 * 1024];
@@ -157,7 +170,7 @@ fn pump(mut from: TcpStream, mut to: TcpStream, fault: Option<Faulting>) {
             Ok(n) => n,
         };
         let chunk = &mut buf[..n];
-        if let Some((f, flipped, cut)) = &fault {
+        if let Some((f, flipped, cut, _)) = &fault {
             let end = at + n as u64;
             match f {
                 ProxyFault::FlipAt(offsets) => {
@@ -208,6 +221,9 @@ fn pump(mut from: TcpStream, mut to: TcpStream, fault: Option<Faulting>) {
         }
         if to.write_all(chunk).is_err() {
             break;
+        }
+        if let Some((.., forwarded)) = &fault {
+            forwarded.fetch_add(n as u64, Ordering::SeqCst);
         }
     }
     let _ = to.shutdown(Shutdown::Both);

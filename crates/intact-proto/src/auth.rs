@@ -52,8 +52,9 @@ use crate::{ClientKey, Connection, Key, Message, ProtoError, SessionId, SessionS
 /// whole-file digest is checked, and a file held whole is answered with
 /// its recorded digest; 7: ephemeral X25519 in the keys, streams grouped
 /// by a session secret sent in a Join, Hello carrying only its tag; 8:
-/// the pull exchange, Fetch and Fetched; 9: an Entry names its origin).
-pub const VERSION: u16 = 9;
+/// the pull exchange, Fetch and Fetched; 9: an Entry names its origin;
+/// 10: page CRCs on every Block and page-level resend).
+pub const VERSION: u16 = 10;
 
 /// The reason a server gives a client whose proof is wrong.
 pub const AUTH_FAILED: &str = "authentication failed";

@@ -1,4 +1,10 @@
-//! The messages of protocol version 9 and their byte encoding.
+//! The messages of protocol version 10 and their byte encoding.
+//!
+//! Version 10 added page-level resend: a [`Block`] carries the CRC-32C of
+//! each [`WIRE_PAGE`]-byte page beside its digest ([`Block::crcs`]), a
+//! [`Message::BlockResult`] that fails a block names the pages found bad
+//! (`pages`), and the sender then sends only those pages, as a Block whose
+//! [`Block::patch`] lists them.
 //!
 //! Version 9 added [`Entry::origin`]: the sender's name for the source of
 //! each entry (`host:/absolute/path`), which the receiver keeps in its
@@ -47,8 +53,13 @@ pub const MAX_DIGEST: usize = 64;
 pub const MAX_TEXT: usize = 4096;
 /// Largest [`Entry::origin`], in bytes: a host name and a path.
 pub const MAX_ORIGIN: usize = MAX_PATH_LEN + 256;
-/// Largest frame body: a full block plus its headers.
-pub const MAX_FRAME: usize = MAX_BLOCK + 1024;
+/// The page a [`Block::crcs`] entry covers, in bytes (4 KiB).
+pub const WIRE_PAGE: usize = 4096;
+/// Most pages of one block: [`MAX_BLOCK`] / [`WIRE_PAGE`].
+pub const MAX_PAGES: usize = MAX_BLOCK / WIRE_PAGE;
+/// Largest frame body: a full block, its page CRCs, a page list and the
+/// headers.
+pub const MAX_FRAME: usize = MAX_BLOCK + 8 * MAX_PAGES + 1024;
 /// Bytes of the length prefix.
 pub const HEADER_LEN: usize = 4;
 
@@ -142,10 +153,34 @@ pub struct Block {
     /// id): `device` when it came from the source's device. The receiver
     /// records the lower of this and its own check's level.
     pub source_level: u8,
-    /// Digest of `data`.
+    /// Digest of the whole block.
     pub digest: Vec<u8>,
-    /// The bytes.
+    /// Version 10: the CRC-32C of each [`WIRE_PAGE`]-byte page of the
+    /// whole block (the last may be short), 4 little-endian bytes each;
+    /// empty where the mode sends none (`none`). A receiver names the pages
+    /// whose CRC differs when the block fails, and only those are resent.
+    pub crcs: Vec<u8>,
+    /// Version 10: empty for a whole block; otherwise the pages (in
+    /// increasing order) whose bytes `data` carries, one after the other:
+    /// a resend of only the pages the receiver named. The receiver merges
+    /// them with the block's other pages as it holds them and checks the
+    /// whole against `digest`.
+    pub patch: Vec<u32>,
+    /// The bytes: the whole block, or the pages `patch` lists.
     pub data: Vec<u8>,
+}
+
+impl Block {
+    /// The number of [`WIRE_PAGE`] pages of a block of `len` bytes.
+    pub fn pages_of(len: usize) -> usize {
+        len.div_ceil(WIRE_PAGE)
+    }
+
+    /// The byte range of page `page` in a block of `len` bytes.
+    pub fn page_range(len: usize, page: u32) -> std::ops::Range<usize> {
+        let start = (page as usize * WIRE_PAGE).min(len);
+        start..(start + WIRE_PAGE).min(len)
+    }
 }
 
 /// How a file ended at the receiver.
@@ -251,6 +286,11 @@ pub enum Message {
         index: u64,
         /// Whether it verified.
         ok: bool,
+        /// Version 10, when `ok` is false: the pages (increasing, at most
+        /// [`MAX_PAGES`]) whose CRC-32C differed from the block's
+        /// [`Block::crcs`]; only they are to be resent. Empty: the whole
+        /// block.
+        pages: Vec<u32>,
     },
     /// All blocks of a file were sent; the whole-file digest.
     FileEnd {
@@ -459,13 +499,21 @@ impl Message {
                 w.u64(b.index);
                 w.u8(b.source_level);
                 w.bytes(&b.digest);
+                w.bytes(&b.crcs[..b.crcs.len().min(4 * MAX_PAGES)]);
+                w.pages(&b.patch);
                 w.bytes(&b.data);
             }
-            Message::BlockResult { file, index, ok } => {
+            Message::BlockResult {
+                file,
+                index,
+                ok,
+                pages,
+            } => {
                 w.u8(BLOCK_RESULT);
                 w.u64(*file);
                 w.u64(*index);
                 w.u8(u8::from(*ok));
+                w.pages(pages);
             }
             Message::FileEnd {
                 file,
@@ -709,6 +757,7 @@ impl Message {
                 file: r.u64()?,
                 index: r.u64()?,
                 ok: r.flag()?,
+                pages: r.pages()?,
             },
             FILE_END => Message::FileEnd {
                 file: r.u64()?,
@@ -918,6 +967,14 @@ impl Writer<'_> {
         self.u32(v.len() as u32);
         self.raw(v);
     }
+    /// A page list: its length, then each page number.
+    fn pages(&mut self, v: &[u32]) {
+        let v = &v[..v.len().min(MAX_PAGES)];
+        self.u32(v.len() as u32);
+        for p in v {
+            self.u32(*p);
+        }
+    }
 }
 
 struct Reader<'a> {
@@ -985,9 +1042,31 @@ impl<'a> Reader<'a> {
             index: self.u64()?,
             source_level: self.u8()?,
             digest: self.bytes(MAX_DIGEST)?.to_vec(),
+            crcs: {
+                let c = self.bytes(4 * MAX_PAGES)?;
+                if c.len() % 4 != 0 {
+                    return Err(self.bad("page CRCs are not 4 bytes each"));
+                }
+                c.to_vec()
+            },
+            patch: self.pages()?,
             data: Vec::new(),
         };
         Ok((b, self.bytes(MAX_BLOCK)?))
+    }
+    /// A page list: at most [`MAX_PAGES`] page numbers, strictly
+    /// increasing, each below [`MAX_PAGES`].
+    fn pages(&mut self) -> Result<Vec<u32>, ProtoError> {
+        let n = self.count(MAX_PAGES, 4)?;
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            let p = self.u32()?;
+            if p as usize >= MAX_PAGES || out.last().is_some_and(|&last| p <= last) {
+                return Err(self.bad("page list not increasing or past the largest block"));
+            }
+            out.push(p);
+        }
+        Ok(out)
     }
     fn text(&mut self) -> Result<String, ProtoError> {
         let b = self.bytes(MAX_TEXT)?;

@@ -47,6 +47,8 @@ fn block_frame(len: usize) -> (Message, Vec<u8>) {
         index: 3,
         source_level: 0,
         digest: vec![9; 16],
+        crcs: Vec::new(),
+        patch: Vec::new(),
         data: (0..len).map(|i| i as u8).collect(),
     });
     let mut out = Vec::new();

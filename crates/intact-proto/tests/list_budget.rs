@@ -18,6 +18,8 @@ fn block_frame(len: usize) -> Vec<u8> {
         index: 3,
         source_level: 0,
         digest: vec![9; 16],
+        crcs: Vec::new(),
+        patch: Vec::new(),
         data: vec![1; len],
     });
     let mut out = Vec::new();

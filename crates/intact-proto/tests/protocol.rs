@@ -92,19 +92,33 @@ fn arb_message() -> impl Strategy<Value = Message> {
             any::<u64>(),
             proptest::collection::vec(any::<u8>(), 0..64),
             proptest::collection::vec(any::<u8>(), 0..5000),
-            any::<u8>()
+            any::<u8>(),
+            proptest::collection::vec(any::<u32>(), 0..8),
+            proptest::collection::btree_set(0..intact_proto::MAX_PAGES as u32, 0..8),
         )
-            .prop_map(
-                |(file, index, digest, data, source_level)| Message::Block(Block {
+            .prop_map(|(file, index, digest, data, source_level, crcs, patch)| {
+                Message::Block(Block {
                     file,
                     index,
                     source_level,
                     digest,
-                    data
+                    crcs: crcs.iter().flat_map(|c| c.to_le_bytes()).collect(),
+                    patch: patch.into_iter().collect(),
+                    data,
                 })
-            ),
-        (any::<u64>(), any::<u64>(), any::<bool>())
-            .prop_map(|(file, index, ok)| Message::BlockResult { file, index, ok }),
+            }),
+        (
+            any::<u64>(),
+            any::<u64>(),
+            any::<bool>(),
+            proptest::collection::btree_set(0..intact_proto::MAX_PAGES as u32, 0..8),
+        )
+            .prop_map(|(file, index, ok, pages)| Message::BlockResult {
+                file,
+                index,
+                ok,
+                pages: pages.into_iter().collect(),
+            }),
         (
             any::<u64>(),
             any::<u64>(),
@@ -334,6 +348,8 @@ fn messages_survive_byte_at_a_time_delivery_and_eof_is_told_apart() {
             index: 3,
             source_level: 3,
             digest: vec![1; 16],
+            crcs: Vec::new(),
+            patch: Vec::new(),
             data: vec![0xAB; 200_000],
         }),
         Message::Refused { reason: "x".into() },

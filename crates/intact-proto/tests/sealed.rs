@@ -72,6 +72,8 @@ fn block(i: u64, marker: &[u8]) -> Message {
         index: i,
         source_level: 0,
         digest: vec![i as u8; 16],
+        crcs: Vec::new(),
+        patch: Vec::new(),
         data: marker.repeat(100),
     })
 }

@@ -167,10 +167,39 @@ fn corrupting(fault: LinkFault) -> Box<dyn FnMut(&mut intact_proto::Message) + S
         }
         Message::Block(b) => {
             let path = paths.get(&b.file).map_or("", String::as_str);
-            fault(path, b.index, &mut b.data);
+            if b.patch.is_empty() {
+                fault(path, b.index, &mut b.data);
+            } else {
+                patch_fault(&fault, path, b);
+            }
         }
         _ => {}
     })
+}
+
+/// The link fault on a resend of some pages: it sees them at their
+/// offsets in the block (zeros between), and what it does to them crosses.
+#[cfg(feature = "fault-hooks")]
+fn patch_fault(fault: &LinkFault, path: &str, b: &mut intact_proto::Block) {
+    use intact_proto::WIRE_PAGE;
+    let last = *b.patch.last().expect("a patch") as usize;
+    let mut view = vec![0; (last + 1) * WIRE_PAGE];
+    let place = |view: &mut [u8], data: &mut [u8], into: bool| {
+        let mut at = 0;
+        for &p in &b.patch {
+            let n = WIRE_PAGE.min(data.len() - at);
+            let start = p as usize * WIRE_PAGE;
+            if into {
+                view[start..start + n].copy_from_slice(&data[at..at + n]);
+            } else {
+                data[at..at + n].copy_from_slice(&view[start..start + n]);
+            }
+            at += n;
+        }
+    };
+    place(&mut view, &mut b.data, true);
+    fault(path, b.index, &mut view);
+    place(&mut view, &mut b.data, false);
 }
 
 /// Copies `sources` into the directory `dest_root` (created if missing),

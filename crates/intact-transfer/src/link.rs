@@ -213,6 +213,8 @@ mod tests {
                 index: n,
                 source_level: 0,
                 digest: Vec::new(),
+                crcs: Vec::new(),
+                patch: Vec::new(),
                 data: vec![0; BATCH_BYTES / 2],
             })
         };

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use intact_cache::{DeviceReader, ReadOutcome};
 use intact_digest::{defaults, hash, AlignedBuf, Digest};
+use intact_proto::WIRE_PAGE;
 
 /// Bytes of blocks a verifier takes as one batch at most.
 pub(crate) const BATCH_BYTES: usize = 8 << 20;
@@ -26,6 +27,9 @@ pub(crate) struct Recheck<'a> {
     pub offset: u64,
     pub len: usize,
     pub digest: &'a Digest,
+    /// The CRC-32C of each 4 KiB page the block should hold, if known: a
+    /// failed re-read then names the pages that differ.
+    pub crcs: Option<&'a [u8]>,
 }
 
 /// What re-reading one block found.
@@ -36,6 +40,19 @@ pub(crate) struct Rechecked {
     pub outcome: ReadOutcome,
     /// Time spent reading and hashing, eviction excluded.
     pub took: Duration,
+    /// A block that did not match, with page CRCs to compare: the pages
+    /// whose CRC-32C differs (empty otherwise).
+    pub bad_pages: Vec<u32>,
+}
+
+/// The pages (4 bytes of CRC each) where `ours` and `theirs` differ.
+pub(crate) fn differing_pages(ours: &[u8], theirs: &[u8]) -> Vec<u32> {
+    ours.chunks(4)
+        .zip(theirs.chunks(4))
+        .enumerate()
+        .filter(|(_, (a, b))| a != b)
+        .map(|(i, _)| i as u32)
+        .collect()
 }
 
 fn lock(r: &Mutex<DeviceReader>) -> std::sync::MutexGuard<'_, DeviceReader> {
@@ -86,19 +103,29 @@ pub(crate) fn recheck_batch_seen(
             };
             match read {
                 Ok(outcome) => {
-                    let ok = hash(defaults::BLOCK_ALGORITHM, &buf[..c.len]).ct_eq(c.digest);
+                    let bytes = &buf[..c.len];
+                    let ok = hash(defaults::BLOCK_ALGORITHM, bytes).ct_eq(c.digest);
+                    let bad_pages = match c.crcs {
+                        Some(theirs) if !ok => {
+                            let ours = intact_digest::page_crc_blob(bytes, WIRE_PAGE);
+                            differing_pages(&ours, theirs)
+                        }
+                        _ => Vec::new(),
+                    };
                     let took = t.elapsed();
-                    seen(i, &buf[..c.len]);
+                    seen(i, bytes);
                     Rechecked {
                         ok: Ok(ok),
                         outcome,
                         took,
+                        bad_pages,
                     }
                 }
                 Err(e) => Rechecked {
                     ok: Err(e),
                     outcome: ReadOutcome::default(),
                     took: t.elapsed(),
+                    bad_pages: Vec::new(),
                 },
             }
         })

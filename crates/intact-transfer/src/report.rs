@@ -30,8 +30,13 @@ pub struct FileReport {
     pub source_digest: Option<crate::SourceDigest>,
     /// Blocks the file was cut into.
     pub blocks: u64,
-    /// Blocks sent again after failing verification.
+    /// Blocks sent again after failing verification (whole, or only the
+    /// pages the receiver found bad).
     pub blocks_resent: u64,
+    /// Pages (4 KiB) sent alone in those resends: where the receiver named
+    /// the bad pages of a block, only they crossed the wire again. A block
+    /// resent whole counts none here.
+    pub pages_resent: u64,
     /// Blocks not sent because the receiver already held them verified
     /// (resume after an interruption).
     pub blocks_skipped: u64,
@@ -197,6 +202,7 @@ pub(crate) fn simple_report(
         source_digest: None,
         blocks: 0,
         blocks_resent: 0,
+        pages_resent: 0,
         blocks_skipped: 0,
         bytes_skipped: 0,
         unchanged: false,

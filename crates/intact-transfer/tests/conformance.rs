@@ -51,7 +51,7 @@ use std::sync::Arc;
 
 use intact_digest::defaults;
 use intact_faults::{FlipProxy, ProxyFault};
-use intact_proto::{Block, Connection, Entry, EntryKind, Message, SessionSecret};
+use intact_proto::{Block, Connection, Entry, EntryKind, Message, SessionSecret, WIRE_PAGE};
 use intact_transfer::{
     copy, partial_name, scan, send, CopyOptions, CopyReport, LinkFault, LocalServer, SendOptions,
     ServerConfig, SourceEntry, SourceKind, TransferError, VerifyLevel, VerifyMode, WriteHook,
@@ -62,8 +62,9 @@ use intact_transfer::{
 const BS: usize = 64 * 1024;
 /// Resends of one block before its file fails.
 const RETRIES: u32 = 2;
-/// The byte of a block's data every fault flips (bit 0).
-const AT: usize = BS / 2;
+/// The byte of a block's data every fault flips (bit 0): in the middle of
+/// a page, so that a resend of that page alone carries it there too.
+const AT: usize = BS / 2 + WIRE_PAGE / 2;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Transport {
@@ -587,22 +588,39 @@ fn entry_frame(id: u64, e: &SourceEntry, mode: VerifyMode) -> Message {
     })
 }
 
-/// A full Block of entry `id` in `mode` (`none` carries no digest).
+/// A full Block of entry `id` in `mode` (`none` carries no digest and
+/// no page CRCs).
 fn block_frame(id: u64, mode: VerifyMode) -> Message {
     let data = vec![0u8; BS];
-    let digest = match mode {
-        VerifyMode::None => Vec::new(),
-        _ => intact_digest::hash(defaults::BLOCK_ALGORITHM, &data)
-            .as_bytes()
-            .to_vec(),
+    let (digest, crcs) = match mode {
+        VerifyMode::None => (Vec::new(), Vec::new()),
+        _ => (
+            intact_digest::hash(defaults::BLOCK_ALGORITHM, &data)
+                .as_bytes()
+                .to_vec(),
+            intact_digest::page_crc_blob(&data, WIRE_PAGE),
+        ),
     };
     Message::Block(Block {
         file: id,
         index: 0,
         source_level: 0,
         digest,
+        crcs,
+        patch: Vec::new(),
         data,
     })
+}
+
+/// A resend of the one page holding byte `AT` of a block of entry `id`
+/// (modes that check blocks: the receiver names the bad page).
+fn patch_frame(id: u64, mode: VerifyMode) -> Message {
+    let Message::Block(mut b) = block_frame(id, mode) else {
+        unreachable!()
+    };
+    b.patch = vec![(AT / WIRE_PAGE) as u32];
+    b.data.truncate(WIRE_PAGE);
+    Message::Block(b)
 }
 
 /// The stream offsets of byte `AT` of block `flip.index` of the target,
@@ -626,8 +644,19 @@ fn tcp_offsets(addr: &str, tree: &FaultTree, mode: VerifyMode, flip: Flip) -> Ve
     assert!(tree.target_len as u64 >= MAX_BYTES_IN_FLIGHT);
     let first = base + flip.index * frame + data_at;
     let mut v = vec![first];
+    // Each resend is the one bad page, after the target's blocks. In
+    // `flash` the sender says Waiting each time it waits for the results
+    // (at least once before each resend; should it wait twice, the flip
+    // lands 5 bytes earlier, still in the page's middle).
+    let patch = frame_len(&patch_frame(id as u64, mode));
+    let patch_data_at = patch - WIRE_PAGE as u64 + (AT % WIRE_PAGE) as u64;
+    let waiting = if mode == VerifyMode::Flash {
+        frame_len(&Message::Waiting)
+    } else {
+        0
+    };
     for k in 0..u64::from(flip.resends) {
-        v.push(base + (blocks + k) * frame + data_at);
+        v.push(base + blocks * frame + (k + 1) * waiting + k * patch + patch_data_at);
     }
     v
 }
@@ -735,7 +764,7 @@ fn assert_siblings_fine(
 }
 
 /// A block corrupted once on the link: where the mode checks blocks it is
-/// resent alone (recovery costs one block); in `none` only the whole-file
+/// resent alone, and of it only the bad page (recovery costs one page); in `none` only the whole-file
 /// digest sees it, and the file fails without a final name.
 #[test]
 fn a_block_corrupted_once_on_the_link() {
@@ -781,10 +810,11 @@ fn a_block_corrupted_once_on_the_link() {
             } else {
                 assert_eq!(rep.failed, 0, "{what}: {:?}", f.error);
                 assert_eq!(f.blocks_resent, 1, "{what}: one block resent");
+                assert_eq!(f.pages_resent, 1, "{what}: its bad page alone");
                 assert_eq!(
                     f.bytes_sent,
-                    (tree.target_len + BS) as u64,
-                    "{what}: recovery cost one block, not the file"
+                    (tree.target_len + WIRE_PAGE) as u64,
+                    "{what}: recovery cost one page, not the block"
                 );
                 assert_level(mode, f.level, &what);
                 assert!(fs::read(&final_name).unwrap() == data, "{what}: bytes");
@@ -846,7 +876,12 @@ fn a_block_corrupted_always_on_the_link() {
                 );
             }
             assert_eq!(f.blocks_resent, u64::from(resends), "{what}");
-            assert_eq!(f.bytes_sent, (len + resends as usize * BS) as u64, "{what}");
+            assert_eq!(f.pages_resent, u64::from(resends), "{what}: the bad page");
+            assert_eq!(
+                f.bytes_sent,
+                (len + resends as usize * WIRE_PAGE) as u64,
+                "{what}"
+            );
             assert!(!dst.join(TARGET).exists(), "{what}: no final name");
             reports.push((out.report, tree.src.clone()));
         }

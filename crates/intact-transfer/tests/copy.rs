@@ -222,8 +222,9 @@ fn a_corrupted_block_is_detected_and_resent_alone() {
         );
         assert_eq!(r.failed, 0, "{mode}: {:?}", r.files[0].error);
         assert_eq!(r.files[0].blocks_resent, 1, "{mode}");
-        // Recovery cost one block, not the file.
-        assert_eq!(r.bytes_sent, data.len() as u64 + BS as u64, "{mode}");
+        assert_eq!(r.files[0].pages_resent, 1, "{mode}");
+        // Recovery cost one page, not the block nor the file.
+        assert_eq!(r.bytes_sent, data.len() as u64 + 4096, "{mode}");
         assert_eq!(fs::read(dst.join("big.dat")).unwrap(), data, "{mode}");
     }
     // Without block verification the same fault reaches the file: only

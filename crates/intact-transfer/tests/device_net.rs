@@ -93,10 +93,10 @@ fn a_tmpfs_destination_reaches_only_cache_and_require_level_device_fails_there()
 }
 
 #[test]
-fn riva_over_the_network_repairs_a_write_error_that_fiver_leaves() {
+fn riva_over_the_network_repairs_a_write_error_that_fiver_leaves_resending_only_the_bad_page() {
     if let Err(why) = intact_faults::usable() {
         intact_testkit::skip(
-            "riva_over_the_network_repairs_a_write_error_that_fiver_leaves",
+            "riva_over_the_network_repairs_a_write_error_that_fiver_leaves_resending_only_the_bad_page",
             &why,
         );
         return;
@@ -144,6 +144,9 @@ fn riva_over_the_network_repairs_a_write_error_that_fiver_leaves() {
             VerifyMode::Riva => {
                 assert_eq!(diff, 0, "riva left the device wrong");
                 assert_eq!(f.level, Some(VerifyLevel::Device), "{f:?}");
+                // The re-read named the one bad page: only it came again.
+                assert_eq!(f.pages_resent, 1, "{f:?}");
+                assert_eq!(f.bytes_sent, 3 * BS as u64 + 77 + 4096, "{f:?}");
             }
             _ => assert_eq!(diff, 1, "fiver should have left the flipped bit"),
         }

@@ -185,6 +185,9 @@ fn riva_catches_a_fault_in_the_ssds_buffer() {
     assert_eq!(r.failed, 0, "{r:?}");
     let f = &r.files[0];
     assert_eq!(f.blocks_resent, 1, "the block with the bad page: {f:?}");
+    // Named by its CRC, the bad page alone came again.
+    assert_eq!(f.pages_resent, 1, "{f:?}");
+    assert_eq!(f.bytes_sent, data.len() as u64 + SSD_PAGE as u64, "{f:?}");
     assert_eq!(f.level, Some(VerifyLevel::Device));
     assert!(after == data, "the device holds the source's bytes");
     close(ssd);
@@ -236,6 +239,9 @@ fn flash_catches_a_fault_in_programming_the_flash() {
     assert_eq!(r.failed, 0, "{r:?}");
     let f = &r.files[0];
     assert_eq!(f.blocks_resent, 1, "the block with the bad page: {f:?}");
+    // Named by its CRC, the bad page alone came again.
+    assert_eq!(f.pages_resent, 1, "{f:?}");
+    assert_eq!(f.bytes_sent, data.len() as u64 + SSD_PAGE as u64, "{f:?}");
     assert_eq!(f.level, Some(VerifyLevel::Media), "{f:?}");
     let note = f.note.as_deref().unwrap_or("");
     assert!(note.contains("W = 4.0 MiB (--device-cache)"), "{note}");
@@ -266,6 +272,7 @@ fn flash_catches_a_fault_in_the_ssds_buffer() {
     assert_eq!(r.failed, 0, "{r:?}");
     let f = &r.files[0];
     assert_eq!(f.blocks_resent, 1, "{f:?}");
+    assert_eq!(f.pages_resent, 1, "{f:?}");
     assert_eq!(f.level, Some(VerifyLevel::Media), "{f:?}");
     assert!(bad_pages(&data, &after).is_empty());
     close(ssd);

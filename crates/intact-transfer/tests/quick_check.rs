@@ -376,6 +376,8 @@ fn hand_send(addr: &str, mode: VerifyMode, bs: u32, data: &[u8], digest: Vec<u8>
             index: i as u64,
             source_level: 3,
             digest: hash(defaults::BLOCK_ALGORITHM, c).as_bytes().to_vec(),
+            crcs: Vec::new(),
+            patch: Vec::new(),
             data: c.to_vec(),
         }))
         .unwrap();

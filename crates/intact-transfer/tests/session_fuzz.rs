@@ -64,14 +64,17 @@ fn describe(msgs: &[Message]) -> String {
                 index,
                 source_level,
                 digest,
+                crcs,
+                patch,
                 data,
             }) => format!(
-                "Block {{ file: {file}, index: {index}, source_level: {source_level}, digest: {}, data: {} bytes {:02x?}.. }}",
+                "Block {{ file: {file}, index: {index}, source_level: {source_level}, digest: {}, crcs: {} bytes, patch: {patch:?}, data: {} bytes {:02x?}.. }}",
                 if *digest == gen::block_digest(data) {
                     "correct".to_string()
                 } else {
                     format!("{digest:02x?}")
                 },
+                crcs.len(),
                 data.len(),
                 &data[..data.len().min(8)]
             ),

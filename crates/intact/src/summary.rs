@@ -113,8 +113,12 @@ fn verbose_line(f: &FileReport) -> String {
     };
     let (mark, name) = printable(&f.path);
     format!(
-        "{mark}{} {name} ({} B, level {level}, {} B sent, {} blocks resent{held}{source})",
-        f.kind, f.size, f.bytes_sent, f.blocks_resent
+        "{mark}{} {name} ({} B, level {level}, {} B sent, {} blocks resent{}{held}{source})",
+        f.kind,
+        f.size,
+        f.bytes_sent,
+        f.blocks_resent,
+        pages_alone(f.pages_resent)
     )
 }
 
@@ -168,14 +172,16 @@ fn print_summary(report: &CopyReport, p: &PipelineArgs) -> std::io::Result<()> {
         .min()
         .map_or("-".to_string(), |l| l.to_string());
     let resent: u64 = report.files.iter().map(|f| f.blocks_resent).sum();
+    let pages: u64 = report.files.iter().map(|f| f.pages_resent).sum();
     let mib = report.bytes as f64 / (1 << 20) as f64;
     outln!(
-        "{ok} of {} entries ({mib:.1} MiB) in {:.2} s{}; verify {}: level {}; {resent} blocks resent; {} failed",
+        "{ok} of {} entries ({mib:.1} MiB) in {:.2} s{}; verify {}: level {}; {resent} blocks resent{}; {} failed",
         report.files.len(),
         report.seconds,
         rate(report),
         p.verify,
         level,
+        pages_alone(pages),
         report.failed
     )?;
     if let Some(line) = resumed(report) {
@@ -185,6 +191,15 @@ fn print_summary(report: &CopyReport, p: &PipelineArgs) -> std::io::Result<()> {
         outln!("frames: {frames}")?;
     }
     Ok(())
+}
+
+/// ` (N pages alone)` where resends sent only the bad pages of blocks.
+fn pages_alone(pages: u64) -> String {
+    match pages {
+        0 => String::new(),
+        1 => " (1 page alone)".to_string(),
+        n => format!(" ({n} pages alone)"),
+    }
 }
 
 /// Bytes for people: B, KiB, MiB or GiB with one decimal.

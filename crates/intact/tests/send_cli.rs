@@ -242,43 +242,60 @@ fn hostile_clients_are_cut_off_and_others_still_served() {
 }
 
 #[test]
-fn a_block_corrupted_in_flight_is_resent_alone() {
+fn a_page_corrupted_in_flight_is_resent_alone_and_costs_one_page_on_the_wire() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("big.dat");
     let data = intact_sample::bytes(1 << 20, 42);
     fs::write(&file, &data).unwrap();
-    let recv = dir.path().join("recv");
-    let server = Server::start(&recv);
-    // 200,000 bytes in: well past the handshake and headers, inside block 1.
-    let proxy = intact_faults::FlipProxy::start(
-        server.addr(),
-        intact_faults::ProxyFault::FlipAt(vec![200_000]),
-    )
-    .unwrap();
-    let out = send(&[
-        "--json",
-        "--streams",
-        "1",
-        "--verify",
-        "fiver",
-        "--block-size",
-        "128KiB",
-        file.to_str().unwrap(),
-        &proxy.addr(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    // The same send through a proxy that counts the bytes it forwards:
+    // once clean, once with one bit flipped 200,000 bytes in (well past
+    // the handshake and headers, inside block 1).
+    let run = |flip: Vec<u64>, recv: &Path| {
+        let server = Server::start(recv);
+        let proxy =
+            intact_faults::FlipProxy::start(server.addr(), intact_faults::ProxyFault::FlipAt(flip))
+                .unwrap();
+        let out = send(&[
+            "--json",
+            "--streams",
+            "1",
+            "--verify",
+            "fiver",
+            "--block-size",
+            "128KiB",
+            file.to_str().unwrap(),
+            &proxy.addr(),
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(fs::read(recv.join("big.dat")).unwrap(), data);
+        (v, proxy.flipped(), proxy.forwarded())
+    };
+    let (clean, flipped, clean_wire) = run(Vec::new(), &dir.path().join("clean"));
+    assert_eq!(
+        (flipped, &clean["files"][0]["blocks_resent"]),
+        (0, &0.into())
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (v, flipped, wire) = run(vec![200_000], &dir.path().join("recv"));
+    assert_eq!(flipped, 1, "the proxy flipped one bit");
     assert_eq!(v["files"][0]["blocks_resent"], 1, "{v}");
+    assert_eq!(v["files"][0]["pages_resent"], 1, "{v}");
     assert_eq!(
         v["bytes_sent"],
-        (1 << 20) + (128 << 10),
-        "one block of recovery, not the file"
+        (1 << 20) + 4096,
+        "one page of recovery, not the block"
     );
-    assert_eq!(fs::read(recv.join("big.dat")).unwrap(), data);
+    // Counted outside intact: the resend's page, its CRCs (32 pages of
+    // 4 bytes), and a few dozen bytes of headers; far from a 128 KiB block.
+    let extra = wire - clean_wire;
+    assert!(
+        (4096..4096 + 32 * 4 + 256).contains(&extra),
+        "{extra} more bytes on the wire than a clean send"
+    );
 }
 
 #[test]

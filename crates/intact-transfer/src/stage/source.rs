@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use intact_cache::{DeviceReader, ReadPath};
 use intact_digest::{defaults, hash, AlignedBuf};
+use intact_proto::WIRE_PAGE;
 use rustix::buffer::spare_capacity;
 use rustix::io::Errno;
 
@@ -54,6 +55,9 @@ pub(crate) const PREFETCH_MAX: u64 = 1 << 20;
 pub(crate) struct ReadBlock {
     pub(crate) data: Vec<u8>,
     pub(crate) digest: Vec<u8>,
+    /// The CRC-32C of each 4 KiB page of the bytes behind `digest` (see
+    /// [`intact_proto::Block::crcs`]); empty in `none`.
+    pub(crate) crcs: Vec<u8>,
     pub(crate) level: VerifyLevel,
     /// Time spent hashing.
     pub(crate) hashing: Duration,
@@ -253,13 +257,14 @@ impl SourceFile {
         if self.device.is_none() {
             let data = self.read_owned(e, index)?;
             let t = Instant::now();
-            let digest = match self.mode {
-                VerifyMode::None => Vec::new(),
-                _ => block_digest(&data),
+            let (digest, crcs) = match self.mode {
+                VerifyMode::None => (Vec::new(), Vec::new()),
+                _ => digest_and_crcs(&data),
             };
             return Ok(ReadBlock {
                 data,
                 digest,
+                crcs,
                 level: self.mode.level(),
                 hashing: t.elapsed(),
             });
@@ -272,17 +277,21 @@ impl SourceFile {
             self.read_cached(e, index, &mut bufs.transfer)?;
             let reached = self.read_device(e, index, &mut bufs.device)?;
             let t = Instant::now();
+            let (digest, crcs) = digest_and_crcs(&bufs.device[..len]);
             return Ok(ReadBlock {
                 data: bufs.transfer[..len].to_vec(),
-                digest: block_digest(&bufs.device[..len]),
+                digest,
+                crcs,
                 level: device_level(reached),
                 hashing: t.elapsed(),
             });
         };
         let t = Instant::now();
+        let (digest, crcs) = digest_and_crcs(&bufs.transfer[..len]);
         Ok(ReadBlock {
             data: bufs.transfer[..len].to_vec(),
-            digest: block_digest(&bufs.transfer[..len]),
+            digest,
+            crcs,
             level: device_level(reached),
             hashing: t.elapsed(),
         })
@@ -352,6 +361,13 @@ impl SourceFile {
 /// A block's digest as it travels.
 fn block_digest(bytes: &[u8]) -> Vec<u8> {
     hash(defaults::BLOCK_ALGORITHM, bytes).as_bytes().to_vec()
+}
+
+/// A block's digest and its pages' CRC-32C as they travel, in one pass.
+fn digest_and_crcs(bytes: &[u8]) -> (Vec<u8>, Vec<u8>) {
+    let (digest, crcs) =
+        intact_digest::hash_with_page_crcs(defaults::BLOCK_ALGORITHM, bytes, WIRE_PAGE);
+    (digest.as_bytes().to_vec(), crcs)
 }
 
 /// The level of a digest's read in `riva`.

@@ -200,6 +200,8 @@ pub fn block(file: u64, index: u64, data: &[u8]) -> Message {
         index,
         source_level: 4,
         digest: block_digest(data),
+        crcs: intact_digest::page_crc_blob(data, intact_proto::WIRE_PAGE),
+        patch: Vec::new(),
         data: data.to_vec(),
     })
 }
@@ -456,15 +458,21 @@ fn file_messages(src: &mut Source, plan: &Plan, ids: &[u64]) -> Vec<Message> {
             bytes_from(data_seed, len as usize)
         };
         let mut digest = block_digest(&data);
+        let mut crcs = intact_digest::page_crc_blob(&data, intact_proto::WIRE_PAGE);
+        // A page resend that follows the block (valid only where the
+        // block's page was found bad and named).
+        let mut patch = None;
         let mut b = Block {
             file: plan.id,
             index,
             source_level: if src.chance(10) { src.byte() } else { 4 },
             digest: Vec::new(),
+            crcs: Vec::new(),
+            patch: Vec::new(),
             data: Vec::new(),
         };
         if src.chance(10) {
-            match src.below(10) {
+            match src.below(12) {
                 0 if !data.is_empty() => {
                     // Corrupted on the way: the digest is the original's.
                     let i = src.below(data.len() as u64) as usize;
@@ -484,15 +492,47 @@ fn file_messages(src: &mut Source, plan: &Plan, ids: &[u64]) -> Vec<Message> {
                 6 => b.index = src.pick(&[n, u64::MAX, 1 << 32]),
                 7 => b.file = src.pick(ids).wrapping_add(src.below(2)),
                 8 => digest = src.pick(&[Vec::new(), vec![0; 64], vec![0; 8]]),
+                9 => crcs = src.pick(&[vec![0; 3], vec![0; 4], Vec::new()]),
+                10 => b.patch = src.pick(&[vec![0], vec![1, 0], vec![u32::MAX]]),
+                11 if !data.is_empty() => {
+                    // Corrupted on the way, its page then resent alone (or
+                    // a page it was not asked for, or short).
+                    let i = src.below(data.len() as u64) as usize;
+                    let page = (i / intact_proto::WIRE_PAGE) as u32;
+                    let range = Block::page_range(data.len(), page);
+                    let mut good = data[range].to_vec();
+                    data[i] ^= 1;
+                    let named = match src.below(4) {
+                        0 => page.wrapping_add(1),
+                        1 => {
+                            good.pop();
+                            page
+                        }
+                        _ => page,
+                    };
+                    patch = Some(Block {
+                        file: b.file,
+                        index: b.index,
+                        source_level: 4,
+                        digest: digest.clone(),
+                        crcs: crcs.clone(),
+                        patch: vec![named],
+                        data: good,
+                    });
+                }
                 _ => digest.truncate(8),
             }
         }
         b.digest = digest;
+        b.crcs = crcs;
         b.data = data;
         let dup = src.chance(5);
         out.push(Message::Block(b));
         if dup {
             out.push(out.last().expect("just pushed").clone());
+        }
+        if let Some(p) = patch {
+            out.push(Message::Block(p));
         }
     }
     if src.chance(8) {
@@ -564,6 +604,7 @@ fn out_of_place(src: &mut Source, id: u64) -> Message {
             file: id,
             index: 0,
             ok: true,
+            pages: Vec::new(),
         },
         5 => Message::Refused {
             reason: "no".into(),

@@ -2,7 +2,7 @@
 //! stage, what verified, what was held from an earlier run, and what is
 //! yet to be journaled.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use intact_proto::Entry;
 
@@ -45,6 +45,9 @@ pub(super) struct Incoming {
     pub(super) whole: WholeDigest,
     /// What the file holds of the stream's and the server's limits.
     pub(super) slot: Option<Slot>,
+    /// Blocks whose bad pages this receiver named (a BlockResult with
+    /// pages): only they may be answered with a patch of pages.
+    pub(super) awaiting_pages: HashSet<u64>,
 }
 
 /// Blocks a file already held when this run began: re-verified in place,
@@ -203,6 +206,7 @@ impl Incoming {
             held: Held::default(),
             source_level: None,
             slot: None,
+            awaiting_pages: HashSet::new(),
         }
     }
 

@@ -57,6 +57,7 @@ fn reread_in_place(
                 offset: *offset,
                 len: *len,
                 digest,
+                crcs: None,
             })
             .collect();
         for r in recheck_batch_seen(&rechecks, buf, seen) {

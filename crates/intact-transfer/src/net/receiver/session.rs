@@ -293,6 +293,8 @@ impl Session<'_> {
                 return self.fail_file(b.file, &e.to_string());
             }
         }
+        // The bytes that came (a patch grows to its whole block).
+        let came = b.data.len() as u64;
         let accepted = accept_block(f, &mut b, self.opts, self.journal.page_size());
         let verdict = match accepted {
             Ok(v) => v,
@@ -301,7 +303,7 @@ impl Session<'_> {
             }
             Err(e) => return Err(e),
         };
-        self.summary.bytes += b.data.len() as u64;
+        self.summary.bytes += came;
         match verdict {
             Verdict::Check(check) => {
                 f.checking += 1;
@@ -312,20 +314,21 @@ impl Session<'_> {
                     .map_err(|_| ProtoError::Closed)?;
                 Ok(())
             }
-            Verdict::Done(ok, pages) => {
+            Verdict::Done(ok, pages, bad) => {
                 let digest = Digest::from_bytes(defaults::BLOCK_ALGORITHM, &b.digest);
                 let level = f.arrival_level().min(wire_level(b.source_level));
-                self.block_done(b.file, b.index, ok, digest, level, pages)
+                self.block_done(b.file, b.index, (ok, bad), digest, level, pages)
             }
         }
     }
 
-    /// A block's verification is over: journal it, and answer.
+    /// A block's verification is over: journal it, and answer (a failed
+    /// one with its bad pages, where they are known: only they come again).
     fn block_done(
         &mut self,
         file: u64,
         index: u64,
-        ok: bool,
+        (ok, bad): (bool, Vec<u32>),
         digest: Option<Digest>,
         level: VerifyLevel,
         pages: Option<Vec<u8>>,
@@ -351,7 +354,16 @@ impl Session<'_> {
             }
         }
         self.summary.blocks_rejected += u64::from(!ok);
-        self.out.put(Message::BlockResult { file, index, ok })?;
+        let pages = if ok { Vec::new() } else { bad };
+        if !pages.is_empty() {
+            f.awaiting_pages.insert(index);
+        }
+        self.out.put(Message::BlockResult {
+            file,
+            index,
+            ok,
+            pages,
+        })?;
         Ok(())
     }
 
@@ -391,7 +403,8 @@ impl Session<'_> {
             level = VerifyLevel::Media;
         }
         let level = level.min(c.source_level.as_source_cap());
-        self.block_done(c.id, c.index, ok, Some(c.digest), level, c.pages)?;
+        let answer = (ok, c.bad_pages);
+        self.block_done(c.id, c.index, answer, Some(c.digest), level, c.pages)?;
         let end = self
             .files
             .get(&c.id)
@@ -430,10 +443,12 @@ impl Session<'_> {
                 for index in bad {
                     f.verified.set(index as usize, None);
                     self.summary.blocks_rejected += 1;
+                    f.awaiting_pages.remove(&index);
                     self.out.put(Message::BlockResult {
                         file,
                         index,
                         ok: false,
+                        pages: Vec::new(),
                     })?;
                 }
                 self.files.insert(file, f);

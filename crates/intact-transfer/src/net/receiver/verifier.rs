@@ -48,6 +48,12 @@ pub(super) struct Check {
     pub(super) reader: Arc<Mutex<DeviceReader>>,
     /// The CRC-32C of each page of the bytes received (for the catalog).
     pub(super) pages: Option<Vec<u8>>,
+    /// Whether `pages` are at [`intact_proto::WIRE_PAGE`]: then they also
+    /// name the bad pages of a failed re-read.
+    pub(super) pages_are_wire: bool,
+    /// Otherwise the sender's page CRCs, checked against the bytes
+    /// received, if it sent them.
+    pub(super) crcs: Option<Vec<u8>>,
     /// `flash`: wait for the device's write cache to turn over first.
     pub(super) deferred: bool,
 }
@@ -65,6 +71,9 @@ pub(super) struct Checked {
     pub(super) pages: Option<Vec<u8>>,
     /// A deferred re-read: whether its window had passed.
     pub(super) window: Option<WindowVerdict>,
+    /// A failed re-read: the pages whose CRC-32C differed from the
+    /// block's (empty: not known, resend it whole).
+    pub(super) bad_pages: Vec<u32>,
     /// As the [`Check`] had it (`flash`).
     pub(super) deferred: bool,
 }
@@ -250,6 +259,7 @@ fn reread_with(batch: Vec<(Check, Option<WindowVerdict>)>, buf: &mut AlignedBuf)
             offset: c.offset,
             len: c.len,
             digest: &c.digest,
+            crcs: c.wire_crcs(),
         })
         .collect();
     let results = recheck_batch(&items, buf);
@@ -267,12 +277,22 @@ fn reread_with(batch: Vec<(Check, Option<WindowVerdict>)>, buf: &mut AlignedBuf)
             took: r.took,
             pages: c.pages,
             window,
+            bad_pages: r.bad_pages,
             deferred: c.deferred,
         })
         .collect()
 }
 
 impl Check {
+    /// The CRC-32C of each 4 KiB page the block should hold, if known.
+    fn wire_crcs(&self) -> Option<&[u8]> {
+        match (&self.crcs, self.pages_are_wire) {
+            (Some(c), _) => Some(c),
+            (None, true) => self.pages.as_deref(),
+            (None, false) => None,
+        }
+    }
+
     /// The verdict on a block that could not be re-read.
     fn failed(self, e: std::io::Error, took: Duration) -> Checked {
         Checked {
@@ -285,6 +305,7 @@ impl Check {
             took,
             pages: self.pages,
             window: None,
+            bad_pages: Vec::new(),
             deferred: self.deferred,
         }
     }

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Instant, SystemTime};
 
 use intact_digest::Blake3Blocks;
-use intact_proto::{Block, FileEnd, Holding, Message};
+use intact_proto::{Block, FileEnd, Holding, Message, WIRE_PAGE};
 
 use super::stream::{Outgoing, Stream};
 use crate::profile::Stage;
@@ -71,7 +71,7 @@ impl Stream<'_> {
                     }
                 }
             }
-            if let Err(err) = self.send_block(o, id, index, whole.as_mut(), false) {
+            if let Err(err) = self.send_block(o, id, index, whole.as_mut(), false, &[]) {
                 o.report.error = Some(err.to_string());
                 o.gave_up.get_or_insert(index);
                 break;
@@ -163,7 +163,10 @@ impl Stream<'_> {
     }
 
     /// Reads block `index` of entry `id` (see [`SourceFile::read_for_send`])
-    /// and sends it with its digest.
+    /// and sends it with its digest and page CRCs: the whole block, or,
+    /// where the receiver named `pages`, only those pages (version 10's
+    /// page-level resend; the digest and CRCs still cover the whole block,
+    /// as read now).
     pub(super) fn send_block(
         &mut self,
         o: &mut Outgoing,
@@ -171,6 +174,7 @@ impl Stream<'_> {
         index: u64,
         whole: Option<&mut blake3::Hasher>,
         resend: bool,
+        pages: &[u32],
     ) -> Result<(), TransferError> {
         let stage = Instant::now();
         let e = &self.ctx.entries[id as usize];
@@ -189,12 +193,25 @@ impl Stream<'_> {
         let hashed = t.elapsed() + read.hashing;
         o.report.checksum_seconds += hashed.as_secs_f64();
         profile.add(Stage::Digest, hashed);
+        let data = if pages.is_empty() {
+            read.data
+        } else {
+            o.report.pages_resent += pages.len() as u64;
+            let mut only = Vec::with_capacity(pages.len() * WIRE_PAGE);
+            for &p in pages {
+                only.extend_from_slice(&read.data[Block::page_range(len, p)]);
+            }
+            only
+        };
+        let len = data.len();
         let msg = Message::Block(Block {
             file: id,
             index,
             source_level: read.level.wire_id(),
             digest: read.digest,
-            data: read.data,
+            crcs: read.crcs,
+            patch: pages.to_vec(),
+            data,
         });
         let put = Instant::now();
         let sent = self.conn.put(msg).map_err(TransferError::Path);

@@ -6,7 +6,7 @@ use std::sync::mpsc;
 use std::time::{Instant, SystemTime};
 
 use intact_digest::{defaults, Blake3Blocks};
-use intact_proto::{Entry, EntryKind, Message, ProtoError};
+use intact_proto::{Block, Entry, EntryKind, Message, ProtoError};
 
 use super::link::TcpEnd;
 use super::{
@@ -274,7 +274,12 @@ impl<'a> Stream<'a> {
 
     fn handle(&mut self, msg: Message) {
         match msg {
-            Message::BlockResult { file, index, ok } => {
+            Message::BlockResult {
+                file,
+                index,
+                ok,
+                pages,
+            } => {
                 let Some(mut o) = self.out.remove(&file) else {
                     return;
                 };
@@ -282,6 +287,19 @@ impl<'a> Stream<'a> {
                     self.out.insert(file, o);
                     self.broken = Some(format!(
                         "the server answered block {index} of entry {file}, which has no such block"
+                    ));
+                    return;
+                }
+                let size = self.ctx.entries[file as usize].size;
+                let bs = self.ctx.opts.block_size as u64;
+                let len = (size - index * bs).min(bs) as usize;
+                if pages
+                    .last()
+                    .is_some_and(|&p| p as usize >= Block::pages_of(len))
+                {
+                    self.out.insert(file, o);
+                    self.broken = Some(format!(
+                        "the server named a page past the end of block {index} of entry {file}"
                     ));
                     return;
                 }
@@ -296,7 +314,8 @@ impl<'a> Stream<'a> {
                         o.gave_up.get_or_insert(index);
                     } else {
                         o.report.blocks_resent += 1;
-                        if let Err(err) = self.send_block(&mut o, file, index, None, true) {
+                        let sent = self.send_block(&mut o, file, index, None, true, &pages);
+                        if let Err(err) = sent {
                             o.report.error = Some(err.to_string());
                             o.gave_up.get_or_insert(index);
                         }
