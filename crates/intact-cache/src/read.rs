@@ -75,6 +75,35 @@ pub struct ReadOutcome {
 pub struct Prepared {
     /// Evict path: pages still resident after eviction, and its time.
     evicted: Option<(u64, Duration)>,
+    /// Whether the file system has a device under it.
+    device: bool,
+}
+
+impl Prepared {
+    /// Step 3 without the reader, where it needs none: on the evict path
+    /// the read is a plain read of pages that, after the eviction, can
+    /// only come from the device, so reads of one file may run on several
+    /// threads at once. `Err(self)` where the reader itself must read
+    /// ([`DeviceReader::finish`]).
+    pub fn read(
+        self,
+        file: &File,
+        offset: u64,
+        len: usize,
+        buf: &mut [u8],
+    ) -> Result<std::io::Result<ReadOutcome>, Prepared> {
+        let Some((resident, evict_time)) = self.evicted else {
+            return Err(self);
+        };
+        Ok(file
+            .read_exact_at(&mut buf[..len], offset)
+            .map(|()| ReadOutcome {
+                device: self.device && resident == 0,
+                resident,
+                buffered: false,
+                evict_time,
+            }))
+    }
 }
 
 /// Reads ranges of one file by a [`ReadPath`].
@@ -269,6 +298,7 @@ impl DeviceReader {
         }
         Ok(Prepared {
             evicted: Some((ev.resident, evict_time)),
+            device: self.backing.has_device(),
         })
     }
 
@@ -291,6 +321,7 @@ impl DeviceReader {
             prefetch(file, offset, len as u64);
             return Ok(Prepared {
                 evicted: Some((0, t.elapsed())),
+                device: self.backing.has_device(),
             });
         }
         self.evict_then_prefetch(file, offset, len)
@@ -306,17 +337,9 @@ impl DeviceReader {
         buf: &mut [u8],
         prepared: Prepared,
     ) -> std::io::Result<ReadOutcome> {
-        match (self.path, prepared.evicted) {
-            (ReadPath::Evict, Some((resident, evict_time))) => {
-                file.read_exact_at(&mut buf[..len], offset)?;
-                Ok(ReadOutcome {
-                    device: self.backing.has_device() && resident == 0,
-                    resident,
-                    buffered: false,
-                    evict_time,
-                })
-            }
-            _ => self.read(file, offset, len, buf),
+        match prepared.read(file, offset, len, buf) {
+            Ok(read) => read,
+            Err(_) => self.read(file, offset, len, buf),
         }
     }
 

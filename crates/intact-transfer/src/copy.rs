@@ -77,6 +77,8 @@ pub struct CopyOptions {
     /// `--verify flash`: the destination device's write-cache window and
     /// the filler budget (`--device-cache`, `--max-filler`).
     pub flash: crate::flash::FlashSettings,
+    /// The verifier threads the receiver's re-reads share (`--verifiers`).
+    pub verifiers: crate::Verifiers,
 }
 
 impl Default for CopyOptions {
@@ -99,6 +101,7 @@ impl Default for CopyOptions {
             #[cfg(feature = "fault-hooks")]
             without_page_crcs: false,
             flash: Default::default(),
+            verifiers: Default::default(),
         }
     }
 }
@@ -134,6 +137,7 @@ impl CopyOptions {
             #[cfg(feature = "fault-hooks")]
             without_page_crcs: self.without_page_crcs,
             flash: self.flash.clone(),
+            verifiers: self.verifiers.clone(),
             ..ReceiveOptions::default()
         }
     }

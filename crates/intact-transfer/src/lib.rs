@@ -64,6 +64,7 @@ pub use net::{
 };
 pub use profile::{Profile, Stage, StageTime};
 pub use prune::{prune, prune_under, PruneReport};
+pub use recheck::Verifiers;
 pub use replica::Replica;
 pub use report::{CopyReport, FileReport, Progress};
 pub use scrub::{

@@ -98,6 +98,43 @@ fn riva_detects_and_repairs_a_write_error_that_fiver_and_block_miss() {
     assert!(stored == data, "riva left the device wrong");
 }
 
+#[test]
+fn riva_with_several_verifiers_repairs_a_write_error_among_many_blocks() {
+    if let Err(why) = intact_faults::usable() {
+        intact_testkit::skip(
+            "riva_with_several_verifiers_repairs_a_write_error_among_many_blocks",
+            &why,
+        );
+        return;
+    }
+    let fs = Arc::new(LoopFs::new(Path::new(env!("CARGO_TARGET_TMPDIR")), 64).unwrap());
+    let src_dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    // Small blocks: a batch holds many blocks of the one file.
+    let bs = 16 * 1024;
+    let data = intact_sample::bytes(64 * bs + 123, 43);
+    fs::write(src_dir.path().join("f.dat"), &data).unwrap();
+    let fired = Arc::new(AtomicBool::new(false));
+    let verifiers = intact_transfer::Verifiers::new(4);
+    let mut o = common::copy_opts(VerifyMode::Riva, bs);
+    o.verifiers = verifiers.clone();
+    o.after_write = Some(flip_under_block_1(&fs, &fired));
+    let dst = fs.mnt().join("dst");
+    let r = copy(&[src_dir.path().join("f.dat")], &dst, &o, &|_| {}).unwrap();
+    assert!(fired.load(Ordering::SeqCst), "the fault was never injected");
+    assert_eq!(r.failed, 0, "{r:?}");
+    let f = the_file(&r);
+    assert_eq!((f.blocks_resent, f.pages_resent), (1, 1), "{f:?}");
+    assert_eq!(f.level, Some(VerifyLevel::Device), "{f:?}");
+    // Batches of more than one block go to the pool (writing outpaces
+    // the re-reads' evictions, so batches gather; a lone block is read on
+    // the session's verifier thread).
+    assert!(
+        verifiers.reads_on_pool() > 0,
+        "no re-read ran on the pool's threads"
+    );
+    assert!(on_device(&dst.join("f.dat")) == data, "the device is wrong");
+}
+
 /// A source on the loop file system whose page cache holds a flipped bit
 /// in block 2 while the device holds the right bytes.
 fn read_error_case(verify: VerifyMode) -> (CopyReport, Vec<u8>, Vec<u8>) {

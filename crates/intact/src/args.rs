@@ -493,12 +493,26 @@ pub struct FlashArgs {
     /// device, with the reason. Default: W; 0 writes none.
     #[arg(long, value_name = "SIZE", value_parser = parse_size_u64)]
     pub max_filler: Option<u64>,
+
+    /// Threads that share the receiver's re-reads of written blocks and
+    /// their page checks (riva, block, flash), blocks of one file among
+    /// them; one pool for all sessions. Default: one per core.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub verifiers: Option<u16>,
 }
 
 impl FlashArgs {
     /// The receiver's settings.
     pub fn settings(&self) -> intact_transfer::FlashSettings {
         intact_transfer::FlashSettings::new(self.device_cache, self.max_filler)
+    }
+
+    /// The receiver's verifier threads.
+    pub fn verifiers(&self) -> intact_transfer::Verifiers {
+        match self.verifiers {
+            Some(n) => intact_transfer::Verifiers::new(usize::from(n)),
+            None => intact_transfer::Verifiers::default(),
+        }
     }
 }
 

@@ -73,6 +73,7 @@ pub fn run(args: &CopyArgs) -> anyhow::Result<ExitCode> {
         reverify: p.reverify,
         source_cache: source_cache(p),
         flash: args.flash.settings(),
+        verifiers: args.flash.verifiers(),
         ..CopyOptions::default()
     };
     let report = copy_scanned(scanned, &plan.root, &opts, &|sent| {

@@ -80,6 +80,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
             keep_special_bits: args.keep_special_bits,
             allow_fetch: args.allow_fetch,
             flash: args.flash.settings(),
+            verifiers: args.flash.verifiers(),
             limits: intact_transfer::ReceiveLimits {
                 admit_wait: Duration::from_secs(args.admit_wait),
                 ..Default::default()

@@ -225,6 +225,9 @@ pub struct ReceiveOptions {
     /// budget (`--device-cache`, `--max-filler`); clones share the count
     /// of filler written.
     pub flash: crate::flash::FlashSettings,
+    /// The verifier threads the sessions' block re-reads share
+    /// (`--verifiers N`, default one per core); clones share the pool.
+    pub verifiers: crate::Verifiers,
 }
 
 /// How long a frame may wait for its session's share of the server's
@@ -388,6 +391,7 @@ impl Inbox {
         let state = root.join(crate::journal::STATE_DIR);
         let flash = Flash {
             settings: opts.flash.clone(),
+            verifiers: opts.verifiers.clone(),
             scratch: if state.is_dir() {
                 state
             } else {

@@ -18,7 +18,7 @@ use intact_digest::{AlignedBuf, Digest};
 
 use super::Event;
 use crate::flash::{DeferredQueue, FlashSettings, IDLE_DRAIN, MAX_DEFERRED};
-use crate::recheck::{recheck_batch, Recheck, BATCH_BYTES};
+use crate::recheck::{recheck_batch, Recheck, Verifiers, BATCH_BYTES};
 use crate::stage::verify::WindowVerdict;
 use crate::verify::VerifyLevel;
 
@@ -78,6 +78,13 @@ pub(super) struct Checked {
     pub(super) deferred: bool,
 }
 
+/// What a verifier thread re-reads with: its own buffer, and the threads
+/// its batches are shared among.
+struct Rereads {
+    buf: AlignedBuf,
+    verifiers: Verifiers,
+}
+
 /// A deferred block and its window's statement.
 type Waiting = (Check, Arc<str>);
 
@@ -86,13 +93,18 @@ pub(super) struct Flash {
     pub(super) settings: FlashSettings,
     /// A directory on the destination's file system, for filler.
     pub(super) scratch: PathBuf,
+    /// The threads that share the re-reads.
+    pub(super) verifiers: Verifiers,
 }
 
 /// The verifier thread of a session: it takes the blocks queued so far as
 /// one batch (see [`crate::recheck`]) and sends a verdict for each.
 pub(super) fn verifier(jobs: mpsc::Receiver<Job>, events: mpsc::Sender<Event>, flash: Flash) {
     // Grown by the first re-read to its length: an idle session holds none.
-    let mut buf = AlignedBuf::new(0);
+    let mut rr = Rereads {
+        buf: AlignedBuf::new(0),
+        verifiers: flash.verifiers.clone(),
+    };
     let mut queue: DeferredQueue<Check> = DeferredQueue::new(flash.settings.clone());
     let mut last_job = Instant::now();
     loop {
@@ -132,10 +144,10 @@ pub(super) fn verifier(jobs: mpsc::Receiver<Job>, events: mpsc::Sender<Event>, f
                 }
             }
         }
-        if !send_all(&events, reread(now, &mut buf)) {
+        if !send_all(&events, reread(now, &mut rr)) {
             return;
         }
-        if !send_all(&events, admit(&mut queue, later, &mut buf)) {
+        if !send_all(&events, admit(&mut queue, later, &mut rr)) {
             return;
         }
         drain |= !queue.is_empty() && last_job.elapsed() >= IDLE_DRAIN;
@@ -151,7 +163,7 @@ pub(super) fn verifier(jobs: mpsc::Receiver<Job>, events: mpsc::Sender<Event>, f
                 Vec::new()
             }
         };
-        if !send_all(&events, reread_waiting(due, true, None, &mut buf)) {
+        if !send_all(&events, reread_waiting(due, true, None, &mut rr)) {
             return;
         }
         // Drained, or over the bound: what is left is re-read now, before
@@ -173,7 +185,7 @@ pub(super) fn verifier(jobs: mpsc::Receiver<Job>, events: mpsc::Sender<Event>, f
             });
         }
         let why = early_why.map(|w| Arc::from(w.as_str()));
-        if !send_all(&events, reread_waiting(early, false, why, &mut buf)) {
+        if !send_all(&events, reread_waiting(early, false, why, &mut rr)) {
             return;
         }
     }
@@ -188,11 +200,7 @@ fn send_all(events: &mpsc::Sender<Event>, done: Vec<Checked>) -> bool {
 /// Flushes and evicts `flash` blocks as they come, then queues them: each
 /// is due once W bytes were written to its device after its flush. A block
 /// that cannot be flushed fails at once.
-fn admit(
-    queue: &mut DeferredQueue<Check>,
-    later: Vec<Check>,
-    buf: &mut AlignedBuf,
-) -> Vec<Checked> {
+fn admit(queue: &mut DeferredQueue<Check>, later: Vec<Check>, rr: &mut Rereads) -> Vec<Checked> {
     for c in &later {
         intact_cache::start_writeback(&c.file, c.offset, c.len as u64);
     }
@@ -215,14 +223,14 @@ fn admit(
         }
     }
     for (why, batch) in uncounted {
-        failed.extend(reread_waiting(batch, false, Some(why), buf));
+        failed.extend(reread_waiting(batch, false, Some(why), rr));
     }
     failed
 }
 
 /// Re-reads `now` (not deferred) as one batch.
-fn reread(now: Vec<Check>, buf: &mut AlignedBuf) -> Vec<Checked> {
-    reread_with(now.into_iter().map(|c| (c, None)).collect(), buf)
+fn reread(now: Vec<Check>, rr: &mut Rereads) -> Vec<Checked> {
+    reread_with(now.into_iter().map(|c| (c, None)).collect(), rr)
 }
 
 /// Re-reads deferred blocks, whose window had `passed` or not (`why`).
@@ -230,7 +238,7 @@ fn reread_waiting(
     waiting: Vec<Waiting>,
     passed: bool,
     why: Option<Arc<str>>,
-    buf: &mut AlignedBuf,
+    rr: &mut Rereads,
 ) -> Vec<Checked> {
     let batch = waiting
         .into_iter()
@@ -243,11 +251,11 @@ fn reread_waiting(
             (c, Some(w))
         })
         .collect();
-    reread_with(batch, buf)
+    reread_with(batch, rr)
 }
 
 /// Re-reads a batch (see [`crate::recheck`]) and gives each its verdict.
-fn reread_with(batch: Vec<(Check, Option<WindowVerdict>)>, buf: &mut AlignedBuf) -> Vec<Checked> {
+fn reread_with(batch: Vec<(Check, Option<WindowVerdict>)>, rr: &mut Rereads) -> Vec<Checked> {
     if batch.is_empty() {
         return Vec::new();
     }
@@ -262,7 +270,7 @@ fn reread_with(batch: Vec<(Check, Option<WindowVerdict>)>, buf: &mut AlignedBuf)
             crcs: c.wire_crcs(),
         })
         .collect();
-    let results = recheck_batch(&items, buf);
+    let results = recheck_batch(&items, &mut rr.buf, &rr.verifiers);
     drop(items);
     batch
         .into_iter()
