@@ -3,6 +3,7 @@
 //! Never timed assertions: this machine is shared and noisy, so only
 //! ratios measured side by side mean anything.
 
+mod flash;
 mod hash;
 mod model;
 mod pipe;
@@ -31,6 +32,8 @@ enum Bench {
     Verify(verify::VerifyArgs),
     /// intact scrub on a cold cache against a direct read (the device's limit), b3sum and sha256sum -c.
     Scrub(scrub::ScrubArgs),
+    /// Kim et al.'s workload: sequential, file, riva and flash at N verifiers, on the disk and a RAM ext4.
+    Flash(flash::FlashArgs),
     /// The RIVA model (Eq. 1) fed with stage times from separate runs, against riva's own run.
     Model(model::ModelArgs),
     /// The raw pipe's receiving end (run by `transfer`).
@@ -47,6 +50,7 @@ fn main() -> anyhow::Result<()> {
         Bench::Transfer(a) => transfer::run(&a),
         Bench::Verify(a) => verify::run(&a),
         Bench::Model(a) => model::run(&a),
+        Bench::Flash(a) => flash::run(&a),
         Bench::Scrub(a) => scrub::run(&a),
         Bench::PipeRecv(a) => pipe::recv(&a),
         Bench::PipeSend(a) => pipe::send(&a),

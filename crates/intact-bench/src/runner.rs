@@ -121,6 +121,24 @@ pub fn self_cpu() -> f64 {
     rusage_cpu(libc::RUSAGE_SELF)
 }
 
+/// CPU seconds and context switches (voluntary and not) of this process's
+/// children waited for so far.
+pub struct Usage {
+    pub cpu: f64,
+    pub switches: f64,
+}
+
+pub fn children_rusage() -> Usage {
+    // SAFETY: getrusage only writes the struct it is given.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    Usage {
+        cpu: secs(ru.ru_utime) + secs(ru.ru_stime),
+        switches: (ru.ru_nvcsw + ru.ru_nivcsw) as f64,
+    }
+}
+
 fn rusage_cpu(who: libc::c_int) -> f64 {
     // SAFETY: getrusage only writes the struct it is given.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };

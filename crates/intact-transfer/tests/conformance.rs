@@ -949,6 +949,14 @@ fn a_write_corrupted_in_the_page_cache_after_write() {
                 _ => {
                     assert_eq!(f.blocks_resent, 1, "{what}: the block was resent");
                     assert!(held == data, "{what}: repaired");
+                    // A whole-file re-read names no page; a block's re-read
+                    // names the one bad page, and only it is resent.
+                    let (pages, extra) = match mode {
+                        VerifyMode::Sequential | VerifyMode::File => (0, BS),
+                        _ => (1, WIRE_PAGE),
+                    };
+                    assert_eq!(f.pages_resent, pages, "{what}");
+                    assert_eq!(f.bytes_sent, (data.len() + extra) as u64, "{what}");
                 }
             }
             reports.push((out.report, tree.src.clone()));

@@ -6,7 +6,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
 use intact_digest::{defaults, hash, Algorithm, AlignedBuf, Digest};
-use intact_proto::{Block, ProtoError, WIRE_PAGE};
+use intact_proto::{Block, ProtoError, MAX_BLOCK, WIRE_PAGE};
 
 use super::{wire_level, Check, Incoming, ReceiveOptions};
 use crate::profile::{Profile, Stage};
@@ -113,7 +113,13 @@ pub(super) fn accept_block(
     };
     let pages_are_wire = pages.is_some() && page_size == WIRE_PAGE;
     if let Some(hook) = opts.after_check() {
+        // A patch writes only its pages: the fault reaches only them (the
+        // whole-file digest below is of the bytes as written).
+        let before = (!b.patch.is_empty()).then(|| b.data.clone());
         hook(&f.entry.path.to_string(), index, &mut b.data[..]);
+        if let Some(before) = before {
+            keep_unpatched(b, &before);
+        }
     }
     // Write.
     profile
@@ -131,8 +137,10 @@ pub(super) fn accept_block(
     // The bytes written are the block's part of the whole-file digest.
     profile.time(Stage::Whole, || f.whole.add(index, &b.data));
     // The pages the re-read can name: the catalog's, where they are the
-    // wire's size, else the sender's (checked against these bytes above).
-    let crcs = (!pages_are_wire && !b.crcs.is_empty()).then(|| std::mem::take(&mut b.crcs));
+    // wire's size, else the sender's where they were checked against these
+    // bytes above.
+    let checked = !b.crcs.is_empty() && !opts.without_page_crcs();
+    let crcs = (!pages_are_wire && checked).then(|| std::mem::take(&mut b.crcs));
     // Verify: a stage that re-reads every block queues it.
     if let (Some(d), Some(r)) = (&expected, f.verify.block_reread()) {
         return Ok(Verdict::Check(Check {
@@ -200,10 +208,27 @@ fn write_block(file: &File, b: &Block, offset: u64) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Puts the pages a patch did not carry back as they were in `before`.
+fn keep_unpatched(b: &mut Block, before: &[u8]) {
+    let len = b.data.len();
+    let mut p = 0u32;
+    for &carried in b.patch.iter().chain(std::iter::once(&u32::MAX)) {
+        while p < carried && (p as usize) < Block::pages_of(len) {
+            let r = Block::page_range(len, p);
+            b.data[r.clone()].copy_from_slice(&before[r]);
+            p += 1;
+        }
+        p = carried.saturating_add(1);
+    }
+}
+
 /// Makes a patch whole: reads the block's `len` bytes as the partial file
 /// holds them and puts the patch's pages in; `b.data` then holds the whole
 /// block (and `b.patch` still names the pages that came).
 fn merge_patch(f: &Incoming, b: &mut Block, offset: u64, len: usize) -> Result<(), TransferError> {
+    if len > MAX_BLOCK {
+        return Err(malformed("a patch of a block larger than a Block can be"));
+    }
     let pages = Block::pages_of(len);
     if b.patch.last().is_some_and(|&p| p as usize >= pages) {
         return Err(malformed("a patched page past the end of the block"));

@@ -193,10 +193,15 @@ impl Stream<'_> {
         let hashed = t.elapsed() + read.hashing;
         o.report.checksum_seconds += hashed.as_secs_f64();
         profile.add(Stage::Digest, hashed);
+        // Every page named: the block goes whole.
+        let pages = if pages.len() >= Block::pages_of(len) {
+            &[]
+        } else {
+            pages
+        };
         let data = if pages.is_empty() {
             read.data
         } else {
-            o.report.pages_resent += pages.len() as u64;
             let mut only = Vec::with_capacity(pages.len() * WIRE_PAGE);
             for &p in pages {
                 only.extend_from_slice(&read.data[Block::page_range(len, p)]);
@@ -219,6 +224,7 @@ impl Stream<'_> {
         sent?;
         o.report.transfer_stage_seconds += stage.elapsed().as_secs_f64();
         o.pending += 1;
+        o.report.pages_resent += pages.len() as u64;
         o.report.bytes_sent += len as u64;
         o.stale_digest |= resend;
         let total = self.ctx.sent.fetch_add(len as u64, Ordering::Relaxed) + len as u64;
