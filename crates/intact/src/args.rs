@@ -491,7 +491,7 @@ pub struct FlashArgs {
     /// stream writes at most 4 times the bytes it received. Blocks the
     /// filler cannot push past are re-read at once and reported at level
     /// device, with the reason. Default: W; 0 writes none.
-    #[arg(long, value_name = "SIZE", value_parser = parse_size_u64)]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_or_zero)]
     pub max_filler: Option<u64>,
 
     /// Threads that share the receiver's re-reads of written blocks and
@@ -518,6 +518,17 @@ impl FlashArgs {
 
 fn parse_size_u64(s: &str) -> Result<u64, String> {
     parse_size(s).map(|n| n as u64)
+}
+
+/// `--max-filler`: a size, or 0 (no filler at all), with or without a unit.
+fn parse_size_or_zero(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, unit) = t.split_at(t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len()));
+    if !num.is_empty() && num.bytes().all(|b| b == b'0') {
+        // The unit must still be one (0KiB is 0; 0x is not a size).
+        return parse_size(&format!("1{unit}")).map(|_| 0);
+    }
+    parse_size_u64(s)
 }
 
 /// `--device-cache`: a window of no bytes would claim the media at once.
@@ -676,6 +687,15 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
 mod tests {
     use super::*;
     use clap::CommandFactory;
+
+    #[test]
+    fn max_filler_takes_zero_and_sizes() {
+        assert_eq!(parse_size_or_zero("0"), Ok(0));
+        assert_eq!(parse_size_or_zero("0MiB"), Ok(0));
+        assert_eq!(parse_size_or_zero("4MiB"), Ok(4 << 20));
+        assert!(parse_size_or_zero("0x").is_err());
+        assert!(parse_size_or_zero("").is_err());
+    }
 
     #[test]
     fn cli_definition_is_consistent() {
