@@ -496,8 +496,11 @@ pub struct FlashArgs {
 
     /// Threads that share the receiver's re-reads of written blocks and
     /// their page checks (riva, block, flash), blocks of one file among
-    /// them; one pool for all sessions. Default: one per core.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    /// them: one pool for all sessions, taking each session's batches in
+    /// turn (up to 8 MiB each); each thread holds a buffer of one block.
+    /// With 1, each session re-reads on its own thread. Default: one per
+    /// core.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
     pub verifiers: Option<u16>,
 }
 

@@ -270,7 +270,25 @@ fn reread_with(batch: Vec<(Check, Option<WindowVerdict>)>, rr: &mut Rereads) -> 
             crcs: c.wire_crcs(),
         })
         .collect();
-    let results = recheck_batch(&items, &mut rr.buf, &rr.verifiers);
+    // In pieces of at most BATCH_BYTES (a drain may hand over thousands of
+    // blocks): the verifier threads are shared by every session, which
+    // then take turns rather than wait behind one session's whole queue.
+    let mut results = Vec::with_capacity(items.len());
+    let mut start = 0;
+    while start < items.len() {
+        let mut end = start + 1;
+        let mut bytes = items[start].len;
+        while end < items.len() && bytes + items[end].len <= BATCH_BYTES {
+            bytes += items[end].len;
+            end += 1;
+        }
+        results.extend(recheck_batch(
+            &items[start..end],
+            &mut rr.buf,
+            &rr.verifiers,
+        ));
+        start = end;
+    }
     drop(items);
     batch
         .into_iter()
