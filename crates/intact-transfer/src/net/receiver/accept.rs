@@ -99,11 +99,11 @@ pub(super) fn accept_block(
                 Err(bad) => {
                     if !bad.is_empty() {
                         // The good pages stay where the merge will find
-                        // them; only the bad ones will come again.
+                        // them; only the bad ones will come again (the
+                        // answer naming them marks the block as awaiting).
                         profile
                             .time(Stage::Write, || write_block(partial.file(), b, offset))
                             .map_err(f.path_err())?;
-                        f.awaiting_pages.insert(index);
                     }
                     return Ok(Verdict::Done(false, None, bad));
                 }
