@@ -6,7 +6,7 @@
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// What the proxy does to each connection's client-to-server bytes.
@@ -82,6 +82,8 @@ pub struct FlipProxy {
     port: u16,
     flipped: Arc<AtomicU64>,
     forwarded: Arc<AtomicU64>,
+    /// The same, per connection, in the order accepted.
+    connections: Arc<Mutex<Vec<Arc<AtomicU64>>>>,
     cut: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
 }
@@ -97,6 +99,8 @@ impl FlipProxy {
         let stop = Arc::new(AtomicBool::new(false));
         let (f, c, s) = (Arc::clone(&flipped), Arc::clone(&cut), Arc::clone(&stop));
         let fw = Arc::clone(&forwarded);
+        let connections: Arc<Mutex<Vec<Arc<AtomicU64>>>> = Arc::default();
+        let conns = Arc::clone(&connections);
         std::thread::spawn(move || {
             for client in listener.incoming() {
                 if s.load(Ordering::SeqCst) {
@@ -113,7 +117,12 @@ impl FlipProxy {
                     _ => continue,
                 };
                 let (fault, f, c) = (fault.clone(), Arc::clone(&f), Arc::clone(&c));
-                let fw = Arc::clone(&fw);
+                let this = Arc::new(AtomicU64::new(0));
+                conns
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(Arc::clone(&this));
+                let fw = (Arc::clone(&fw), this);
                 std::thread::spawn(move || pump(c_read, s_write, Some((fault, f, c, fw))));
                 std::thread::spawn(move || pump(server, client, None));
             }
@@ -122,6 +131,7 @@ impl FlipProxy {
             port,
             flipped,
             forwarded,
+            connections,
             cut,
             stop,
         })
@@ -143,6 +153,17 @@ impl FlipProxy {
         self.forwarded.load(Ordering::SeqCst)
     }
 
+    /// Client-to-server bytes forwarded so far on each connection, in the
+    /// order they were accepted.
+    pub fn forwarded_per_connection(&self) -> Vec<u64> {
+        self.connections
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|c| c.load(Ordering::SeqCst))
+            .collect()
+    }
+
     /// Connections cut or stalled so far.
     pub fn cut(&self) -> u64 {
         self.cut.load(Ordering::SeqCst)
@@ -158,8 +179,13 @@ impl Drop for FlipProxy {
 }
 
 /// The fault, and the counts of bits flipped, connections cut and bytes
-/// forwarded.
-type Faulting = (ProxyFault, Arc<AtomicU64>, Arc<AtomicU64>, Arc<AtomicU64>);
+/// forwarded (over all connections, and on this one).
+type Faulting = (
+    ProxyFault,
+    Arc<AtomicU64>,
+    Arc<AtomicU64>,
+    (Arc<AtomicU64>, Arc<AtomicU64>),
+);
 
 fn pump(mut from: TcpStream, mut to: TcpStream, fault: Option<Faulting>) {
     let mut buf = vec![0u8; 64 * 1024];
@@ -222,8 +248,9 @@ fn pump(mut from: TcpStream, mut to: TcpStream, fault: Option<Faulting>) {
         if to.write_all(chunk).is_err() {
             break;
         }
-        if let Some((.., forwarded)) = &fault {
-            forwarded.fetch_add(n as u64, Ordering::SeqCst);
+        if let Some((.., (all, this))) = &fault {
+            all.fetch_add(n as u64, Ordering::SeqCst);
+            this.fetch_add(n as u64, Ordering::SeqCst);
         }
     }
     let _ = to.shutdown(Shutdown::Both);

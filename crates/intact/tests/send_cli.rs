@@ -299,6 +299,62 @@ fn a_page_corrupted_in_flight_is_resent_alone_and_costs_one_page_on_the_wire() {
 }
 
 #[test]
+fn flash_spreads_its_files_over_every_stream() {
+    // In flash a file's result waits for the device's write cache to turn
+    // over, so a stream may keep gigabytes unacknowledged; it must still
+    // take only as many files as it is about to send, or the first stream
+    // takes them all and the others idle. Counted outside intact: the
+    // bytes each TCP connection carried through a proxy.
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    fs::create_dir(&src).unwrap();
+    const FILE: usize = 16 << 20;
+    for i in 0..4u64 {
+        fs::write(
+            src.join(format!("f{i}")),
+            intact_sample::bytes(FILE, 40 + i),
+        )
+        .unwrap();
+    }
+    let recv = dir.path().join("recv");
+    let server = Server::start_with(
+        &recv,
+        &["--device-cache", "1MiB", "--max-filler", "1MiB"],
+        &[],
+    );
+    let proxy =
+        intact_faults::FlipProxy::start(server.addr(), intact_faults::ProxyFault::FlipAt(vec![]))
+            .unwrap();
+    let out = send(&[
+        "--json",
+        "--streams",
+        "2",
+        "--verify",
+        "flash",
+        "--block-size",
+        "1MiB",
+        &format!("{}/", src.display()),
+        &proxy.addr(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for i in 0..4u64 {
+        assert!(
+            fs::read(recv.join(format!("f{i}"))).unwrap() == intact_sample::bytes(FILE, 40 + i)
+        );
+    }
+    let per = proxy.forwarded_per_connection();
+    let carrying = per.iter().filter(|&&n| n >= FILE as u64).count();
+    assert_eq!(
+        carrying, 2,
+        "both streams carried at least one file's bytes: {per:?}"
+    );
+}
+
+#[test]
 fn an_unreachable_server_is_a_clear_error() {
     let free = TcpListener::bind("127.0.0.1:0")
         .unwrap()

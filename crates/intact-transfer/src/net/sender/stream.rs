@@ -26,6 +26,10 @@ pub(super) struct Outgoing {
     /// A file's source, read as its mode says (None: a link or directory).
     pub(super) source: Option<SourceFile>,
     pub(super) pending: u64,
+    /// The file's bytes until the receiver's Status says which blocks to
+    /// send (then they are sent at once): counted in the stream's
+    /// [`Stream::unsent`].
+    pub(super) unsent: u64,
     pub(super) attempts: HashMap<u64, u32>,
     pub(super) gave_up: Option<u64>,
     pub(super) ended: bool,
@@ -58,6 +62,12 @@ pub(super) struct Stream<'a> {
     pub(super) tcp: Option<TcpEnd>,
     pub(super) out: HashMap<u64, Outgoing>,
     pub(super) in_flight: u64,
+    /// Bytes of files begun whose blocks are not yet sent. In `flash`,
+    /// where a file's result waits for the device's write cache to turn
+    /// over, this (not [`Stream::in_flight`]) keeps a stream from taking
+    /// more files than it is about to send, so that the other streams get
+    /// theirs.
+    pub(super) unsent: u64,
     pub(super) bufs: Buffers,
     pub(super) broken: Option<String>,
 }
@@ -72,6 +82,7 @@ impl<'a> Stream<'a> {
             tcp,
             out: HashMap::new(),
             in_flight: 0,
+            unsent: 0,
             bufs: Buffers::new(ctx.opts.block_size, ctx.opts.verify),
             broken: None,
         }
@@ -81,7 +92,8 @@ impl<'a> Stream<'a> {
     pub(super) fn run(&mut self, mut next: impl FnMut() -> Option<usize>) {
         let mut exhausted = false;
         let mut begun = 0usize;
-        let max_bytes = if self.ctx.opts.verify == crate::VerifyMode::Flash {
+        let flash = self.ctx.opts.verify == crate::VerifyMode::Flash;
+        let max_bytes = if flash {
             MAX_BYTES_IN_FLIGHT_FLASH
         } else {
             MAX_BYTES_IN_FLIGHT
@@ -91,6 +103,7 @@ impl<'a> Stream<'a> {
                 && !exhausted
                 && self.out.len() < MAX_FILES_IN_FLIGHT
                 && self.in_flight < max_bytes
+                && self.unsent < MAX_BYTES_IN_FLIGHT
             {
                 match next() {
                     Some(i) => self.begin(i),
@@ -230,6 +243,8 @@ impl<'a> Stream<'a> {
         // result arrives, so admission is bounded by bytes even while its
         // blocks wait for the receiver's Status.
         self.in_flight += e.size;
+        let unsent = if source.is_some() { e.size } else { 0 };
+        self.unsent += unsent;
         let mut report = report;
         report.read_path = source.as_ref().and_then(SourceFile::read_path);
         let key = source.as_ref().map(SourceFile::key);
@@ -254,6 +269,7 @@ impl<'a> Stream<'a> {
             cached,
             opened_at: SystemTime::now(),
             pending: 0,
+            unsent,
             attempts: HashMap::new(),
             gave_up: None,
             ended: source.is_none(),
@@ -337,6 +353,7 @@ impl<'a> Stream<'a> {
                     ));
                     return;
                 }
+                self.sent(&mut o);
                 self.send_missing(file, &mut o, holding);
                 self.out.insert(file, o);
             }
@@ -345,6 +362,7 @@ impl<'a> Stream<'a> {
                     return;
                 };
                 self.release(r.file);
+                self.sent(&mut o);
                 let id = r.file;
                 self.file_result(&mut o, r);
                 self.report_done(id, o.report);
@@ -352,6 +370,13 @@ impl<'a> Stream<'a> {
             Message::Refused { reason } => self.broken = Some(format!("server refused: {reason}")),
             other => self.broken = Some(format!("unexpected {} from the server", other.name())),
         }
+    }
+
+    /// The receiver said which of `o`'s blocks to send (or answered it
+    /// whole): its bytes are no longer waiting to be sent.
+    fn sent(&mut self, o: &mut Outgoing) {
+        self.unsent -= o.unsent.min(self.unsent);
+        o.unsent = 0;
     }
 
     /// Gives back a finished file's share of the window.
