@@ -23,7 +23,10 @@
 //!   W) per drain, and per receiving stream in all at most
 //!   [`FILLER_PER_BYTE`] times the bytes it received, so that a sender
 //!   (hostile, or one of many tiny files) cannot make the device write
-//!   much more than it sent. Blocks
+//!   much more than it sent. A drain first waits, up to
+//!   [`DRAIN_PATIENCE`], while others still write the device fast
+//!   ([`DrainWait`]): the streams of one copy then write filler once,
+//!   after the last of them, not each its own. Blocks
 //!   the filler allowed could not push past the window are re-read at once
 //!   and reported at level `device` with the reason. `media` is never
 //!   claimed for a block whose window has not passed.
@@ -33,7 +36,7 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -57,6 +60,15 @@ pub const MAX_DEFERRED: usize = 1 << 16;
 /// drains its queue with filler: the sender is waiting for results.
 pub const IDLE_DRAIN: Duration = Duration::from_secs(2);
 
+/// A drain waits at most this long for other writers (the other streams
+/// of a copy or a server, anyone writing to the device) to push its blocks
+/// past the window before it writes filler itself.
+pub const DRAIN_PATIENCE: Duration = Duration::from_secs(1);
+
+/// Others write to the device at least this fast, or a drain stops
+/// waiting for them: 32 MiB/s.
+const OTHERS_RATE: f64 = 32.0 * 1048576.0;
+
 /// Filler is written in chunks of this size.
 const FILLER_CHUNK: usize = 1 << 20;
 
@@ -72,6 +84,9 @@ pub struct FlashSettings {
     /// times the bytes it received); None: W.
     pub max_filler: Option<u64>,
     filler_written: Arc<AtomicU64>,
+    /// Receiving streams sharing these settings whose blocks wait and
+    /// whose sender still sends ([`Active`]).
+    active: Arc<AtomicUsize>,
 }
 
 impl FlashSettings {
@@ -82,12 +97,54 @@ impl FlashSettings {
             device_cache,
             max_filler,
             filler_written: Arc::default(),
+            active: Arc::default(),
         }
     }
 
     /// Filler bytes written so far by every receiver sharing these settings.
     pub fn filler_written(&self) -> u64 {
         self.filler_written.load(Ordering::Relaxed)
+    }
+
+    /// One receiving stream's place in the count of active streams.
+    pub(crate) fn active(&self) -> Active {
+        Active {
+            count: Arc::clone(&self.active),
+            on: false,
+        }
+    }
+}
+
+/// Whether one receiving stream is active: blocks of its wait for their
+/// window and its sender is still sending (no drain asked for). Other
+/// streams' drains wait while any is, since its writes turn the window
+/// over for them. Leaves the count when dropped.
+pub(crate) struct Active {
+    count: Arc<AtomicUsize>,
+    on: bool,
+}
+
+impl Active {
+    pub fn set(&mut self, on: bool) {
+        if on != self.on {
+            if on {
+                self.count.fetch_add(1, Ordering::SeqCst);
+            } else {
+                self.count.fetch_sub(1, Ordering::SeqCst);
+            }
+            self.on = on;
+        }
+    }
+
+    /// Whether a stream other than this one is active.
+    pub fn others(&self) -> bool {
+        self.count.load(Ordering::SeqCst) > usize::from(self.on)
+    }
+}
+
+impl Drop for Active {
+    fn drop(&mut self) {
+        self.set(false);
     }
 }
 
@@ -290,6 +347,19 @@ impl<T> DeferredQueue<T> {
         }
     }
 
+    /// Bytes written so far to the least-advanced disk of each device
+    /// with blocks waiting, summed (how fast the window turns over, for
+    /// [`DrainWait`]); None when nothing waits or a counter is unreadable.
+    pub fn written(&self) -> Option<u64> {
+        let mut sum = 0u64;
+        let mut any = false;
+        for d in self.devices.iter().filter(|d| !d.waiting.is_empty()) {
+            sum = sum.saturating_add(d.window.positions().ok()?.into_iter().min()?);
+            any = true;
+        }
+        any.then_some(sum)
+    }
+
     /// Every block due now, oldest first per device, each with its
     /// window's statement.
     pub fn take_due(&mut self) -> std::io::Result<Vec<(T, Arc<str>)>> {
@@ -415,6 +485,63 @@ impl<T> DeferredQueue<T> {
                 )),
             ),
             None => (wrote, why),
+        }
+    }
+}
+
+/// A drain asked for (the sender waits for results, or nothing new came)
+/// that first waits for other writers: while another stream of this
+/// process still sends, or the device is being written at least
+/// [`OTHERS_RATE`] by anyone, its window turns over without filler (and
+/// filler would only slow those writers down). It gives up waiting after
+/// [`DRAIN_PATIENCE`]. Several streams of one copy that end at different
+/// times then write filler once, after the last, instead of each its own.
+#[derive(Debug)]
+pub(crate) struct DrainWait {
+    since: std::time::Instant,
+    /// The last reading of [`DeferredQueue::written`], and when.
+    last: Option<(u64, std::time::Instant)>,
+}
+
+impl DrainWait {
+    pub fn new(now: std::time::Instant) -> DrainWait {
+        DrainWait {
+            since: now,
+            last: None,
+        }
+    }
+
+    /// Whether to write filler now, given the device counters' reading
+    /// `written` at `now` and whether another stream of this process is
+    /// still sending: no while others write and the patience lasts.
+    pub fn fill_now(
+        &mut self,
+        written: Option<u64>,
+        others_sending: bool,
+        now: std::time::Instant,
+    ) -> bool {
+        if now.duration_since(self.since) >= DRAIN_PATIENCE {
+            return true;
+        }
+        if others_sending {
+            self.last = None;
+            return false;
+        }
+        let Some(w) = written else {
+            return true;
+        };
+        let last = self.last.replace((w, now));
+        match last {
+            // The first reading: wait one poll to see a rate.
+            None => false,
+            Some((before, at)) => {
+                let secs = now.duration_since(at).as_secs_f64();
+                if secs <= 0.0 {
+                    self.last = Some((before, at));
+                    return false;
+                }
+                (w.saturating_sub(before) as f64) / secs < OTHERS_RATE
+            }
         }
     }
 }
@@ -560,6 +687,55 @@ mod tests {
         let (wrote, why) = q.fill(t.path());
         assert_eq!(wrote, 0, "1 MiB + 16 KiB allowed, 3 MiB needed");
         assert!(why.is_some());
+    }
+
+    #[test]
+    fn a_drain_waits_for_other_writers_within_its_patience() {
+        let t0 = std::time::Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let mib = 1u64 << 20;
+        // Others write 1 MiB every 20 ms (50 MiB/s): wait.
+        let mut d = DrainWait::new(t0);
+        assert!(!d.fill_now(Some(0), false, ms(0)), "no rate seen yet");
+        assert!(!d.fill_now(Some(mib), false, ms(20)));
+        assert!(!d.fill_now(Some(2 * mib), false, ms(40)));
+        // They slow to 10 MiB/s: fill now.
+        assert!(d.fill_now(Some(2 * mib + mib / 5), false, ms(60)));
+        // Another stream still sends: wait, even with the device idle.
+        let mut d = DrainWait::new(t0);
+        assert!(!d.fill_now(Some(0), true, ms(0)));
+        assert!(!d.fill_now(Some(0), true, ms(500)));
+        // It stopped: a rate is seen afresh before filling.
+        assert!(!d.fill_now(Some(0), false, ms(520)));
+        assert!(d.fill_now(Some(0), false, ms(540)));
+        // However fast they write, not past the patience.
+        let mut d = DrainWait::new(t0);
+        let mut at = 0;
+        while at < DRAIN_PATIENCE.as_millis() as u64 {
+            assert!(!d.fill_now(Some(at * mib), at % 40 == 0, ms(at)), "{at} ms");
+            at += 20;
+        }
+        assert!(d.fill_now(Some(at * mib), true, ms(at)));
+        // A counter that cannot be read: fill at once, unless another
+        // stream still sends.
+        assert!(DrainWait::new(t0).fill_now(None, false, t0));
+        assert!(!DrainWait::new(t0).fill_now(None, true, t0));
+    }
+
+    #[test]
+    fn a_stream_counts_as_active_once_and_leaves_when_dropped() {
+        let s = FlashSettings::default();
+        let mut a = s.active();
+        let mut b = s.active();
+        a.set(true);
+        a.set(true);
+        assert!(!a.others() && b.others());
+        b.set(true);
+        assert!(a.others() && b.others());
+        drop(b);
+        assert!(!a.others());
+        a.set(false);
+        assert!(!s.active().others());
     }
 
     #[test]

@@ -6,7 +6,8 @@
 //! deferred queue (see [`crate::flash`]) until W bytes were written to its
 //! device after it; the queue is drained with filler when the sender waits
 //! for results ([`Job::Drain`]) or nothing new came for
-//! [`IDLE_DRAIN`](crate::flash::IDLE_DRAIN).
+//! [`IDLE_DRAIN`](crate::flash::IDLE_DRAIN), once other writers no longer
+//! turn the window over by themselves ([`DrainWait`]).
 
 use std::fs::File;
 use std::path::PathBuf;
@@ -17,7 +18,7 @@ use intact_cache::DeviceReader;
 use intact_digest::{AlignedBuf, Digest};
 
 use super::Event;
-use crate::flash::{DeferredQueue, FlashSettings, IDLE_DRAIN, MAX_DEFERRED};
+use crate::flash::{DeferredQueue, DrainWait, FlashSettings, IDLE_DRAIN, MAX_DEFERRED};
 use crate::recheck::{recheck_batch, Recheck, Verifiers, BATCH_BYTES};
 use crate::stage::verify::WindowVerdict;
 use crate::verify::VerifyLevel;
@@ -107,7 +108,11 @@ pub(super) fn verifier(jobs: mpsc::Receiver<Job>, events: mpsc::Sender<Event>, f
     };
     let mut queue: DeferredQueue<Check> = DeferredQueue::new(flash.settings.clone());
     let mut last_job = Instant::now();
+    // A drain asked for, waiting for other writers first.
+    let mut waiting: Option<DrainWait> = None;
+    let mut active = flash.settings.active();
     loop {
+        active.set(!queue.is_empty() && waiting.is_none());
         let first = if queue.is_empty() {
             match jobs.recv() {
                 Ok(j) => Some(j),
@@ -151,10 +156,23 @@ pub(super) fn verifier(jobs: mpsc::Receiver<Job>, events: mpsc::Sender<Event>, f
             return;
         }
         drain |= !queue.is_empty() && last_job.elapsed() >= IDLE_DRAIN;
+        if drain && waiting.is_none() {
+            waiting = Some(DrainWait::new(Instant::now()));
+        }
+        // The drain happens once other writers no longer push the window
+        // (or the patience ran out): then filler, and what is left is
+        // re-read now.
+        drain = false;
         let mut early_why = None;
-        if drain {
-            let (_, why) = queue.fill(&flash.scratch);
-            early_why = why;
+        if let Some(w) = &mut waiting {
+            if queue.is_empty() {
+                waiting = None;
+            } else if w.fill_now(queue.written(), active.others(), Instant::now()) {
+                waiting = None;
+                drain = true;
+                let (_, why) = queue.fill(&flash.scratch);
+                early_why = why;
+            }
         }
         let due = match queue.take_due() {
             Ok(due) => due,
