@@ -1,7 +1,9 @@
 //! `intact-bench flash`: Kim et al.'s workload scaled to this machine
-//! (files of 256 MiB by default) copied with `sequential`, `file`, `riva`
-//! and `flash` at N = 1, 2, 4, … verifiers, on the disk (with W set so
-//! that the deferral is exercised) and on a RAM-backed ext4. Runs
+//! (20 files of 256 MiB by default, then single files of 16 MiB to
+//! 2 GiB) copied with `sequential`, `file`, `riva` and `flash` at N = 1,
+//! 2, 4, … verifiers, on the disk (with W set so that the deferral is
+//! exercised), on a RAM-backed ext4 and, with `--ssd`, on the fault lab's
+//! emulated SSD (its write buffer W). Runs
 //! interleaved on a cold cache; min / median / max of wall seconds,
 //! median CPU seconds and context switches (getrusage of the copies),
 //! ratios to `sequential` and to `riva`, and the filler each flash run
@@ -45,7 +47,23 @@ pub struct FlashArgs {
     /// Block size of every copy.
     #[arg(long, default_value = "4MiB")]
     block_size: String,
+    /// Then single files of these sizes, in MiB, each its own table
+    /// (Kim et al.: 16 MiB to 2 GiB).
+    #[arg(long, value_delimiter = ',', default_value = "16,64,256,1024,2048")]
+    single_mib: Vec<u64>,
+    /// No single files.
+    #[arg(long)]
+    no_single: bool,
+    /// Also measure on the fault lab's emulated SSD (FUSE; needs root and
+    /// /dev/fuse), its write buffer the size of W. It is slow: choose a
+    /// small --files/--file-mib and --no-single for it.
+    #[arg(long)]
+    ssd: bool,
 }
+
+/// Where runs are measured: its name, the directory, and what keeps it
+/// (a RAM ext4, an emulated SSD) until the end.
+type Place = (&'static str, PathBuf, Option<Box<dyn std::any::Any>>);
 
 /// One measured command: its name, the modes' options.
 struct Case {
@@ -90,17 +108,39 @@ pub fn run(a: &FlashArgs) -> anyhow::Result<()> {
         a.window_mib,
         bytes as f64 / (a.window_mib << 20) as f64
     );
-    let mut places = vec![("disk", a.dir.clone(), None)];
+    let mut sets = vec![d];
+    if !a.no_single {
+        sets.extend(a.single_mib.iter().map(|&mib| Dataset {
+            name: "single",
+            files: 1,
+            file_size: mib << 20,
+        }));
+    }
+    // The source and one destination of the largest set.
+    let largest = sets
+        .iter()
+        .map(|d| d.files * d.file_size)
+        .max()
+        .unwrap_or(0);
+    let room = 2 * (largest >> 20) + 1024;
+    let mut places: Vec<Place> = vec![("disk", a.dir.clone(), None)];
     if !a.no_ram {
-        // The source and one destination.
-        let mib = 2 * (bytes >> 20) + 1024;
-        let ram = RamExt4::create(mib)?;
-        places.push(("RAM ext4", ram.mount.clone(), Some(ram)));
+        let ram = RamExt4::create(room)?;
+        places.push(("RAM ext4", ram.mount.clone(), Some(Box::new(ram))));
+    }
+    if a.ssd {
+        intact_faults::ssd_usable().map_err(|e| anyhow::anyhow!("--ssd: {e}"))?;
+        std::fs::create_dir_all(&a.dir)?;
+        let ssd = intact_faults::EmulatedSsd::new(&a.dir, room, a.window_mib << 20)
+            .context("--ssd: making the emulated SSD")?;
+        places.push(("emulated SSD", ssd.mnt().to_path_buf(), Some(Box::new(ssd))));
     }
     let cases = cases(a);
     for (place, dir, _keep) in &places {
-        crate::runner::check_stop()?;
-        measure(&intact, place, dir, &d, &cases, a.runs)?;
+        for d in &sets {
+            crate::runner::check_stop()?;
+            measure(&intact, place, dir, d, &cases, a.runs)?;
+        }
     }
     Ok(())
 }
@@ -184,7 +224,14 @@ fn measure(
         })
     })?;
     println!();
-    println!("## {place}: {} files × {} MiB", d.files, d.file_size >> 20);
+    let w_of = |b: u64| b as f64 / (cases_window(cases) << 20).max(1) as f64;
+    println!(
+        "## {place}: {} file{} × {} MiB ({:.1} W)",
+        d.files,
+        if d.files == 1 { "" } else { "s" },
+        d.file_size >> 20,
+        w_of(d.files * d.file_size)
+    );
     println!("| copy | wall s min / median / max | CPU s median | context switches median | ÷ sequential | ÷ riva | filler MiB median | levels (last run) |");
     println!("|---|---|---|---|---|---|---|---|");
     let med = |s: &[Run], f: fn(&Run) -> f64| Spread::of(&s.iter().map(f).collect::<Vec<_>>());
@@ -213,6 +260,17 @@ fn measure(
     }
     println!("targets (issue 14): flash ≤ 1.10× riva when the dataset is at least 4 W; flash ≤ 0.5× sequential");
     Ok(())
+}
+
+/// W in MiB, as the flash cases were given it.
+fn cases_window(cases: &[Case]) -> u64 {
+    cases
+        .iter()
+        .find_map(|c| {
+            let at = c.args.iter().position(|a| a == "--device-cache")?;
+            c.args.get(at + 1)?.strip_suffix("MiB")?.parse().ok()
+        })
+        .unwrap_or(0)
 }
 
 /// "level: files" for a run's report, e.g. `media 20`.
