@@ -136,7 +136,7 @@ impl CopyOptions {
             after_check: self.after_check.clone(),
             #[cfg(feature = "fault-hooks")]
             without_page_crcs: self.without_page_crcs,
-            flash: self.flash.clone(),
+            flash: self.flash.for_local_sender(),
             verifiers: self.verifiers.clone(),
             ..ReceiveOptions::default()
         }

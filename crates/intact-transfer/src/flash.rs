@@ -20,10 +20,11 @@
 //!   Waiting, or no new block for [`IDLE_DRAIN`]), the blocks not yet due
 //!   are pushed past the window by writing a scratch file on the same file
 //!   system (fsynced, then removed): at most `--max-filler` bytes (default
-//!   W) per drain, and per receiving stream in all at most
-//!   [`FILLER_PER_BYTE`] times the bytes it received, so that a sender
-//!   (hostile, or one of many tiny files) cannot make the device write
-//!   much more than it sent. A drain first waits, up to
+//!   W) per drain, and, where the sender is another process (`intact
+//!   serve`), per receiving stream in all at most [`FILLER_PER_BYTE`]
+//!   times the bytes it received, so that a sender (hostile, or one of
+//!   many tiny files) cannot make the device write much more than it
+//!   sent. A drain first waits, up to
 //!   [`DRAIN_PATIENCE`], while others still write the device fast
 //!   ([`DrainWait`]): the streams of one copy then write filler once,
 //!   after the last of them, not each its own. Blocks
@@ -87,6 +88,9 @@ pub struct FlashSettings {
     /// Receiving streams sharing these settings whose blocks wait and
     /// whose sender still sends ([`Active`]).
     active: Arc<AtomicUsize>,
+    /// The sender is this process (`intact copy`): no cap of
+    /// [`FILLER_PER_BYTE`] against hostile senders, only `--max-filler`.
+    local: bool,
 }
 
 impl FlashSettings {
@@ -98,6 +102,18 @@ impl FlashSettings {
             max_filler,
             filler_written: Arc::default(),
             active: Arc::default(),
+            local: false,
+        }
+    }
+
+    /// The same settings (sharing their counts) for a receiver whose
+    /// sender is this very process (`intact copy`): the user's own copy
+    /// may write `--max-filler` per drain however little it sent, so that
+    /// small files and resent blocks reach `media` too.
+    pub(crate) fn for_local_sender(&self) -> FlashSettings {
+        FlashSettings {
+            local: true,
+            ..self.clone()
         }
     }
 
@@ -348,16 +364,15 @@ impl<T> DeferredQueue<T> {
     }
 
     /// Bytes written so far to the least-advanced disk of each device
-    /// with blocks waiting, summed (how fast the window turns over, for
-    /// [`DrainWait`]); None when nothing waits or a counter is unreadable.
+    /// this queue has seen, summed (how fast windows turn over, for
+    /// [`DrainWait`]: the set of devices only grows, so two readings
+    /// compare); None when there is none or a counter is unreadable.
     pub fn written(&self) -> Option<u64> {
         let mut sum = 0u64;
-        let mut any = false;
-        for d in self.devices.iter().filter(|d| !d.waiting.is_empty()) {
+        for d in &self.devices {
             sum = sum.saturating_add(d.window.positions().ok()?.into_iter().min()?);
-            any = true;
         }
-        any.then_some(sum)
+        (!self.devices.is_empty()).then_some(sum)
     }
 
     /// Every block due now, oldest first per device, each with its
@@ -406,6 +421,9 @@ impl<T> DeferredQueue<T> {
     /// is left of this stream's whole allowance ([`FILLER_PER_BYTE`] times
     /// the bytes it queued).
     pub fn filler_left(&self) -> u64 {
+        if self.settings.local {
+            return self.max_filler();
+        }
         let all = self.queued.saturating_mul(FILLER_PER_BYTE);
         all.saturating_sub(self.filler_spent).min(self.max_filler())
     }
@@ -687,6 +705,15 @@ mod tests {
         let (wrote, why) = q.fill(t.path());
         assert_eq!(wrote, 0, "1 MiB + 16 KiB allowed, 3 MiB needed");
         assert!(why.is_some());
+
+        // The user's own copy: --max-filler per drain, however little it
+        // received (4 KiB here).
+        let local = FlashSettings::new(Some(3 * mib), None).for_local_sender();
+        let mut q = queue(local.clone(), &f, &disks);
+        push(&mut q, &f, 4096, 'd');
+        assert_eq!(q.fill(t.path()), (3 * mib, None));
+        assert_eq!(local.filler_written(), 3 * mib);
+        assert_eq!(q.filler_left(), 3 * mib, "again at the next drain");
     }
 
     #[test]

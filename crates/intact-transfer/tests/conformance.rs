@@ -316,7 +316,8 @@ fn assert_level(mode: VerifyMode, level: Option<VerifyLevel>, what: &str) {
         }
         VerifyMode::Riva => matches!(level, Some(VerifyLevel::Device | VerifyLevel::Cache)),
         // media where the window passed, device where the filler allowed
-        // (4× a stream's data) could not push it, cache without a device.
+        // (a server's: 4× a stream's data) could not push it, cache
+        // without a device.
         VerifyMode::Flash => matches!(
             level,
             Some(VerifyLevel::Media | VerifyLevel::Device | VerifyLevel::Cache)
@@ -353,8 +354,9 @@ fn facts(r: &CopyReport, src: &Path) -> Vec<Fact> {
             size: f.size,
             // Whether a flash block's window passed depends on the whole
             // device's traffic meanwhile and on each stream's filler
-            // allowance, which two runs do not share: media and device are
-            // one fact here (assert_level checks each).
+            // allowance (a server's is capped at 4x its data, a copy's is
+            // not), which two runs do not share: media and device are one
+            // fact here (assert_level checks each).
             level: f.level.map(|l| l.min(VerifyLevel::Device)),
             blocks: f.blocks,
             blocks_resent: f.blocks_resent,

@@ -257,6 +257,39 @@ fn flash_catches_a_fault_in_programming_the_flash() {
 }
 
 #[test]
+fn a_small_copy_reaches_media_even_after_a_resend() {
+    let Some(ssd) = ssd("a_small_copy_reaches_media_even_after_a_resend") else {
+        return;
+    };
+    // 2 blocks, far less than W (4 MiB): the first drain writes W of
+    // filler, the resent block needs another W after it. A server caps a
+    // stream's filler at 4x its data (2 MiB here) and would say device;
+    // a copy's sender is the user's own process, so each drain may write
+    // --max-filler (W).
+    let data = intact_sample::bytes(2 * BS, 31);
+    let (r, _, after) = copy_onto(
+        &ssd,
+        &data,
+        VerifyMode::Flash,
+        window(),
+        (SsdLayer::Media, 70),
+    );
+    assert_eq!(r.failed, 0, "{r:?}");
+    let f = &r.files[0];
+    assert_eq!(f.blocks_resent, 1, "the block with the bad page: {f:?}");
+    assert_eq!(f.level, Some(VerifyLevel::Media), "{f:?}");
+    let filler = r.filler_bytes.expect("a flash copy reports its filler");
+    assert!(
+        filler > 2 * BUFFER && filler <= 2 * 2 * BUFFER,
+        "two drains, the second after the resend: {filler}"
+    );
+    assert!(bad_pages(&data, &after).is_empty());
+    let log: Vec<_> = ssd.model().log().iter().map(|e| e.what).collect();
+    assert!(log.contains(&"programmed corrupted to NAND"), "{log:?}");
+    close(ssd);
+}
+
+#[test]
 fn flash_catches_a_fault_in_the_ssds_buffer() {
     let Some(ssd) = ssd("flash_catches_a_fault_in_the_ssds_buffer") else {
         return;

@@ -152,6 +152,11 @@ pub(super) fn verifier(jobs: mpsc::Receiver<Job>, events: mpsc::Sender<Event>, f
         if !send_all(&events, reread(now, &mut rr)) {
             return;
         }
+        // Blocks to defer and no drain with them: the sender is sending
+        // again, so a drain it asked for before is over.
+        if !later.is_empty() && !drain {
+            waiting = None;
+        }
         if !send_all(&events, admit(&mut queue, later, &mut rr)) {
             return;
         }
@@ -205,6 +210,11 @@ pub(super) fn verifier(jobs: mpsc::Receiver<Job>, events: mpsc::Sender<Event>, f
         let why = early_why.map(|w| Arc::from(w.as_str()));
         if !send_all(&events, reread_waiting(early, false, why, &mut rr)) {
             return;
+        }
+        // Every block re-read (its window passed while waiting): the
+        // drain is over.
+        if queue.is_empty() {
+            waiting = None;
         }
     }
 }
