@@ -221,6 +221,22 @@ fn window() -> FlashSettings {
     FlashSettings::new(Some(2 * BUFFER), None)
 }
 
+/// A flash copy of `data` with `layer` armed on page 70, which must
+/// resend the one block holding it and say `media`, the device holding
+/// the source's bytes after the buffer turned over. Returns the report.
+fn flash_repairs(ssd: &EmulatedSsd, data: &[u8], layer: SsdLayer) -> CopyReport {
+    let (r, _, after) = copy_onto(ssd, data, VerifyMode::Flash, window(), (layer, 70));
+    assert_eq!(r.failed, 0, "{r:?}");
+    let f = &r.files[0];
+    assert_eq!(f.blocks_resent, 1, "the block with the bad page: {f:?}");
+    // Named by its CRC, the bad page alone came again.
+    assert_eq!(f.pages_resent, 1, "{f:?}");
+    assert_eq!(f.level, Some(VerifyLevel::Media), "{f:?}");
+    // Read after the buffer turned over: the flash holds the source's bytes.
+    assert!(bad_pages(data, &after).is_empty());
+    r
+}
+
 #[test]
 fn flash_catches_a_fault_in_programming_the_flash() {
     let Some(ssd) = ssd("flash_catches_a_fault_in_programming_the_flash") else {
@@ -229,28 +245,15 @@ fn flash_catches_a_fault_in_programming_the_flash() {
     // 16 blocks, the data twice the window (Kim et al.'s fault: NAND
     // programmed wrong while the buffer keeps the good copy).
     let data = intact_sample::bytes(16 * BS, 29);
-    let (r, _, after) = copy_onto(
-        &ssd,
-        &data,
-        VerifyMode::Flash,
-        window(),
-        (SsdLayer::Media, 70),
-    );
-    assert_eq!(r.failed, 0, "{r:?}");
+    let r = flash_repairs(&ssd, &data, SsdLayer::Media);
     let f = &r.files[0];
-    assert_eq!(f.blocks_resent, 1, "the block with the bad page: {f:?}");
-    // Named by its CRC, the bad page alone came again.
-    assert_eq!(f.pages_resent, 1, "{f:?}");
     assert_eq!(f.bytes_sent, data.len() as u64 + SSD_PAGE as u64, "{f:?}");
-    assert_eq!(f.level, Some(VerifyLevel::Media), "{f:?}");
     let note = f.note.as_deref().unwrap_or("");
     assert!(note.contains("W = 4.0 MiB (--device-cache)"), "{note}");
     assert!(note.contains("sectors-written counter"), "{note}");
     // The last blocks were pushed past the window by filler.
     let filler = r.filler_bytes.expect("a flash copy reports its filler");
     assert!(filler > 0 && filler <= 2 * 2 * BUFFER, "{filler}");
-    // Read after the buffer turned over: the flash holds the source's bytes.
-    assert!(bad_pages(&data, &after).is_empty());
     let log: Vec<_> = ssd.model().log().iter().map(|e| e.what).collect();
     assert!(log.contains(&"programmed corrupted to NAND"), "{log:?}");
     close(ssd);
@@ -267,23 +270,12 @@ fn a_small_copy_reaches_media_even_after_a_resend() {
     // a copy's sender is the user's own process, so each drain may write
     // --max-filler (W).
     let data = intact_sample::bytes(2 * BS, 31);
-    let (r, _, after) = copy_onto(
-        &ssd,
-        &data,
-        VerifyMode::Flash,
-        window(),
-        (SsdLayer::Media, 70),
-    );
-    assert_eq!(r.failed, 0, "{r:?}");
-    let f = &r.files[0];
-    assert_eq!(f.blocks_resent, 1, "the block with the bad page: {f:?}");
-    assert_eq!(f.level, Some(VerifyLevel::Media), "{f:?}");
+    let r = flash_repairs(&ssd, &data, SsdLayer::Media);
     let filler = r.filler_bytes.expect("a flash copy reports its filler");
     assert!(
         filler > 2 * BUFFER && filler <= 2 * 2 * BUFFER,
         "two drains, the second after the resend: {filler}"
     );
-    assert!(bad_pages(&data, &after).is_empty());
     let log: Vec<_> = ssd.model().log().iter().map(|e| e.what).collect();
     assert!(log.contains(&"programmed corrupted to NAND"), "{log:?}");
     close(ssd);
@@ -295,19 +287,7 @@ fn flash_catches_a_fault_in_the_ssds_buffer() {
         return;
     };
     let data = intact_sample::bytes(16 * BS, 31);
-    let (r, _, after) = copy_onto(
-        &ssd,
-        &data,
-        VerifyMode::Flash,
-        window(),
-        (SsdLayer::Buffer, 70),
-    );
-    assert_eq!(r.failed, 0, "{r:?}");
-    let f = &r.files[0];
-    assert_eq!(f.blocks_resent, 1, "{f:?}");
-    assert_eq!(f.pages_resent, 1, "{f:?}");
-    assert_eq!(f.level, Some(VerifyLevel::Media), "{f:?}");
-    assert!(bad_pages(&data, &after).is_empty());
+    flash_repairs(&ssd, &data, SsdLayer::Buffer);
     close(ssd);
 }
 
