@@ -82,7 +82,8 @@ pub struct FlashSettings {
     pub device_cache: Option<u64>,
     /// Filler one receiving stream may write per drain to push its last
     /// blocks past the window (and in all at most [`FILLER_PER_BYTE`]
-    /// times the bytes it received); None: W.
+    /// times the bytes it received, plus two drains' worth in a copy);
+    /// None: W.
     pub max_filler: Option<u64>,
     filler_written: Arc<AtomicU64>,
     /// Receiving streams sharing these settings whose blocks wait and
@@ -108,8 +109,9 @@ impl FlashSettings {
 
     /// The same settings (sharing their counts) for a receiver whose
     /// sender is this very process (`intact copy`): the user's own copy
-    /// may write `--max-filler` per drain however little it sent, so that
-    /// small files and resent blocks reach `media` too.
+    /// may write two drains of `--max-filler` beyond a server's cap
+    /// however little it sent, so that small files and a resent block
+    /// reach `media` too.
     pub(crate) fn for_local_sender(&self) -> FlashSettings {
         FlashSettings {
             local: true,
@@ -209,6 +211,15 @@ impl Window {
         })
     }
 
+    /// Whether writes to this device can be counted.
+    fn counts(&self) -> bool {
+        #[cfg(test)]
+        if self.fake.is_some() {
+            return true;
+        }
+        self.counter.is_some()
+    }
+
     /// Bytes written so far to each disk under the device.
     fn positions(&self) -> std::io::Result<Vec<u64>> {
         #[cfg(test)]
@@ -294,6 +305,11 @@ pub(crate) struct DeferredQueue<T> {
 /// all: a sender cannot make the device write much more than it sent.
 pub const FILLER_PER_BYTE: u64 = 4;
 
+/// A copy's stream (its sender is the user's own process) may write this
+/// many drains of `--max-filler` beyond [`FILLER_PER_BYTE`]: the last
+/// blocks' and a resent block's.
+const LOCAL_DRAINS: u64 = 2;
+
 impl<T> DeferredQueue<T> {
     pub fn new(settings: FlashSettings) -> DeferredQueue<T> {
         DeferredQueue {
@@ -369,10 +385,14 @@ impl<T> DeferredQueue<T> {
     /// compare); None when there is none or a counter is unreadable.
     pub fn written(&self) -> Option<u64> {
         let mut sum = 0u64;
-        for d in &self.devices {
+        // A device without a counter holds no waiting block.
+        for d in self.devices.iter().filter(|d| d.window.counts()) {
             sum = sum.saturating_add(d.window.positions().ok()?.into_iter().min()?);
         }
-        (!self.devices.is_empty()).then_some(sum)
+        self.devices
+            .iter()
+            .any(|d| d.window.counts())
+            .then_some(sum)
     }
 
     /// Every block due now, oldest first per device, each with its
@@ -418,14 +438,26 @@ impl<T> DeferredQueue<T> {
     }
 
     /// The filler the next drain may write: `--max-filler`, within what
-    /// is left of this stream's whole allowance ([`FILLER_PER_BYTE`] times
-    /// the bytes it queued).
+    /// is left of this stream's whole allowance: [`FILLER_PER_BYTE`]
+    /// times the bytes it queued, and in a copy two drains more (the last
+    /// blocks and a resent one reach `media` however small the copy, while
+    /// many tiny files still cannot make it write much more than its data).
     pub fn filler_left(&self) -> u64 {
-        if self.settings.local {
-            return self.max_filler();
-        }
-        let all = self.queued.saturating_mul(FILLER_PER_BYTE);
-        all.saturating_sub(self.filler_spent).min(self.max_filler())
+        self.allowance()
+            .saturating_sub(self.filler_spent)
+            .min(self.max_filler())
+    }
+
+    /// This stream's whole filler allowance (see [`Self::filler_left`]).
+    fn allowance(&self) -> u64 {
+        let extra = if self.settings.local {
+            self.max_filler().saturating_mul(LOCAL_DRAINS)
+        } else {
+            0
+        };
+        self.queued
+            .saturating_mul(FILLER_PER_BYTE)
+            .saturating_add(extra)
     }
 
     /// The shortfall of the front and of the back of the queue of the
@@ -472,11 +504,16 @@ impl<T> DeferredQueue<T> {
         let left = self.filler_left();
         let short = || {
             format!(
-                "{} of filler were needed; {} were allowed (--max-filler {} per drain, and per stream in all {FILLER_PER_BYTE}× the {} it received, of which {} were written before)",
+                "{} of filler were needed; {} were allowed (--max-filler {} per drain, and per stream in all {FILLER_PER_BYTE}× the {} it received{}, of which {} were written before)",
                 human_bytes(need),
                 human_bytes(left),
                 human_bytes(self.max_filler()),
                 human_bytes(self.queued),
+                if self.settings.local {
+                    format!(" plus {LOCAL_DRAINS} × --max-filler (a copy)")
+                } else {
+                    String::new()
+                },
                 human_bytes(self.filler_spent),
             )
         };
@@ -714,6 +751,9 @@ mod tests {
         assert_eq!(q.fill(t.path()), (3 * mib, None));
         assert_eq!(local.filler_written(), 3 * mib);
         assert_eq!(q.filler_left(), 3 * mib, "again at the next drain");
+        // Two drains, then only the server's 4× its data: 16 KiB.
+        q.filler_spent += 3 * mib;
+        assert_eq!(q.filler_left(), 16 << 10);
     }
 
     #[test]

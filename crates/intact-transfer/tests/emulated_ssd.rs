@@ -266,9 +266,11 @@ fn a_small_copy_reaches_media_even_after_a_resend() {
     };
     // 2 blocks, far less than W (4 MiB): the first drain writes W of
     // filler, the resent block needs another W after it. A server caps a
-    // stream's filler at 4x its data (2 MiB here) and would say device;
-    // a copy's sender is the user's own process, so each drain may write
-    // --max-filler (W).
+    // stream's filler at 4x its data (2 MiB here): its first drain would
+    // write nothing, the early re-read would be answered by the buffer's
+    // good copy, and the fault would go unseen at level device. A copy's
+    // sender is the user's own process, so it may write two drains of
+    // --max-filler (W) more.
     let data = intact_sample::bytes(2 * BS, 31);
     let r = flash_repairs(&ssd, &data, SsdLayer::Media);
     let filler = r.filler_bytes.expect("a flash copy reports its filler");

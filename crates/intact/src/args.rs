@@ -489,7 +489,7 @@ pub struct FlashArgs {
     /// scratch file on the destination, fsynced, then removed) to push the
     /// blocks not yet due past the window when the sender waits; a
     /// server's stream writes in all at most 4 times the bytes it
-    /// received (a copy's, each time up to this). Blocks the
+    /// received (a copy's, two drains more). Blocks the
     /// filler cannot push past are re-read at once and reported at level
     /// device, with the reason. Default: W; 0 writes none.
     #[arg(long, value_name = "SIZE", value_parser = parse_size_or_zero)]
