@@ -161,7 +161,7 @@ pub(super) fn verifier(jobs: mpsc::Receiver<Job>, events: mpsc::Sender<Event>, f
             return;
         }
         drain |= !queue.is_empty() && last_job.elapsed() >= IDLE_DRAIN;
-        if drain && waiting.is_none() {
+        if drain && waiting.is_none() && !queue.is_empty() {
             waiting = Some(DrainWait::new(Instant::now()));
         }
         // The drain happens once other writers no longer push the window
@@ -169,10 +169,10 @@ pub(super) fn verifier(jobs: mpsc::Receiver<Job>, events: mpsc::Sender<Event>, f
         // re-read now.
         drain = false;
         let mut early_why = None;
+        // (A wait is never pending over an empty queue: it starts only
+        // over waiting blocks and ends when the queue empties, below.)
         if let Some(w) = &mut waiting {
-            if queue.is_empty() {
-                waiting = None;
-            } else if w.fill_now(queue.written(), active.others(), Instant::now()) {
+            if w.fill_now(queue.written(), active.others(), Instant::now()) {
                 waiting = None;
                 drain = true;
                 let (_, why) = queue.fill(&flash.scratch);
