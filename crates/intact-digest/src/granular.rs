@@ -48,7 +48,7 @@ pub fn page_crc_blob(data: &[u8], page: usize) -> Vec<u8> {
 /// crc32c crate's SSE4.2 loop on 4 KiB pages on the benchmark host; both
 /// compute the same function (tested against each other and against the
 /// reference vector).
-fn page_crc(page: &[u8]) -> u32 {
+pub fn page_crc(page: &[u8]) -> u32 {
     crc_fast::crc32_iscsi(page)
 }
 

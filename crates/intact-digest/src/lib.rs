@@ -33,8 +33,8 @@ pub use file::{
     BUFFER_ALIGN,
 };
 pub use granular::{
-    block_digests, hash_with_page_crcs, page_crc_blob, page_crcs, valid_page_size, Granular,
-    GranularDigests, MAX_PAGE_SIZE, MIN_PAGE_SIZE, PAGE_SIZE,
+    block_digests, hash_with_page_crcs, page_crc, page_crc_blob, page_crcs, valid_page_size,
+    Granular, GranularDigests, MAX_PAGE_SIZE, MIN_PAGE_SIZE, PAGE_SIZE,
 };
 pub use hasher::{hash, hash_parallel, Hasher, MIN_PARALLEL_LEN};
 pub use xxh3::FIXED_SIMD_MAX_LEN;

@@ -233,6 +233,8 @@ pub fn copy_scanned(
     let _lock = lock_destination(dest_root, &state)?;
     let dest = Destination::open(dest_root)?;
     let journal = Journal::open_in(&state)?;
+    // What a mount that did not end cleanly left in its intent log.
+    crate::journal::recover_intents(&journal, &state, dest_root)?;
     let send_opts = opts.send_options();
     let mut recv_opts = opts.receive_options();
     // Both halves sum their stage times into one profile.

@@ -51,6 +51,9 @@ pub enum Command {
     /// Adopt files already under a root into its catalog (`catalog add`).
     #[command(long_about = crate::catalog::CATALOG_ABOUT)]
     Catalog(crate::catalog::CatalogArgs),
+    /// Present a cataloged root through FUSE, every read checked against its page CRCs.
+    #[command(long_about = crate::mount::MOUNT_ABOUT)]
+    Mount(crate::mount::MountArgs),
 }
 
 const RELIABILITY_ABOUT: &str = "\

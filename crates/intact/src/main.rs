@@ -18,6 +18,7 @@ mod generate;
 mod hashing;
 mod interrupt;
 mod keygen;
+mod mount;
 mod ordered;
 mod reliability;
 mod resolve;
@@ -86,6 +87,7 @@ fn run(command: &Command) -> anyhow::Result<ExitCode> {
         Command::Scrub(a) => scrub::run(a),
         Command::Status(a) => scrub::status(a),
         Command::Catalog(a) => catalog::run(a),
+        Command::Mount(a) => mount::run(a),
     }
 }
 

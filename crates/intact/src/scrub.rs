@@ -257,6 +257,7 @@ fn print_report(r: &ScrubReport) -> anyhow::Result<()> {
 pub fn status(a: &StatusArgs) -> anyhow::Result<ExitCode> {
     let (journal, dir) = open_catalog(&a.root).map_err(usage_or_error)?;
     let s = journal.catalog_summary()?;
+    let (mount_bad, mount_bad_bytes, mount_last, mount_written) = journal.mount_summary()?;
     if a.json {
         let v = serde_json::json!({
             "catalog": dir.join("journal.sqlite"),
@@ -275,6 +276,10 @@ pub fn status(a: &StatusArgs) -> anyhow::Result<ExitCode> {
             "never_scrubbed": s.never_scrubbed,
             "not_read_back": s.not_read_back,
             "every_file_read_back_since": s.every_file_read_back_since,
+            "mount_bad_pages": mount_bad,
+            "mount_bad_bytes": mount_bad_bytes,
+            "mount_last_bad_page": mount_last,
+            "written_through_mount": mount_written,
         });
         outln!("{}", serde_json::to_string_pretty(&v)?)?;
         return Ok(ExitCode::SUCCESS);
@@ -322,6 +327,18 @@ pub fn status(a: &StatusArgs) -> anyhow::Result<ExitCode> {
             age(intact_transfer::unix_now().saturating_sub(t))
         ))
     )?;
+    if mount_bad > 0 || mount_written > 0 {
+        outln!(
+            "intact mount:     {} bad pages refused to readers ({} bytes){}; {} files last written through it (level none)",
+            mount_bad,
+            mount_bad_bytes,
+            mount_last.map_or(String::new(), |t| format!(
+                ", the last {} ago",
+                age(intact_transfer::unix_now().saturating_sub(t))
+            )),
+            mount_written
+        )?;
+    }
     match s.every_file_read_back_since {
         Some(t) => outln!(
             "every file read back from the device and checked since {} ({} ago)",

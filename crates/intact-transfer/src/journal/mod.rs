@@ -33,9 +33,15 @@ use crate::verify::{VerifyLevel, VerifyMode};
 use crate::TransferError;
 
 mod catalog;
+mod intents;
+mod layout;
+mod mounted;
 mod owner;
 
 pub use catalog::{CatalogFile, CatalogSummary, ScrubMark, ScrubPass, ScrubState};
+pub use intents::{recover_intents, Intent, IntentLog, Recovered, INTENT_LOG};
+pub use layout::{blob_of_crcs, crcs_of_blob, rebuild_block, Layout, Page, RebuildError};
+pub use mounted::MountRow;
 pub use owner::Owner;
 
 /// Directory under the root that holds intact's own state; paths from the
@@ -285,6 +291,8 @@ impl Journal {
         Journal::add_owner_columns(&db)?;
         // The at-rest catalog: page checksums and scrub records.
         Journal::add_catalog_columns(&db)?;
+        // What `intact mount` records.
+        Journal::add_mount_columns(&db)?;
         let page_size = catalog::read_page_size(&db)?;
         Ok(Journal {
             db: Mutex::new(db),
@@ -348,7 +356,7 @@ impl Journal {
              ON CONFLICT(path) DO UPDATE SET size = ?2, mtime_sec = ?3, mtime_nsec = ?4,
                  block_size = ?5, done = 0, level = 0, mode = 0, at = 0, digest = NULL,
                  session = ?6, session_at = ?7, scrubbed_at = 0, scrub_state = 0,
-                 scrub_level = 0, rot_bytes = 0, adopted = 0, source = ?8
+                 scrub_level = 0, rot_bytes = 0, adopted = 0, source = ?8, mounted_at = 0
              RETURNING id",
         )
         .and_then(|mut st| {

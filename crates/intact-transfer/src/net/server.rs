@@ -95,6 +95,12 @@ impl Server {
         let lock = RootLock::acquire(&cfg.root)?;
         Destination::open(&cfg.root)?;
         let journal = Arc::new(Journal::open(&cfg.root)?);
+        // What a mount that did not end cleanly left in its intent log.
+        crate::journal::recover_intents(
+            &journal,
+            &cfg.root.join(crate::journal::STATE_DIR),
+            &cfg.root,
+        )?;
         Ok(Server {
             cfg,
             journal,

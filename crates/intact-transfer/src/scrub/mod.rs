@@ -171,16 +171,19 @@ pub struct ScrubProgress {
 /// `intact copy` keeps for copies into `root`. Nothing is created.
 pub fn open_catalog(root: &Path) -> Result<(Journal, PathBuf), TransferError> {
     let served = root.join(crate::journal::STATE_DIR);
-    if served.join("journal.sqlite").is_file() {
-        return Ok((Journal::open(root)?, served));
-    }
-    if let Some(dir) = crate::copy::existing_copy_state(root) {
-        return Ok((Journal::open_in(&dir)?, dir));
-    }
-    Err(TransferError::Usage(format!(
-        "{}: no catalog there: nothing was received into it by `intact serve` or `intact copy`",
-        root.display()
-    )))
+    let (journal, dir) = if served.join("journal.sqlite").is_file() {
+        (Journal::open(root)?, served)
+    } else if let Some(dir) = crate::copy::existing_copy_state(root) {
+        (Journal::open_in(&dir)?, dir)
+    } else {
+        return Err(TransferError::Usage(format!(
+            "{}: no catalog there: nothing was received into it by `intact serve`, `intact copy` or `intact mount`",
+            root.display()
+        )));
+    };
+    // What a mount that did not end cleanly left in its intent log.
+    crate::journal::recover_intents(&journal, &dir, root)?;
+    Ok((journal, dir))
 }
 
 /// The nearest directory at or above `path` that has a catalog (see
