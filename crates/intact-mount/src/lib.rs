@@ -28,7 +28,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use intact_transfer::{open_or_create_catalog, IntentLog, RootError, RootLock, TransferError};
+use intact_transfer::{
+    open_catalog_if_free, open_or_create_catalog, IntentLog, RootError, RootLock, TransferError,
+};
 
 mod attr;
 mod fs;
@@ -137,13 +139,13 @@ pub fn mount(root: &Path, mountpoint: &Path, opts: &MountOptions) -> Result<Moun
             root.display()
         )));
     }
-    let (journal, dir) = open_or_create_catalog(&root)?;
+    let (journal, dir) = match open_catalog_if_free(&root) {
+        Err(TransferError::Usage(_)) => open_or_create_catalog(&root)?,
+        Err(TransferError::InUse { pid, .. }) => return Err(in_use(&root, pid)),
+        other => other?,
+    };
     let lock = RootLock::acquire_with(&root, Some(&dir)).map_err(|e| match e {
-        RootError::InUse { pid, .. } => MountError::Usage(format!(
-            "root {} is in use by another intact process ({}): a server, a copy or a mount; stop it first",
-            root.display(),
-            pid.map_or("PID unknown".to_string(), |p| format!("PID {p}"))
-        )),
+        RootError::InUse { pid, .. } => in_use(&root, pid),
         other => MountError::Catalog(other.into()),
     })?;
     let log = IntentLog::open(&dir).map_err(|e| {
@@ -208,6 +210,14 @@ pub fn mount(root: &Path, mountpoint: &Path, opts: &MountOptions) -> Result<Moun
         mountpoint,
         _lock: lock,
     })
+}
+
+fn in_use(root: &Path, pid: Option<u32>) -> MountError {
+    MountError::Usage(format!(
+        "root {} is in use by another intact process ({}): a server, a copy or a mount; stop it first",
+        root.display(),
+        pid.map_or("PID unknown".to_string(), |p| format!("PID {p}"))
+    ))
 }
 
 impl Mounted {

@@ -66,6 +66,18 @@ pub enum TransferError {
     /// The path names intact's own state under the root.
     #[error("{0}: refused, names under .intact and .intact-partial-* are reserved for intact")]
     Reserved(String),
+    /// Another process holds the root (a running serve, copy or mount).
+    #[error(
+        "the catalog of {} is in use by another intact process ({}): a running serve, copy or mount keeps it; run this again when it ends (for a mount: after `umount`)",
+        root.display(),
+        pid.map_or("PID unknown".to_string(), |p| format!("PID {p}"))
+    )]
+    InUse {
+        /// The root.
+        root: PathBuf,
+        /// The holder's PID, if its lock file says.
+        pid: Option<u32>,
+    },
     /// The server could not be reached.
     #[error("cannot connect to {addr}: {}", intact_digest::io_reason(source))]
     Connect {

@@ -69,8 +69,8 @@ pub use recheck::Verifiers;
 pub use replica::Replica;
 pub use report::{CopyReport, FileReport, Progress};
 pub use scrub::{
-    catalog_root_of, open_catalog, open_or_create_catalog, scrub, scrub_catalog, FileScrub, Repair,
-    RotRange, ScrubOptions, ScrubProgress, ScrubReport,
+    catalog_root_of, open_catalog, open_catalog_if_free, open_or_create_catalog, scrub,
+    scrub_catalog, FileScrub, Repair, RotRange, ScrubOptions, ScrubProgress, ScrubReport,
 };
 pub use select::{Filter, Rule, RuleKind};
 pub use source::{

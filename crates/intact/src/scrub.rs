@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
-use intact_transfer::{open_catalog, Replica, ScrubOptions, ScrubReport};
+use intact_transfer::{open_catalog_if_free, Replica, ScrubOptions, ScrubReport};
 
 use crate::stdout::outln;
 
@@ -255,7 +255,7 @@ fn print_report(r: &ScrubReport) -> anyhow::Result<()> {
 }
 
 pub fn status(a: &StatusArgs) -> anyhow::Result<ExitCode> {
-    let (journal, dir) = open_catalog(&a.root).map_err(usage_or_error)?;
+    let (journal, dir) = open_catalog_if_free(&a.root).map_err(usage_or_error)?;
     let s = journal.catalog_summary()?;
     let (mount_bad, mount_bad_bytes, mount_last, mount_written) = journal.mount_summary()?;
     if a.json {

@@ -443,6 +443,19 @@ fn names_sizes_and_attributes_changed_through_the_mount_keep_the_catalog_right()
         "none"
     );
     assert_eq!(xattr(&mnt.join("d/g"), "user.intact.blake3"), None);
+    // While mounted the catalog is the mount's: status says so at once.
+    let t0 = Instant::now();
+    let o = intact_in(&state, &["status", s(&root)]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("in use by another intact process"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(4),
+        "not after SQLite's wait"
+    );
     let (code, _) = m.stop();
     assert_eq!(code, Some(0));
 

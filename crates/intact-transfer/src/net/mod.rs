@@ -23,7 +23,7 @@ pub use background_scrub::ScrubSchedule;
 pub use bounds::ReceiveLimits;
 pub use delete::{DeleteRequest, MAX_KEEP_PATHS};
 pub use receiver::{receive, ReceiveOptions, SessionSummary};
-pub use root::{RootError, RootLock, LOCK_FILE};
+pub use root::{lock_holder, RootError, RootLock, LOCK_FILE};
 pub use sender::{
     delete_remote, send, send_scanned, SendOptions, MAX_BYTES_IN_FLIGHT, MAX_FILES_IN_FLIGHT,
 };

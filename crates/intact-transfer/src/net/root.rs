@@ -158,3 +158,26 @@ impl RootLock {
         Ok(RootLock { _file: file })
     }
 }
+
+/// The PID holding the lock in the private directory `state`, if another
+/// process holds it now (a running server, copy or mount); None if it is
+/// free (or cannot be read). The lock is not taken.
+pub fn lock_holder(state: &Path) -> Option<Option<u32>> {
+    let mut file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(state.join(LOCK_FILE))
+        .ok()?;
+    match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockShared) {
+        Ok(()) => {
+            let _ = rustix::fs::flock(&file, rustix::fs::FlockOperation::Unlock);
+            None
+        }
+        Err(rustix::io::Errno::WOULDBLOCK) => {
+            let mut text = String::new();
+            let _ = file.read_to_string(&mut text);
+            Some(text.trim().parse().ok())
+        }
+        Err(_) => None,
+    }
+}

@@ -186,6 +186,25 @@ pub fn open_catalog(root: &Path) -> Result<(Journal, PathBuf), TransferError> {
     Ok((journal, dir))
 }
 
+/// [`open_catalog`], refused at once (instead of after SQLite's wait) when
+/// another process holds the root: a running `intact serve`, `copy` or
+/// `mount` keeps the catalog to itself.
+pub fn open_catalog_if_free(root: &Path) -> Result<(Journal, PathBuf), TransferError> {
+    let served = root.join(crate::journal::STATE_DIR);
+    let dir = if served.join("journal.sqlite").is_file() {
+        Some(served)
+    } else {
+        crate::copy::existing_copy_state(root)
+    };
+    if let Some(pid) = dir.as_deref().and_then(crate::net::lock_holder) {
+        return Err(TransferError::InUse {
+            root: root.to_path_buf(),
+            pid,
+        });
+    }
+    open_catalog(root)
+}
+
 /// The nearest directory at or above `path` that has a catalog (see
 /// [`open_catalog`]).
 pub fn catalog_root_of(path: &Path) -> Option<PathBuf> {
@@ -231,7 +250,7 @@ pub fn scrub(
     keep_clean: bool,
     progress: &mut dyn FnMut(ScrubProgress),
 ) -> Result<ScrubReport, TransferError> {
-    let (journal, dir) = open_catalog(root)?;
+    let (journal, dir) = open_catalog_if_free(root)?;
     let dest = Destination::open(root)?;
     let name = dir.join("journal.sqlite").display().to_string();
     scrub_catalog(&dest, &journal, name, opts, replica, keep_clean, progress)
