@@ -6,6 +6,7 @@
 mod flash;
 mod hash;
 mod model;
+mod mount;
 mod pipe;
 mod ramdisk;
 mod runner;
@@ -34,6 +35,8 @@ enum Bench {
     Scrub(scrub::ScrubArgs),
     /// Kim et al.'s workload: sequential, file, riva and flash at N verifiers, on the disk and a RAM ext4.
     Flash(flash::FlashArgs),
+    /// fio on intact mount, on the same FUSE code with checking off, and on the plain directory.
+    Mount(mount::MountArgs),
     /// The RIVA model (Eq. 1) fed with stage times from separate runs, against riva's own run.
     Model(model::ModelArgs),
     /// The raw pipe's receiving end (run by `transfer`).
@@ -52,6 +55,7 @@ fn main() -> anyhow::Result<()> {
         Bench::Model(a) => model::run(&a),
         Bench::Flash(a) => flash::run(&a),
         Bench::Scrub(a) => scrub::run(&a),
+        Bench::Mount(a) => mount::run(&a),
         Bench::PipeRecv(a) => pipe::recv(&a),
         Bench::PipeSend(a) => pipe::send(&a),
     }
