@@ -57,18 +57,78 @@ struct Job {
 }
 
 const JOBS: &[Job] = &[
-    Job { name: "seq read 4 MiB", args: &["--rw=read", "--bs=4m"], writes: false, unaligned: false },
-    Job { name: "seq read 4 KiB", args: &["--rw=read", "--bs=4k"], writes: false, unaligned: false },
-    Job { name: "rand read 4 MiB", args: &["--rw=randread", "--bs=4m"], writes: false, unaligned: false },
-    Job { name: "rand read 4 KiB", args: &["--rw=randread", "--bs=4k"], writes: false, unaligned: false },
-    Job { name: "seq write 4 MiB", args: &["--rw=write", "--bs=4m"], writes: true, unaligned: false },
-    Job { name: "seq write 4 KiB", args: &["--rw=write", "--bs=4k"], writes: true, unaligned: false },
-    Job { name: "rand write 4 MiB", args: &["--rw=randwrite", "--bs=4m"], writes: true, unaligned: false },
-    Job { name: "rand write 4 KiB", args: &["--rw=randwrite", "--bs=4k"], writes: true, unaligned: false },
-    Job { name: "unaligned rand read 4 KiB", args: &["--rw=randread", "--bs=4k", "--blockalign=1"], writes: false, unaligned: true },
-    Job { name: "unaligned seq write 4 KiB", args: &["--rw=write", "--bs=4k", "--offset=1"], writes: true, unaligned: true },
-    Job { name: "unaligned rand write 4 KiB", args: &["--rw=randwrite", "--bs=4k", "--blockalign=1"], writes: true, unaligned: true },
-    Job { name: "unaligned rand write 4 MiB", args: &["--rw=randwrite", "--bs=4m", "--blockalign=1"], writes: true, unaligned: true },
+    Job {
+        name: "seq read 4 MiB",
+        args: &["--rw=read", "--bs=4m"],
+        writes: false,
+        unaligned: false,
+    },
+    Job {
+        name: "seq read 4 KiB",
+        args: &["--rw=read", "--bs=4k"],
+        writes: false,
+        unaligned: false,
+    },
+    Job {
+        name: "rand read 4 MiB",
+        args: &["--rw=randread", "--bs=4m"],
+        writes: false,
+        unaligned: false,
+    },
+    Job {
+        name: "rand read 4 KiB",
+        args: &["--rw=randread", "--bs=4k"],
+        writes: false,
+        unaligned: false,
+    },
+    Job {
+        name: "seq write 4 MiB",
+        args: &["--rw=write", "--bs=4m"],
+        writes: true,
+        unaligned: false,
+    },
+    Job {
+        name: "seq write 4 KiB",
+        args: &["--rw=write", "--bs=4k"],
+        writes: true,
+        unaligned: false,
+    },
+    Job {
+        name: "rand write 4 MiB",
+        args: &["--rw=randwrite", "--bs=4m"],
+        writes: true,
+        unaligned: false,
+    },
+    Job {
+        name: "rand write 4 KiB",
+        args: &["--rw=randwrite", "--bs=4k"],
+        writes: true,
+        unaligned: false,
+    },
+    Job {
+        name: "unaligned rand read 4 KiB",
+        args: &["--rw=randread", "--bs=4k", "--blockalign=1"],
+        writes: false,
+        unaligned: true,
+    },
+    Job {
+        name: "unaligned seq write 4 KiB",
+        args: &["--rw=write", "--bs=4k", "--offset=1"],
+        writes: true,
+        unaligned: true,
+    },
+    Job {
+        name: "unaligned rand write 4 KiB",
+        args: &["--rw=randwrite", "--bs=4k", "--blockalign=1"],
+        writes: true,
+        unaligned: true,
+    },
+    Job {
+        name: "unaligned rand write 4 MiB",
+        args: &["--rw=randwrite", "--bs=4m", "--blockalign=1"],
+        writes: true,
+        unaligned: true,
+    },
 ];
 
 const CONFIGS: [&str; 3] = ["plain", "no-check", "intact mount"];
@@ -168,7 +228,10 @@ fn measure(a: &MountArgs, place: &str, dir: &Path) -> anyhow::Result<()> {
             let direct = i > 0 || !job.unaligned;
             let cpu0 = self_cpu();
             let (bw, bytes) = fio(&files[i], size, a.runtime, job, direct)?;
-            Ok((bw, (self_cpu() - cpu0) / (bytes as f64 / f64::from(1u32 << 30))))
+            Ok((
+                bw,
+                (self_cpu() - cpu0) / (bytes as f64 / f64::from(1u32 << 30)),
+            ))
         })?;
         let bw: Vec<Spread> = runs
             .iter()

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
-use std::fs::{File, OpenOptions};
+use std::fs::{File, Metadata, OpenOptions};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -38,6 +38,25 @@ type Shared<T> = Arc<RwLock<T>>;
 struct Handle {
     file: File,
     node: Shared<Node>,
+    /// An error a write through this handle met, owed to the program at
+    /// its next fsync or close (Z²FS reports such errors through fsync).
+    owed: Mutex<Option<i32>>,
+    /// Whether anything was written through it (its close records the
+    /// new CRCs).
+    wrote: std::sync::atomic::AtomicBool,
+}
+
+impl Handle {
+    fn owe(&self, e: Errno) {
+        lock(&self.owed).get_or_insert(e.code());
+    }
+
+    fn take_owed(&self) -> Result<(), Errno> {
+        match lock(&self.owed).take() {
+            Some(e) => Err(Errno::from_i32(e)),
+            None => Ok(()),
+        }
+    }
 }
 
 /// The intent log and how many files have CRCs not yet in the catalog
@@ -58,6 +77,9 @@ pub(crate) struct IntactFs {
     handles: Mutex<HashMap<u64, Arc<Handle>>>,
     next_fh: AtomicU64,
     pub(crate) stats: Arc<Stats>,
+    /// Bad pages already reported by this mount (path, offset): a page
+    /// the kernel asks for again is counted once.
+    reported: Mutex<std::collections::HashSet<(PathBuf, u64)>>,
     /// When each inode's pages first entered the kernel's cache since it
     /// was last invalidated (see `switch.rs`).
     pub(crate) cached: Arc<Mutex<HashMap<u64, Instant>>>,
@@ -95,6 +117,7 @@ impl IntactFs {
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             stats,
+            reported: Mutex::new(std::collections::HashSet::new()),
             cached: Arc::new(Mutex::new(HashMap::new())),
         }
     }
@@ -157,7 +180,7 @@ impl IntactFs {
         }
         let node = if self.check {
             let row = self.journal.mount_row(bytes(rel)).map_err(|_| Errno::EIO)?;
-            Node::load(&self.journal, row, file).map_err(|e| self.fail(rel, e))?
+            Node::load(&self.journal, row, file).map_err(|e| self.fail(rel, e, "read"))?
         } else {
             Node::unchecked(None, Standing::Uncataloged, meta.len())
         };
@@ -181,8 +204,10 @@ impl IntactFs {
     }
 
     /// The errno for a node's failure; bad pages are logged, counted and
-    /// recorded in the catalog for `intact status`.
-    fn fail(&self, rel: &Path, e: NodeError) -> Errno {
+    /// recorded in the catalog for `intact status`, as found by `kind`
+    /// ("read", "write": a partly covered page read before a write,
+    /// "commit": a page read back at fsync or close).
+    fn fail(&self, rel: &Path, e: NodeError, kind: &str) -> Errno {
         match e {
             NodeError::Io(e) => errno(&e),
             NodeError::Catalog(e) => {
@@ -190,71 +215,88 @@ impl IntactFs {
                 Errno::EIO
             }
             NodeError::Bad(pages) => {
-                self.bad(rel, &pages, "refused (EIO)");
+                self.bad(rel, &pages, kind);
                 Errno::EIO
+            }
+            NodeError::TooBig => {
+                eprintln!(
+                    "intact mount: {}: refused a change growing it by over {} GiB at once (EFBIG)",
+                    rel.display(),
+                    crate::node::MAX_GROWTH >> 30
+                );
+                Errno::from_i32(libc::EFBIG)
             }
         }
     }
 
-    fn bad(&self, rel: &Path, pages: &[Page], what: &str) {
+    fn bad(&self, rel: &Path, pages: &[Page], kind: &str) {
         for p in pages {
+            if !lock(&self.reported).insert((rel.to_path_buf(), p.offset)) {
+                continue;
+            }
             eprintln!(
-                "intact mount: {}: bytes {}..{} (block {}, page {}) do not match their page CRC: {what}",
+                "intact mount: {}: bytes {}..{} (block {}, page {}) do not match their page CRC (found by a {kind}): refused with EIO",
                 rel.display(),
                 p.offset,
                 p.offset + p.len,
                 p.block,
                 p.index
             );
-            if let Err(e) = self.journal.record_mount_error(bytes(rel), p.offset, p.len) {
+            if let Err(e) = self
+                .journal
+                .record_mount_error(bytes(rel), p.offset, p.len, kind)
+            {
                 eprintln!("intact mount: catalog: {e}");
             }
+            self.stats.bad_pages.fetch_add(1, Ordering::Relaxed);
         }
-        self.stats
-            .bad_pages
-            .fetch_add(pages.len() as u64, Ordering::Relaxed);
     }
 
-    fn append(&self, intents: &[Intent]) -> std::io::Result<()> {
-        lock(&self.log).log.append(intents)
-    }
-
-    /// Keeps the count of files with CRCs not in the catalog; the log is
-    /// emptied when none is left.
-    fn settle(&self, was_dirty: bool, dirty: bool) {
+    /// Appends `intents` to the log; the first append of a file with no
+    /// CRCs outside the catalog counts it, under the same lock, so that
+    /// the log is never emptied while its bytes are on their way.
+    fn append(&self, intents: &[Intent], counted: &mut bool) -> std::io::Result<()> {
         let mut log = lock(&self.log);
-        match (was_dirty, dirty) {
-            (false, true) => log.dirty += 1,
-            (true, false) => {
-                log.dirty = log.dirty.saturating_sub(1);
-                if log.dirty == 0 {
-                    if let Err(e) = log.log.clear() {
-                        eprintln!("intact mount: emptying the intent log: {e}");
-                    }
-                }
+        log.log.append(intents)?;
+        if !*counted {
+            log.dirty += 1;
+            *counted = true;
+        }
+        Ok(())
+    }
+
+    /// Once `node` has no CRCs outside the catalog, it no longer counts;
+    /// the log is emptied when no file does.
+    fn settle(&self, node: &mut Node) {
+        if !node.counted || !node.touched.is_empty() {
+            return;
+        }
+        node.counted = false;
+        let mut log = lock(&self.log);
+        log.dirty = log.dirty.saturating_sub(1);
+        if log.dirty == 0 {
+            if let Err(e) = log.log.clear() {
+                eprintln!("intact mount: emptying the intent log: {e}");
             }
-            _ => {}
         }
     }
 
     /// Records `node`'s new CRCs in the catalog; pages that no longer
-    /// hold what was written are logged and owed to the application.
+    /// hold what was written are logged and fail the call.
     fn commit(&self, rel: &Path, node: &mut Node, file: &File) -> Result<(), Errno> {
-        let was = !node.touched.is_empty();
-        if !was {
+        if node.touched.is_empty() {
+            self.settle(node);
             return Ok(());
         }
         let r = node.commit(file, &self.journal);
-        let now = !node.touched.is_empty();
-        self.settle(was, now);
+        self.settle(node);
         match r {
             Ok((_, bad)) if bad.is_empty() => Ok(()),
             Ok((_, bad)) => {
-                self.bad(rel, &bad, "changed after it was written");
-                node.owed = Some(libc::EIO);
+                self.bad(rel, &bad, "commit");
                 Err(Errno::EIO)
             }
-            Err(e) => Err(self.fail(rel, e)),
+            Err(e) => Err(self.fail(rel, e, "commit")),
         }
     }
 
@@ -274,7 +316,15 @@ impl IntactFs {
     fn add_handle(&self, file: File, node: Shared<Node>) -> u64 {
         node.write().unwrap_or_else(|p| p.into_inner()).open += 1;
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        lock(&self.handles).insert(fh, Arc::new(Handle { file, node }));
+        lock(&self.handles).insert(
+            fh,
+            Arc::new(Handle {
+                file,
+                node,
+                owed: Mutex::new(None),
+                wrote: false.into(),
+            }),
+        );
         fh
     }
 
@@ -294,12 +344,10 @@ impl IntactFs {
             return;
         };
         let mut g = n.write().unwrap_or_else(|p| p.into_inner());
-        let was = !g.touched.is_empty();
         g.touched.clear();
         g.row = None;
         g.standing = Standing::Uncataloged;
-        drop(g);
-        self.settle(was, false);
+        self.settle(&mut g);
     }
 
     fn mark_cached(&self, ino: u64) {
@@ -399,17 +447,20 @@ impl Filesystem for IntactFs {
                     None => self.node(ino.0, &rel, &file)?,
                 };
                 let mut g = node.write().unwrap_or_else(|p| p.into_inner());
-                let was = !g.touched.is_empty();
-                let r = g.truncate(&file, size, &mut |i| self.append(i));
-                let now = !g.touched.is_empty();
-                self.settle(was, now);
+                let mut counted = g.counted;
+                let r = g.truncate(&file, size, &mut |i| self.append(i, &mut counted));
+                g.counted = counted;
                 if let Err(e) = r {
-                    let e = self.fail(&rel, e);
-                    g.owed = Some(e.code());
+                    self.settle(&mut g);
+                    let e = self.fail(&rel, e, "write");
+                    if let Some(h) = &h {
+                        h.owe(e);
+                    }
                     return Err(e);
                 }
-                if g.open == 0 {
-                    self.commit(&rel, &mut g, &file)?;
+                match &h {
+                    Some(h) => h.wrote.store(true, Ordering::Relaxed),
+                    None => self.commit(&rel, &mut g, &file)?,
                 }
             }
             if let Some(mode) = mode {
@@ -421,8 +472,9 @@ impl Filesystem for IntactFs {
             }
             if atime.is_some() || mtime.is_some() {
                 self.writable()?;
+                let before = std::fs::symlink_metadata(&real).map_err(|e| errno(&e))?;
                 set_times(&real, atime, mtime)?;
-                self.times_changed(ino.0, &rel)?;
+                self.times_changed(ino.0, &rel, &before)?;
             }
             self.entry(&rel)
         })();
@@ -643,7 +695,7 @@ impl Filesystem for IntactFs {
                             intact_digest::defaults::BLOCK_BYTES as u32,
                             mtime_of(&m),
                         )
-                        .map_err(|e| self.fail(&rel, NodeError::Catalog(e)))?;
+                        .map_err(|e| self.fail(&rel, NodeError::Catalog(e), "write"))?;
                     let row = self
                         .journal
                         .mount_row_by_id(id)
@@ -703,7 +755,7 @@ impl Filesystem for IntactFs {
                 }
                 Err(e) => {
                     drop(g);
-                    Err(self.fail(&self.path(ino).unwrap_or_default(), e))
+                    Err(self.fail(&self.path(ino).unwrap_or_default(), e, "read"))
                 }
             }
         })();
@@ -732,10 +784,10 @@ impl Filesystem for IntactFs {
             self.writable()?;
             let h = self.handle(fh)?;
             let mut g = h.node.write().unwrap_or_else(|p| p.into_inner());
-            let was = !g.touched.is_empty();
-            let r = g.write(&h.file, offset, data, &mut |i| self.append(i));
-            let now = !g.touched.is_empty();
-            self.settle(was, now);
+            let mut counted = g.counted;
+            let r = g.write(&h.file, offset, data, &mut |i| self.append(i, &mut counted));
+            g.counted = counted;
+            h.wrote.store(true, Ordering::Relaxed);
             match r {
                 Ok(()) => {
                     self.stats
@@ -744,10 +796,11 @@ impl Filesystem for IntactFs {
                     Ok(())
                 }
                 Err(e) => {
-                    let e = self.fail(&self.path(ino).unwrap_or_default(), e);
-                    // Owed to the application at fsync and close too, in
-                    // case it did not look at this write's result.
-                    g.owed = Some(e.code());
+                    self.settle(&mut g);
+                    let e = self.fail(&self.path(ino).unwrap_or_default(), e, "write");
+                    // Owed to the program at fsync and close too, in case
+                    // it did not look at this write's result.
+                    h.owe(e);
                     Err(e)
                 }
             }
@@ -764,24 +817,26 @@ impl Filesystem for IntactFs {
     fn flush(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        match self.handle(fh) {
-            Ok(h) => {
-                let owed = h
-                    .node
-                    .write()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .owed
-                    .take();
-                match owed {
-                    Some(e) => reply.error(Errno::from_i32(e)),
-                    None => reply.ok(),
-                }
-            }
+        // A close: what was written through this handle goes into the
+        // catalog now, so that an error doing so reaches close(2).
+        let r = (|| {
+            let h = self.handle(fh)?;
+            let committed = if h.wrote.swap(false, Ordering::Relaxed) {
+                let mut g = h.node.write().unwrap_or_else(|p| p.into_inner());
+                self.commit(&self.path(ino)?, &mut g, &h.file)
+            } else {
+                Ok(())
+            };
+            let owed = h.take_owed();
+            committed.and(owed)
+        })();
+        match r {
+            Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }
     }
@@ -800,9 +855,16 @@ impl Filesystem for IntactFs {
         if let Some(h) = h {
             let mut g = h.node.write().unwrap_or_else(|p| p.into_inner());
             g.open = g.open.saturating_sub(1);
-            if g.open == 0 {
+            if g.open == 0 && !g.touched.is_empty() {
+                // Written after the last close (through a mapping): no one
+                // to tell of an error but the log.
                 let rel = self.path(ino).unwrap_or_default();
-                let _ = self.commit(&rel, &mut g, &h.file);
+                if let Err(e) = self.commit(&rel, &mut g, &h.file) {
+                    eprintln!(
+                        "intact mount: {}: recording its CRCs at release: {e:?}",
+                        rel.display()
+                    );
+                }
             }
         }
         reply.ok();
@@ -826,11 +888,9 @@ impl Filesystem for IntactFs {
             };
             synced.map_err(|e| errno(&e))?;
             let rel = self.path(ino)?;
-            self.commit(&rel, &mut g, &h.file)?;
-            match g.owed.take() {
-                Some(e) => Err(Errno::from_i32(e)),
-                None => Ok(()),
-            }
+            let committed = self.commit(&rel, &mut g, &h.file);
+            let owed = h.take_owed();
+            committed.and(owed)
         })();
         match r {
             Ok(()) => reply.ok(),
@@ -974,28 +1034,33 @@ impl IntactFs {
         Ok(xattrs(&g))
     }
 
-    /// After an application set a cataloged file's times: the bytes did
-    /// not change, so the catalog takes the new mtime.
-    fn times_changed(&self, ino: u64, rel: &Path) -> Result<(), Errno> {
+    /// After an application set a file's times (`touch`, `cp -p`): if
+    /// the catalog described the file just before (`before`: its size and
+    /// mtime then), the bytes did not change, so the catalog takes the
+    /// new mtime. A file changed by another program stays changed.
+    fn times_changed(&self, ino: u64, rel: &Path, before: &Metadata) -> Result<(), Errno> {
+        if !self.check || !before.is_file() {
+            return Ok(());
+        }
+        let was = (before.len(), mtime_of(before));
+        let m = std::fs::symlink_metadata(self.real(rel)).map_err(|e| errno(&e))?;
         let Some(n) = lock(&self.nodes).get(&ino).cloned() else {
-            let Ok(m) = std::fs::symlink_metadata(self.real(rel)) else {
-                return Ok(());
-            };
-            if !m.is_file() || !self.check {
-                return Ok(());
-            }
-            // Not loaded: the catalog row is as the file was before.
             if let Ok(Some(row)) = self.journal.mount_row(bytes(rel)) {
-                if row.done && row.size == m.len() {
-                    let _ = self.journal.set_mtime(row.id, mtime_of(&m));
+                if row.done && (row.size, row.mtime) == was {
+                    if let Err(e) = self.journal.set_mtime(row.id, mtime_of(&m)) {
+                        eprintln!("intact mount: {}: catalog: {e}", rel.display());
+                    }
                 }
             }
             return Ok(());
         };
         let mut g = n.write().unwrap_or_else(|p| p.into_inner());
-        let m = std::fs::symlink_metadata(self.real(rel)).map_err(|e| errno(&e))?;
-        if g.standing == Standing::Cataloged {
-            if let Some(r) = g.row.as_mut() {
+        let writing = !g.touched.is_empty();
+        if g.standing != Standing::Cataloged {
+            return Ok(());
+        }
+        if let Some(r) = g.row.as_mut() {
+            if writing || (r.size, r.mtime) == was {
                 r.mtime = mtime_of(&m);
                 if let Err(e) = self.journal.set_mtime(r.id, r.mtime) {
                     eprintln!("intact mount: {}: catalog: {e}", rel.display());

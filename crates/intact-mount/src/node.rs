@@ -54,7 +54,14 @@ pub enum NodeError {
     Bad(Vec<Page>),
     /// The catalog could not be read or written.
     Catalog(TransferError),
+    /// The change would grow the file by more than [`MAX_GROWTH`] at once.
+    TooBig,
 }
+
+/// The most one write or truncate may grow a cataloged file by: every new
+/// page gets a CRC in memory and in the intent log (4 GiB: 1 Mi pages of
+/// 4 KiB, 4 MiB of CRCs).
+pub const MAX_GROWTH: u64 = 4 << 30;
 
 impl From<std::io::Error> for NodeError {
     fn from(e: std::io::Error) -> Self {
@@ -85,11 +92,16 @@ pub struct Node {
     crcs: Vec<BlockCrcs>,
     /// Blocks whose CRCs changed and are not in the catalog yet.
     pub touched: BTreeSet<u64>,
-    /// An error a write met, owed to the application at its next fsync or
-    /// close (Z²FS reports such errors through fsync).
-    pub owed: Option<i32>,
+    /// Blocks whose page CRCs the catalog lacks (older rows): computed at
+    /// load from bytes that passed the block digest. The first change to
+    /// such a block logs all of its CRCs, so that a crash cannot leave
+    /// its other pages without one.
+    derived: BTreeSet<u64>,
     /// Open handles.
     pub open: usize,
+    /// Whether the mount counts it among the files whose CRCs are in the
+    /// intent log and not yet in the catalog.
+    pub counted: bool,
 }
 
 /// The mtime of `m` as the catalog keeps it.
@@ -110,8 +122,9 @@ impl Node {
             },
             crcs: Vec::new(),
             touched: BTreeSet::new(),
-            owed: None,
+            derived: BTreeSet::new(),
             open: 0,
+            counted: false,
         }
     }
 
@@ -133,6 +146,7 @@ impl Node {
             page: journal.page_size() as u64,
         };
         let mut crcs: Vec<BlockCrcs> = vec![None; layout.blocks() as usize];
+        let mut derived = BTreeSet::new();
         let mut buf = Vec::new();
         for rec in journal.blocks(row.id)? {
             let Some(slot) = crcs.get_mut(rec.index as usize) else {
@@ -141,7 +155,10 @@ impl Node {
             let want = layout.pages_in_block(rec.index);
             *slot = match rec.pages.as_deref().map(crcs_of_blob) {
                 Some(c) if c.len() == want => Some(c),
-                _ => block_checked(file, &layout, &rec, &mut buf)?,
+                _ => {
+                    derived.insert(rec.index);
+                    block_checked(file, &layout, &rec, &mut buf)?
+                }
             };
         }
         Ok(Node {
@@ -150,8 +167,9 @@ impl Node {
             layout,
             crcs,
             touched: BTreeSet::new(),
-            owed: None,
+            derived,
             open: 0,
+            counted: false,
         })
     }
 
@@ -167,8 +185,9 @@ impl Node {
             standing: Standing::Cataloged,
             crcs: Vec::new(),
             touched: BTreeSet::new(),
-            owed: None,
+            derived: BTreeSet::new(),
             open: 0,
+            counted: false,
         }
     }
 
@@ -252,11 +271,25 @@ impl Node {
         let data_end = offset + data.len() as u64;
         let mut out = Vec::new();
         let mut bad = Vec::new();
+        let mut zeros: Option<(u64, u32)> = None;
         for p in new.pages(start, end - start) {
             let p_end = p.offset + p.len;
             if p.offset >= offset && p_end <= data_end {
                 let s = (p.offset - offset) as usize;
                 out.push((p, page_crc(&data[s..s + p.len as usize])));
+                continue;
+            }
+            if p.offset >= old.size && (p_end <= offset || p.offset >= data_end) {
+                // A page of the gap past the old end: zeros.
+                let crc = match zeros {
+                    Some((len, crc)) if len == p.len => crc,
+                    _ => {
+                        let crc = page_crc(&vec![0u8; p.len as usize]);
+                        zeros = Some((p.len, crc));
+                        crc
+                    }
+                };
+                out.push((p, crc));
                 continue;
             }
             let mut page = vec![0u8; p.len as usize];
@@ -305,7 +338,12 @@ impl Node {
         if data.is_empty() {
             return Ok(());
         }
-        let end = offset + data.len() as u64;
+        let end = offset
+            .checked_add(data.len() as u64)
+            .ok_or(NodeError::TooBig)?;
+        if end > self.layout.size.saturating_add(MAX_GROWTH) {
+            return Err(NodeError::TooBig);
+        }
         let new = Layout {
             size: self.layout.size.max(end),
             ..self.layout
@@ -313,9 +351,33 @@ impl Node {
         let start = offset.min(self.layout.size);
         let crcs = self.new_crcs(file, &new, start, end, data, offset)?;
         self.log_pages(&crcs, None, log)?;
-        file.write_all_at(data, offset)?;
+        if let Err(e) = file.write_all_at(data, offset) {
+            // Part of it may have landed: take each page as it now is
+            // (the write was not acknowledged; its error goes back).
+            self.reconcile(file, &crcs);
+            return Err(NodeError::Io(e));
+        }
         self.apply(new, &crcs);
         Ok(())
+    }
+
+    /// After a failed write: the CRC of each page it would have changed,
+    /// as the page now is, and the size the file now has.
+    fn reconcile(&mut self, file: &File, planned: &[(Page, u32)]) {
+        let Ok(meta) = file.metadata() else { return };
+        let new = Layout {
+            size: meta.len().max(self.layout.size),
+            ..self.layout
+        };
+        let mut now = Vec::new();
+        for (p, _) in planned.iter().filter(|(p, _)| p.offset < new.size) {
+            let p = new.page(p.block, p.index);
+            let mut buf = vec![0u8; p.len as usize];
+            if file.read_exact_at(&mut buf, p.offset).is_ok() {
+                now.push((p, page_crc(&buf)));
+            }
+        }
+        self.apply(new, &now);
     }
 
     /// Cuts or grows the file to `size`: the page at the new end is read,
@@ -332,6 +394,9 @@ impl Node {
             return Ok(());
         }
         let old = self.layout;
+        if size > old.size.saturating_add(MAX_GROWTH) {
+            return Err(NodeError::TooBig);
+        }
         let new = Layout { size, ..old };
         let crcs = if size >= old.size {
             // The old last page grows with zeros; new pages are zeros.
@@ -376,15 +441,23 @@ impl Node {
         let Some(row) = &self.row else {
             return Ok(());
         };
-        let mut intents: Vec<Intent> = crcs
-            .iter()
-            .map(|(p, crc)| Intent::Page {
-                file: row.id,
-                block: p.block,
-                index: p.index as u32,
-                crc: *crc,
-            })
-            .collect();
+        let page = |block: u64, index: usize, crc: u32| Intent::Page {
+            file: row.id,
+            block,
+            index: index as u32,
+            crc,
+        };
+        let mut intents: Vec<Intent> = Vec::new();
+        let mut first = BTreeSet::new();
+        for (p, _) in crcs {
+            if self.derived.contains(&p.block) && first.insert(p.block) {
+                // Its other pages' CRCs are in no record yet.
+                if let Some(Some(c)) = self.crcs.get(p.block as usize) {
+                    intents.extend(c.iter().enumerate().map(|(j, &crc)| page(p.block, j, crc)));
+                }
+            }
+        }
+        intents.extend(crcs.iter().map(|(p, crc)| page(p.block, p.index, *crc)));
         if let Some(size) = size {
             intents.push(Intent::Size { file: row.id, size });
         }
@@ -402,10 +475,23 @@ impl Node {
             }
         }
         for (p, crc) in crcs {
-            if let Some(c) = self.crcs[p.block as usize].as_mut() {
-                c[p.index] = *crc;
+            let slot = &mut self.crcs[p.block as usize];
+            if slot.is_none() {
+                // A block nothing vouched for: only a rewrite of every one
+                // of its pages makes it known again.
+                let pages = new.pages_in_block(p.block);
+                let mut whole: Vec<Option<u32>> = vec![None; pages];
+                for (q, c) in crcs.iter().filter(|(q, _)| q.block == p.block) {
+                    whole[q.index] = Some(*c);
+                }
+                if whole.iter().all(Option::is_some) {
+                    *slot = Some(whole.into_iter().flatten().collect());
+                }
             }
-            self.touched.insert(p.block);
+            if let Some(c) = slot.as_mut() {
+                c[p.index] = *crc;
+                self.touched.insert(p.block);
+            }
         }
     }
 
@@ -429,10 +515,11 @@ impl Node {
         let mut bad = Vec::new();
         let mut buf = Vec::new();
         for &b in &self.touched {
-            if b >= self.layout.blocks() {
+            // Past the end, or a block nothing vouches for (its record,
+            // failing, stays as it is).
+            let Some(Some(crcs)) = self.crcs.get(b as usize).cloned() else {
                 continue;
-            }
-            let crcs = self.crcs[b as usize].clone().unwrap_or_default();
+            };
             match rebuild_block(file, &self.layout, b, &crcs, &mut buf) {
                 Ok(r) => records.push(r),
                 Err(RebuildError::Pages(pages)) => {
@@ -463,7 +550,9 @@ impl Node {
             r.mounted_at = intact_transfer::unix_now();
         }
         let n = self.touched.len();
-        self.touched.clear();
+        for b in std::mem::take(&mut self.touched) {
+            self.derived.remove(&b);
+        }
         Ok((n, bad))
     }
 }
@@ -516,6 +605,10 @@ mod tests {
     }
 
     fn fixture() -> Fixture {
+        fixture_with(16 << 10)
+    }
+
+    fn fixture_with(block: u32) -> Fixture {
         let dir = tempfile::tempdir().unwrap();
         let journal = Journal::open(dir.path()).unwrap();
         let path = dir.path().join("f");
@@ -527,7 +620,7 @@ mod tests {
             .open(&path)
             .unwrap();
         let m = file.metadata().unwrap();
-        journal.mount_create(b"f", 16 << 10, mtime_of(&m)).unwrap();
+        journal.mount_create(b"f", block, mtime_of(&m)).unwrap();
         Fixture {
             _dir: dir,
             journal,
@@ -583,15 +676,24 @@ mod tests {
         /// loaded afresh (block digests rebuilt, page CRCs right).
         #[test]
         fn a_node_matches_a_plain_file_and_leaves_a_catalog_that_holds(
-            ops in prop::collection::vec(op(), 1..25)
+            ops in prop::collection::vec(op(), 1..25),
+            // 16 KiB blocks, and blocks that are not a multiple of the page.
+            block in prop::sample::select(vec![16u32 << 10, 10_000]),
         ) {
-            let f = fixture();
+            let f = fixture_with(block);
             let mut node = load(&f);
             let mut model: Vec<u8> = Vec::new();
+            // What a crash would leave to go by: the CRCs in the catalog
+            // and those logged since the last commit.
+            let mut logged: Vec<Intent> = Vec::new();
             for op in ops {
+                let mut log = |i: &[Intent]| {
+                    logged.extend_from_slice(i);
+                    Ok(())
+                };
                 match op {
                     Op::Write(o, d) => {
-                        node.write(&f.file, o, &d, &mut no_log).unwrap();
+                        node.write(&f.file, o, &d, &mut log).unwrap();
                         if !d.is_empty() {
                             let end = o as usize + d.len();
                             if model.len() < end {
@@ -607,14 +709,16 @@ mod tests {
                         prop_assert_eq!(got, model[lo..hi].to_vec());
                     }
                     Op::Truncate(s) => {
-                        node.truncate(&f.file, s, &mut no_log).unwrap();
+                        node.truncate(&f.file, s, &mut log).unwrap();
                         model.resize(s as usize, 0);
                     }
                     Op::Commit => {
                         let (_, bad) = node.commit(&f.file, &f.journal).unwrap();
                         prop_assert!(bad.is_empty());
+                        logged.clear();
                     }
                 }
+                covered(&f, block, &logged)?;
             }
             node.commit(&f.file, &f.journal).unwrap();
             prop_assert_eq!(std::fs::read(&f.path).unwrap(), model.clone());
@@ -633,6 +737,43 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Every page of the file as it is on disk has its CRC either in the
+    /// catalog or in the log: what recovery after a crash needs.
+    fn covered(f: &Fixture, block: u32, logged: &[Intent]) -> Result<(), TestCaseError> {
+        let size = std::fs::metadata(&f.path).unwrap().len();
+        let layout = Layout {
+            size,
+            block: u64::from(block),
+            page: 4096,
+        };
+        let id = f.journal.mount_row(b"f").unwrap().unwrap().id;
+        let cataloged: std::collections::HashMap<u64, Vec<u32>> = f
+            .journal
+            .blocks(id)
+            .unwrap()
+            .into_iter()
+            .map(|b| (b.index, crcs_of_blob(&b.pages.unwrap_or_default())))
+            .collect();
+        for p in layout.pages(0, size) {
+            let mut buf = vec![0u8; p.len as usize];
+            f.file.read_exact_at(&mut buf, p.offset).unwrap();
+            let actual = page_crc(&buf);
+            let in_catalog = cataloged.get(&p.block).and_then(|c| c.get(p.index)) == Some(&actual);
+            let in_log = logged.iter().any(|i| {
+                matches!(i, Intent::Page { block, index, crc, .. }
+                    if (*block, *index as usize, *crc) == (p.block, p.index, actual))
+            });
+            prop_assert!(
+                in_catalog || in_log,
+                "page {}/{} at {} has no CRC a crash could go by",
+                p.block,
+                p.index,
+                p.offset
+            );
+        }
+        Ok(())
     }
 
     /// Flips one bit of the file behind the node's back, its mtime kept

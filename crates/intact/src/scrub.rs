@@ -257,7 +257,7 @@ fn print_report(r: &ScrubReport) -> anyhow::Result<()> {
 pub fn status(a: &StatusArgs) -> anyhow::Result<ExitCode> {
     let (journal, dir) = open_catalog_if_free(&a.root).map_err(usage_or_error)?;
     let s = journal.catalog_summary()?;
-    let (mount_bad, mount_bad_bytes, mount_last, mount_written) = journal.mount_summary()?;
+    let m = journal.mount_summary()?;
     if a.json {
         let v = serde_json::json!({
             "catalog": dir.join("journal.sqlite"),
@@ -276,10 +276,11 @@ pub fn status(a: &StatusArgs) -> anyhow::Result<ExitCode> {
             "never_scrubbed": s.never_scrubbed,
             "not_read_back": s.not_read_back,
             "every_file_read_back_since": s.every_file_read_back_since,
-            "mount_bad_pages": mount_bad,
-            "mount_bad_bytes": mount_bad_bytes,
-            "mount_last_bad_page": mount_last,
-            "written_through_mount": mount_written,
+            "mount_bad_pages": m.read_pages,
+            "mount_bad_bytes": m.read_bytes,
+            "mount_bad_pages_found_by_writes": m.other_pages,
+            "mount_last_bad_page": m.last,
+            "written_through_mount": m.written,
         });
         outln!("{}", serde_json::to_string_pretty(&v)?)?;
         return Ok(ExitCode::SUCCESS);
@@ -327,16 +328,17 @@ pub fn status(a: &StatusArgs) -> anyhow::Result<ExitCode> {
             age(intact_transfer::unix_now().saturating_sub(t))
         ))
     )?;
-    if mount_bad > 0 || mount_written > 0 {
+    if m.read_pages + m.other_pages + m.written > 0 {
         outln!(
-            "intact mount:     {} bad pages refused to readers ({} bytes){}; {} files last written through it (level none)",
-            mount_bad,
-            mount_bad_bytes,
-            mount_last.map_or(String::new(), |t| format!(
+            "intact mount:     {} bad pages refused to readers ({} bytes), {} found by writes{}; {} files last written through it (level none)",
+            m.read_pages,
+            m.read_bytes,
+            m.other_pages,
+            m.last.map_or(String::new(), |t| format!(
                 ", the last {} ago",
                 age(intact_transfer::unix_now().saturating_sub(t))
             )),
-            mount_written
+            m.written
         )?;
     }
     match s.every_file_read_back_since {

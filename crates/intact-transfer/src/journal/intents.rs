@@ -150,8 +150,10 @@ pub struct Recovered {
     pub pages_old: u64,
     /// Pages matching no CRC known for them: damage, left visible.
     pub pages_damaged: u64,
-    /// Pages with no CRC at all, cataloged from their bytes as they are.
-    pub pages_unvouched: u64,
+    /// Pages with no CRC logged or cataloged (blocks recorded without page
+    /// CRCs), taken from their bytes because their block still matches
+    /// its cataloged digest.
+    pub pages_by_block_digest: u64,
 }
 
 /// Replays the intent log of the catalog in `dir` (files under `root`)
@@ -214,10 +216,14 @@ fn recover_file(
         block: u64::from(row.block_size.max(1)),
         page: journal.page_size() as u64,
     };
-    let old: BTreeMap<u64, Vec<u32>> = journal
-        .blocks(id)?
-        .into_iter()
+    let records = journal.blocks(id)?;
+    let old: BTreeMap<u64, Vec<u32>> = records
+        .iter()
         .filter_map(|b| Some((b.index, crcs_of_blob(b.pages.as_ref()?))))
+        .collect();
+    let digests: BTreeMap<u64, &[u8]> = records
+        .iter()
+        .map(|b| (b.index, b.digest.as_slice()))
         .collect();
     let mut logged: BTreeMap<(u64, usize), Vec<u32>> = BTreeMap::new();
     let mut touched = BTreeSet::new();
@@ -239,6 +245,7 @@ fn recover_file(
     let mut buf = Vec::new();
     for b in touched.into_iter().filter(|&b| b < layout.blocks()) {
         let mut crcs = Vec::new();
+        let mut unvouched = Vec::new();
         for j in 0..layout.pages_in_block(b) {
             let p = layout.page(b, j);
             let bytes = &mut page_buf[..p.len as usize];
@@ -257,10 +264,27 @@ fn recover_file(
                 out.pages_damaged += 1;
                 c
             } else {
-                out.pages_unvouched += 1;
+                unvouched.push(j);
                 actual
             };
             crcs.push(crc);
+        }
+        if !unvouched.is_empty() {
+            // Pages nothing names a CRC for: their bytes are taken only
+            // if the whole block still matches its cataloged digest;
+            // otherwise they are recorded as failing, never vouched for.
+            buf.resize(layout.block_len(b) as usize, 0);
+            file.read_exact_at(&mut buf, b * layout.block)
+                .map_err(|e| TransferError::Journal(format!("reading a logged block: {e}")))?;
+            let digest = intact_digest::hash(intact_digest::defaults::BLOCK_ALGORITHM, &buf);
+            if digests.get(&b) == Some(&digest.as_bytes()) {
+                out.pages_by_block_digest += unvouched.len() as u64;
+            } else {
+                out.pages_damaged += unvouched.len() as u64;
+                for j in unvouched {
+                    crcs[j] ^= 1;
+                }
+            }
         }
         match rebuild_block(&file, &layout, b, &crcs, &mut buf) {
             Ok(r) => records.push(r),

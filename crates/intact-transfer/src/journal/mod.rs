@@ -41,7 +41,7 @@ mod owner;
 pub use catalog::{CatalogFile, CatalogSummary, ScrubMark, ScrubPass, ScrubState};
 pub use intents::{recover_intents, Intent, IntentLog, Recovered, INTENT_LOG};
 pub use layout::{blob_of_crcs, crcs_of_blob, rebuild_block, Layout, Page, RebuildError};
-pub use mounted::MountRow;
+pub use mounted::{MountRow, MountSummary};
 pub use owner::Owner;
 
 /// Directory under the root that holds intact's own state; paths from the

@@ -35,6 +35,22 @@ pub struct MountRow {
     pub mounted_at: i64,
 }
 
+/// What `intact mount` found and did, in numbers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MountSummary {
+    /// Bad pages refused to readers (each counted once per mount run).
+    pub read_pages: u64,
+    /// Their bytes.
+    pub read_bytes: u64,
+    /// Bad pages found by writes (a partly covered page) and by the
+    /// read-back at fsync or close.
+    pub other_pages: u64,
+    /// When the last was found.
+    pub last: Option<i64>,
+    /// Files last written through the mount.
+    pub written: u64,
+}
+
 impl Journal {
     /// Adds the mount's column and table to an older journal.
     pub(super) fn add_mount_columns(db: &rusqlite::Connection) -> Result<(), TransferError> {
@@ -45,10 +61,13 @@ impl Journal {
                  path BLOB NOT NULL,
                  offset INTEGER NOT NULL,
                  len INTEGER NOT NULL,
-                 at INTEGER NOT NULL
+                 at INTEGER NOT NULL,
+                 kind TEXT NOT NULL DEFAULT 'read'
              );",
         )
-        .map_err(db_err)
+        .map_err(db_err)?;
+        super::add_missing_columns(db, &[("mount_errors", "kind TEXT NOT NULL DEFAULT 'read'")])?;
+        Ok(())
     }
 
     /// The row of `path`, if any.
@@ -110,8 +129,13 @@ impl Journal {
                 .and_then(|mut st| st.execute(params![id, blocks_kept as i64]))
                 .map_err(db_err)?;
             db.prepare_cached(
+                // Nothing of what arrived or was scrubbed describes these
+                // bytes any more: not the level, the digest, the source
+                // (no replica of them), nor the last scrub's verdict.
                 "UPDATE files SET size = ?2, mtime_sec = ?3, mtime_nsec = ?4, done = 1, mode = 0,
-                     level = 0, at = ?5, digest = NULL, mounted_at = ?5, session = NULL
+                     level = 0, at = ?5, digest = NULL, mounted_at = ?5, session = NULL,
+                     source = NULL, adopted = 0, scrubbed_at = 0, scrub_state = 0,
+                     scrub_level = 0, rot_bytes = 0
                  WHERE id = ?1",
             )
             .and_then(|mut st| {
@@ -173,6 +197,13 @@ impl Journal {
     /// forgotten first, as the rename replaced its file.
     pub fn rename_path(&self, from: &[u8], to: &[u8]) -> Result<(), TransferError> {
         self.commit_with(|db| {
+            // The rename replaced whatever was at the new name.
+            db.prepare_cached("DELETE FROM blocks WHERE file = (SELECT id FROM files WHERE path = ?1)")
+                .and_then(|mut st| st.execute(params![to]))
+                .map_err(db_err)?;
+            db.prepare_cached("DELETE FROM files WHERE path = ?1")
+                .and_then(|mut st| st.execute(params![to]))
+                .map_err(db_err)?;
             let mut moves: Vec<(i64, Vec<u8>)> = Vec::new();
             {
                 let mut st = db
@@ -212,33 +243,39 @@ impl Journal {
         })
     }
 
-    /// Records that a read through the mount found `len` bytes at `offset`
-    /// of `path` not matching their page CRC, now.
+    /// Records that the mount found `len` bytes at `offset` of `path` not
+    /// matching their page CRC, now, by `kind` ("read": refused to a
+    /// reader; "write": a partly covered page read before a write;
+    /// "commit": read back at fsync or close).
     pub fn record_mount_error(
         &self,
         path: &[u8],
         offset: u64,
         len: u64,
+        kind: &str,
     ) -> Result<(), TransferError> {
         self.commit_with(|db| {
             db.prepare_cached(
-                "INSERT INTO mount_errors (path, offset, len, at) VALUES (?1, ?2, ?3, ?4)",
+                "INSERT INTO mount_errors (path, offset, len, at, kind) VALUES (?1, ?2, ?3, ?4, ?5)",
             )
-            .and_then(|mut st| st.execute(params![path, offset as i64, len as i64, unix_now()]))
+            .and_then(|mut st| {
+                st.execute(params![path, offset as i64, len as i64, unix_now(), kind])
+            })
             .map_err(db_err)?;
             Ok(())
         })
     }
 
-    /// Bad pages reads through the mount found (count, bytes, the last
-    /// time), and files last written through the mount.
-    pub fn mount_summary(&self) -> Result<(u64, u64, Option<i64>, u64), TransferError> {
+    /// What the mount found and did, for `intact status`.
+    pub fn mount_summary(&self) -> Result<MountSummary, TransferError> {
         let db = self.db();
-        let (n, bytes, last): (i64, i64, Option<i64>) = db
+        let (read_pages, read_bytes, other_pages, last): (i64, i64, i64, Option<i64>) = db
             .query_row(
-                "SELECT COUNT(*), COALESCE(SUM(len), 0), MAX(at) FROM mount_errors",
+                "SELECT COALESCE(SUM(kind = 'read'), 0), COALESCE(SUM(CASE WHEN kind = 'read' THEN len END), 0),
+                        COALESCE(SUM(kind != 'read'), 0), MAX(at)
+                 FROM mount_errors",
                 [],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
             )
             .map_err(db_err)?;
         let written: i64 = db
@@ -248,6 +285,12 @@ impl Journal {
                 |r| r.get(0),
             )
             .map_err(db_err)?;
-        Ok((n as u64, bytes as u64, last, written as u64))
+        Ok(MountSummary {
+            read_pages: read_pages as u64,
+            read_bytes: read_bytes as u64,
+            other_pages: other_pages as u64,
+            last,
+            written: written as u64,
+        })
     }
 }
