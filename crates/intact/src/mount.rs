@@ -49,8 +49,10 @@ the bytes are those that arrived, user.intact.blake3.
 Files the catalog does not describe (not cataloged, or changed by another
 program since) are served unchecked and say so in user.intact.state.
 Hard links are refused. The root is locked while mounted: no server, copy
-or second mount uses it meanwhile, and `intact status` of it waits for
-the unmount.
+or second mount uses it meanwhile, and `intact status` or `scrub` of it
+is refused, naming this process. One write or truncate may grow a file by
+at most 4 GiB (EFBIG). Files opened with O_DIRECT bypass the kernel's
+cache: each request, unaligned ones too, reaches the mount as made.
 
 Runs in the foreground until unmounted (`umount MOUNTPOINT`, or
 `fusermount3 -u MOUNTPOINT`) or interrupted (Ctrl-C, SIGTERM: unmounts,
