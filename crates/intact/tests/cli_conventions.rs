@@ -427,13 +427,14 @@ fn completions_and_man_pages_come_from_the_same_definitions() {
         "intact-keygen.1",
         "intact-catalog-add.1",
         "intact-catalog-init.1",
+        "intact-mount.1",
     ] {
         assert!(man.join(page).is_file(), "{page}");
     }
     let pages = fs::read_dir(&man).unwrap().count();
     assert_eq!(
-        pages, 15,
-        "intact, its twelve commands, `catalog add` and `catalog init`"
+        pages, 16,
+        "intact, its thirteen commands, `catalog add` and `catalog init`"
     );
 }
 

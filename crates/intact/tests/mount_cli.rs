@@ -127,6 +127,29 @@ impl Drop for Mount {
     }
 }
 
+/// A cataloged `f` of `len` bytes under `root` on a fresh loop ext4.
+struct OnLoop {
+    lfs: LoopFs,
+    t: tempfile::TempDir,
+    state: PathBuf,
+    root: PathBuf,
+    data: Vec<u8>,
+}
+
+fn on_loop(test: &str, len: usize) -> Option<OnLoop> {
+    let lfs = loop_ext4(test)?;
+    let t = tempfile::tempdir().unwrap();
+    let (state, root) = (t.path().join("state"), lfs.mnt().join("root"));
+    let data = cataloged(t.path(), &state, &root, len);
+    Some(OnLoop {
+        lfs,
+        t,
+        state,
+        root,
+        data,
+    })
+}
+
 /// `src/f` (seeded bytes of `len`) copied into `root` by `intact copy`
 /// (riva, 64 KiB blocks); returns the bytes.
 fn cataloged(t: &Path, state: &Path, root: &Path, len: usize) -> Vec<u8> {
@@ -178,11 +201,17 @@ fn a_flipped_bit_on_the_device_fails_only_its_page_and_status_counts_it() {
     if !fuse_usable(test) {
         return;
     }
-    let Some(lfs) = loop_ext4(test) else { return };
-    let t = tempfile::tempdir().unwrap();
-    let (state, root) = (t.path().join("state"), lfs.mnt().join("root"));
     let len = 40 * PAGE as usize + 123;
-    let data = cataloged(t.path(), &state, &root, len);
+    let Some(OnLoop {
+        lfs,
+        t,
+        state,
+        root,
+        data,
+    }) = on_loop(test, len)
+    else {
+        return;
+    };
     // The fault: one bit of page 5 on the device, the page cache dropped.
     let under = File::open(root.join("f")).unwrap();
     let at = 5 * PAGE + 10;
@@ -233,11 +262,17 @@ fn an_application_that_ignores_a_failed_write_gets_the_error_at_fsync() {
     if !fuse_usable(test) {
         return;
     }
-    let Some(lfs) = loop_ext4(test) else { return };
-    let t = tempfile::tempdir().unwrap();
-    let (state, root) = (t.path().join("state"), lfs.mnt().join("root"));
     let len = 8 * PAGE as usize;
-    let data = cataloged(t.path(), &state, &root, len);
+    let Some(OnLoop {
+        lfs,
+        t,
+        state,
+        root,
+        data,
+    }) = on_loop(test, len)
+    else {
+        return;
+    };
     let under = File::open(root.join("f")).unwrap();
     lfs.flip_bit_under(&under, 3).unwrap();
     intact_cache::evict(&under, 0, len as u64).unwrap();
@@ -277,11 +312,17 @@ fn cached_pages_are_checked_again_after_t_switch() {
     if !fuse_usable(test) {
         return;
     }
-    let Some(lfs) = loop_ext4(test) else { return };
-    let t = tempfile::tempdir().unwrap();
-    let (state, root) = (t.path().join("state"), lfs.mnt().join("root"));
     let len = 4 * PAGE as usize;
-    let data = cataloged(t.path(), &state, &root, len);
+    let Some(OnLoop {
+        lfs,
+        t,
+        state,
+        root,
+        data,
+    }) = on_loop(test, len)
+    else {
+        return;
+    };
     let mnt = t.path().join("mnt");
     let m = Mount::start(&state, &root, &mnt, &["--t-switch", "1500ms"]);
     let mut page = vec![0u8; PAGE as usize];
