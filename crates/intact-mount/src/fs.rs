@@ -44,6 +44,10 @@ struct Handle {
     /// Whether anything was written through it (its close records the
     /// new CRCs).
     wrote: std::sync::atomic::AtomicBool,
+    /// Opened for writing: a bad page any of its requests meets is owed
+    /// to its fsync and close too (the kernel may read a page through it
+    /// before a partial write, and fail the write itself).
+    writable: bool,
 }
 
 impl Handle {
@@ -313,7 +317,7 @@ impl IntactFs {
             .map_err(|e| errno(&e))
     }
 
-    fn add_handle(&self, file: File, node: Shared<Node>) -> u64 {
+    fn add_handle(&self, file: File, node: Shared<Node>, writable: bool) -> u64 {
         node.write().unwrap_or_else(|p| p.into_inner()).open += 1;
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         lock(&self.handles).insert(
@@ -323,6 +327,7 @@ impl IntactFs {
                 node,
                 owed: Mutex::new(None),
                 wrote: false.into(),
+                writable,
             }),
         );
         fh
@@ -643,7 +648,7 @@ impl Filesystem for IntactFs {
             }
             let file = self.open_file(&rel, write)?;
             let node = self.node(ino.0, &rel, &file)?;
-            Ok(self.add_handle(file, node))
+            Ok(self.add_handle(file, node, write))
         })();
         // O_DIRECT: every read and write reaches the mount as the program
         // made it (unaligned ones too), past the kernel's cache.
@@ -711,7 +716,7 @@ impl Filesystem for IntactFs {
                 n
             };
             let m = file.metadata().map_err(|e| errno(&e))?;
-            let fh = self.add_handle(file, node);
+            let fh = self.add_handle(file, node, true);
             Ok((file_attr(ino, &m), fh))
         })();
         match r {
@@ -755,7 +760,11 @@ impl Filesystem for IntactFs {
                 }
                 Err(e) => {
                     drop(g);
-                    Err(self.fail(&self.path(ino).unwrap_or_default(), e, "read"))
+                    let e = self.fail(&self.path(ino).unwrap_or_default(), e, "read");
+                    if h.writable {
+                        h.owe(e);
+                    }
+                    Err(e)
                 }
             }
         })();

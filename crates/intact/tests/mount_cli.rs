@@ -295,7 +295,8 @@ fn an_application_that_ignores_a_failed_write_gets_the_error_at_fsync() {
     assert_eq!(
         synced.as_ref().err().and_then(|e| e.raw_os_error()),
         Some(libc::EIO),
-        "{synced:?}"
+        "{synced:?}: {}",
+        m.log()
     );
     drop(f);
     drop(m);
