@@ -92,13 +92,6 @@ pub enum MountError {
     },
 }
 
-impl MountError {
-    /// Whether the error is in what the user passed (exit status 2).
-    pub fn is_usage(&self) -> bool {
-        matches!(self, MountError::Usage(_))
-    }
-}
-
 /// A running mount; unmounted when dropped.
 pub struct Mounted {
     session: Option<fuser::BackgroundSession>,
@@ -252,8 +245,8 @@ impl Mounted {
         }
     }
 
-    /// Sets how long to wait in [`Mounted::unmount`]'s stead: polls until
-    /// someone else unmounts it or `stop` is set.
+    /// Waits, polling every `poll`, until someone else unmounts it or
+    /// `stop` is set.
     pub fn wait_until(&self, stop: &AtomicBool, poll: Duration) {
         while self.is_running() && !stop.load(Ordering::Relaxed) {
             std::thread::sleep(poll);

@@ -14,10 +14,10 @@ use std::collections::BTreeSet;
 use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt};
 
-use intact_digest::{defaults, hash, page_crc};
+use intact_digest::{defaults, page_crc};
 use intact_transfer::{
-    crcs_of_blob, rebuild_block, BlockRecord, Intent, Journal, Layout, MountRow, Page,
-    RebuildError, TransferError,
+    block_matches, crcs_of_blob, failing_block, rebuild_block, BlockRecord, Intent, Journal,
+    Layout, MountRow, Page, RebuildError, TransferError,
 };
 
 /// What the catalog says of a file.
@@ -524,15 +524,7 @@ impl Node {
                 Ok(r) => records.push(r),
                 Err(RebuildError::Pages(pages)) => {
                     bad.extend(pages.iter().map(|&j| self.layout.page(b, j)));
-                    records.push(BlockRecord {
-                        index: b,
-                        digest: vec![0; 16],
-                        verified: intact_transfer::VerifiedAt::now(
-                            intact_transfer::VerifyMode::None,
-                            intact_transfer::VerifyLevel::None,
-                        ),
-                        pages: Some(intact_transfer::blob_of_crcs(&crcs)),
-                    });
+                    records.push(failing_block(b, &crcs));
                 }
                 Err(RebuildError::Io(e)) => return Err(NodeError::Io(e)),
             }
@@ -565,9 +557,7 @@ fn block_checked(
     rec: &BlockRecord,
     buf: &mut Vec<u8>,
 ) -> Result<BlockCrcs, NodeError> {
-    buf.resize(layout.block_len(rec.index) as usize, 0);
-    file.read_exact_at(buf, rec.index * layout.block)?;
-    if hash(defaults::BLOCK_ALGORITHM, buf).as_bytes() != rec.digest.as_slice() {
+    if !block_matches(file, layout, rec.index, &rec.digest, buf)? {
         return Ok(None);
     }
     Ok(Some(
@@ -592,6 +582,7 @@ fn read_full(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<usize>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use intact_digest::hash;
     use intact_transfer::Journal;
     use proptest::prelude::*;
 

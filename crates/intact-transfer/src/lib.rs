@@ -50,10 +50,10 @@ pub use hooks::{LinkFault, ScrubReadHook, WriteHook};
 pub use intact_cache::ReadPath;
 pub use journal::unix_now;
 pub use journal::{
-    blob_of_crcs, crcs_of_blob, rebuild_block, recover_intents, BlockRecord, CatalogFile,
-    CatalogSummary, DoneFile, FileRow, Intent, IntentLog, Journal, Layout, MountRow, MountSummary,
-    Owner, Page, RebuildError, Recovered, ScrubMark, ScrubPass, ScrubState, VerifiedAt, INTENT_LOG,
-    STATE_DIR,
+    blob_of_crcs, block_matches, crcs_of_blob, failing_block, rebuild_block, recover_intents,
+    BlockRecord, CatalogFile, CatalogSummary, DoneFile, FileRow, Intent, IntentLog, Journal,
+    Layout, MountRow, MountSummary, Owner, Page, RebuildError, Recovered, ScrubMark, ScrubPass,
+    ScrubState, VerifiedAt, INTENT_LOG, STATE_DIR,
 };
 pub use keep_set::{KeepSet, Keeps, KEEP_PATH_COST};
 pub use limits::raise_open_file_limit;

@@ -24,9 +24,10 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
-use super::layout::{crcs_of_blob, rebuild_block, Layout, RebuildError};
-use super::{BlockRecord, Journal, VerifiedAt};
-use crate::verify::{VerifyLevel, VerifyMode};
+use super::layout::{
+    block_matches, crcs_of_blob, failing_block, rebuild_block, Layout, RebuildError,
+};
+use super::{BlockRecord, Journal};
 use crate::TransferError;
 
 /// The log's name in a catalog's directory.
@@ -280,11 +281,12 @@ fn recover_file(
             // Pages nothing names a CRC for: their bytes are taken only
             // if the whole block still matches its cataloged digest;
             // otherwise they are recorded as failing, never vouched for.
-            buf.resize(layout.block_len(b) as usize, 0);
-            file.read_exact_at(&mut buf, b * layout.block)
-                .map_err(|e| TransferError::Journal(format!("reading a logged block: {e}")))?;
-            let digest = intact_digest::hash(intact_digest::defaults::BLOCK_ALGORITHM, &buf);
-            if digests.get(&b) == Some(&digest.as_bytes()) {
+            let holds = match digests.get(&b) {
+                Some(d) => block_matches(&file, &layout, b, d, &mut buf)
+                    .map_err(|e| TransferError::Journal(format!("reading a logged block: {e}")))?,
+                None => false,
+            };
+            if holds {
                 out.pages_by_block_digest += unvouched.len() as u64;
             } else {
                 out.pages_damaged += unvouched.len() as u64;
@@ -295,14 +297,7 @@ fn recover_file(
         }
         match rebuild_block(&file, &layout, b, &crcs, &mut buf) {
             Ok(r) => records.push(r),
-            Err(RebuildError::Pages(_)) => records.push(BlockRecord {
-                // The damage stays visible: the CRCs kept disagree with
-                // the bytes, and so does this digest.
-                index: b,
-                digest: vec![0; 16],
-                verified: VerifiedAt::now(VerifyMode::None, VerifyLevel::None),
-                pages: Some(super::layout::blob_of_crcs(&crcs)),
-            }),
+            Err(RebuildError::Pages(_)) => records.push(failing_block(b, &crcs)),
             Err(RebuildError::Io(e)) => {
                 return Err(TransferError::Journal(format!(
                     "reading a logged block: {e}"

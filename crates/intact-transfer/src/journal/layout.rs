@@ -101,6 +101,32 @@ pub fn blob_of_crcs(crcs: &[u32]) -> Vec<u8> {
     crcs.iter().flat_map(|c| c.to_le_bytes()).collect()
 }
 
+/// Reads block `b` of `file` into `buf`; whether it still matches
+/// `digest` (its cataloged XXH3-128).
+pub fn block_matches(
+    file: &File,
+    layout: &Layout,
+    b: u64,
+    digest: &[u8],
+    buf: &mut Vec<u8>,
+) -> std::io::Result<bool> {
+    buf.resize(layout.block_len(b) as usize, 0);
+    file.read_exact_at(buf, b * layout.block)?;
+    Ok(intact_digest::hash(defaults::BLOCK_ALGORITHM, buf).as_bytes() == digest)
+}
+
+/// The record of block `b` whose bytes no longer hold what `crcs` say:
+/// those CRCs are kept, with a digest that matches nothing, so the damage
+/// stays visible to reads and to scrub.
+pub fn failing_block(b: u64, crcs: &[u32]) -> BlockRecord {
+    BlockRecord {
+        index: b,
+        digest: vec![0; 16],
+        verified: VerifiedAt::now(VerifyMode::None, VerifyLevel::None),
+        pages: Some(blob_of_crcs(crcs)),
+    }
+}
+
 /// Why a block could not be recorded again.
 #[derive(Debug)]
 pub enum RebuildError {

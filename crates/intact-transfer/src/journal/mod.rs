@@ -40,7 +40,10 @@ mod owner;
 
 pub use catalog::{CatalogFile, CatalogSummary, ScrubMark, ScrubPass, ScrubState};
 pub use intents::{recover_intents, Intent, IntentLog, Recovered, INTENT_LOG};
-pub use layout::{blob_of_crcs, crcs_of_blob, rebuild_block, Layout, Page, RebuildError};
+pub use layout::{
+    blob_of_crcs, block_matches, crcs_of_blob, failing_block, rebuild_block, Layout, Page,
+    RebuildError,
+};
 pub use mounted::{MountRow, MountSummary};
 pub use owner::Owner;
 
