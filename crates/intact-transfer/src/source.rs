@@ -237,6 +237,15 @@ fn base_name(src: &Path) -> Result<PathBuf, TransferError> {
     Ok(PathBuf::from(name))
 }
 
+/// The entry at `abs` as it is now, to go to `rel` under the destination
+/// (what a scan makes of one path): `None` for a special file. `follow`:
+/// a symlink counts as what it points to (`-L`). A shard of a plan
+/// (intact-shard) looks again at what the plan listed, so that it sends
+/// what is there when it runs.
+pub fn restat(abs: &Path, rel: &Path, follow: bool) -> Result<Option<SourceEntry>, TransferError> {
+    entry(abs, rel, follow)
+}
+
 fn entry(abs: &Path, rel: &Path, follow: bool) -> Result<Option<SourceEntry>, TransferError> {
     let err = |e: std::io::Error| TransferError::Source {
         path: abs.to_path_buf(),

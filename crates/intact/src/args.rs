@@ -23,7 +23,7 @@ pub enum Command {
     #[command(long_about = SERVE_ABOUT)]
     Serve(ServeArgs),
     /// Send files and trees to an `intact serve` over TCP.
-    #[command(long_about = SEND_ABOUT)]
+    #[command(long_about = SEND_ABOUT, override_usage = SEND_USAGE)]
     Send(SendArgs),
     /// Write a fresh random key file for `serve` and `send --key-file`.
     #[command(long_about = KEYGEN_ABOUT)]
@@ -54,6 +54,12 @@ pub enum Command {
     /// Present a cataloged root through FUSE, every read checked against its page CRCs.
     #[command(long_about = crate::mount::MOUNT_ABOUT)]
     Mount(crate::mount::MountArgs),
+    /// Scan sources once and cut them into balanced shards for `send --plan` (Slurm, MPI, Kubernetes).
+    #[command(long_about = crate::shard::PLAN_ABOUT)]
+    Plan(crate::shard::PlanArgs),
+    /// Merge the JSON reports of a plan's shards (`report merge`).
+    #[command(long_about = crate::shard::REPORT_ABOUT)]
+    Report(crate::shard::ReportArgs),
 }
 
 const RELIABILITY_ABOUT: &str = "\
@@ -220,6 +226,9 @@ pub struct KeygenArgs {
     pub force: bool,
 }
 
+const SEND_USAGE: &str = "intact send [OPTIONS] <SRC>... <HOST:PORT>
+       intact send [OPTIONS] --plan <PLAN> [--shard <I>]";
+
 const SEND_ABOUT: &str = "\
 Send files and trees to `intact serve` at HOST:PORT, optionally into a
 subdirectory of its root (HOST:PORT:/subdir). Each SRC arrives under its
@@ -245,6 +254,13 @@ at: held blocks and files recorded below what --verify aims at are
 re-verified in place by that mode (riva: re-read from the device at both
 ends); --reverify re-verifies every held file that way. The report counts
 bytes sent, re-verified in place and trusted from the journal.
+
+Scale-out: `intact send --plan PLAN [--shard I] --report FILE` sends one
+shard of a plan made by `intact plan` (its entries, to its server), with
+the flags above as for any send; without --shard, the index comes from the
+engine running it (Slurm job array, Kubernetes Indexed Job, MPI rank; see
+--shard). Its report carries the plan's id and the shard's index for
+`intact report merge`; running a failed shard again resumes it.
 
 Exit status: 0 if everything arrived verified; 1 if anything failed;
 2 for usage errors.";
@@ -365,13 +381,27 @@ pub struct ServeArgs {
 #[derive(Debug, Args)]
 pub struct SendArgs {
     /// Files and directories to send, each arriving under its own name
-    /// (`DIR/`, with a trailing slash: its contents).
-    #[arg(value_name = "SRC", num_args = 1.., required = true)]
-    pub sources: Vec<PathBuf>,
+    /// (`DIR/`, with a trailing slash: its contents), then the server as
+    /// HOST:PORT or HOST:PORT:/subdir ([IPv6]:PORT too).
+    #[arg(value_name = "SRC... HOST:PORT", num_args = 1.., required_unless_present = "plan")]
+    pub operands: Vec<PathBuf>,
 
-    /// The server, as HOST:PORT or HOST:PORT:/subdir ([IPv6]:PORT too).
-    #[arg(value_name = "HOST:PORT", required = true)]
-    pub target: PathBuf,
+    /// Send one shard of a plan made by `intact plan` (which names the
+    /// sources and the server: give neither here).
+    #[arg(long, value_name = "PLAN", conflicts_with_all = ["operands", "delete"])]
+    pub plan: Option<PathBuf>,
+
+    /// The shard to send (0, 1, …). Default: the index the engine gives,
+    /// from SLURM_ARRAY_TASK_ID (a Slurm job array), JOB_COMPLETION_INDEX
+    /// (a Kubernetes Indexed Job), OMPI_COMM_WORLD_RANK (Open MPI),
+    /// PMI_RANK or PMIX_RANK (other MPI launchers), the first one set.
+    #[arg(long, value_name = "I", requires = "plan")]
+    pub shard: Option<u32>,
+
+    /// Also write the JSON report to FILE (for `intact report merge`);
+    /// `{shard}` in the name becomes the shard's index.
+    #[arg(long, value_name = "FILE")]
+    pub report: Option<PathBuf>,
 
     /// Pre-shared key file (mode 600): a key from `intact keygen` or a
     /// passphrase, the same as the server's (or as this client's keyring line).

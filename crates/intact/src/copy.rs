@@ -14,8 +14,7 @@ use crate::exit::usage;
 use crate::hashing::{print_err, progress_bar};
 use crate::interrupt::Watch;
 use crate::resolve::{self, Refused};
-use crate::stdout::outln;
-use crate::summary::{self, finish};
+use crate::summary::{self, finish, ReportOut};
 use crate::throttle::Throttle;
 use crate::tree_args::subcommand_matches;
 
@@ -94,15 +93,44 @@ pub fn run(args: &CopyArgs) -> anyhow::Result<ExitCode> {
         Some(c) => Some(c.prune(&plan.root, &scan_opts.filter, false)),
         None => None,
     };
-    finish(&report, p, &pb, false, deleted.as_ref())
+    finish(&report, p, &pb, false, deleted.as_ref(), &ReportOut::default())
 }
 
 pub fn run_send(args: &SendArgs) -> anyhow::Result<ExitCode> {
-    let (target, sources) = (&args.target, &args.sources[..]);
-    let target = target
-        .to_str()
-        .ok_or_else(|| usage("the server address is not UTF-8; give it as HOST:PORT"))?;
-    let (addr, subdir) = parse_target(target)?;
+    let shard = match &args.plan {
+        Some(plan) => {
+            let sel = &args.tree.select;
+            if sel.copy_links || !sel.include.is_empty() || !sel.exclude.is_empty() {
+                return Err(usage(
+                    "-L, --include and --exclude are decided when the plan is made (`intact plan`), not by a shard",
+                ));
+            }
+            Some(crate::shard::shard_run(plan, args.shard)?)
+        }
+        None => None,
+    };
+    let (sources, target) = match (&shard, args.operands.split_last()) {
+        (Some(s), _) => (&[][..], s.target().to_string()),
+        (None, Some((t, sources))) if !sources.is_empty() => (
+            sources,
+            t.to_str()
+                .ok_or_else(|| usage("the server address is not UTF-8; give it as HOST:PORT"))?
+                .to_string(),
+        ),
+        (None, _) => {
+            return Err(usage(
+                "name what to send and then the server: intact send SRC... HOST:PORT",
+            ))
+        }
+    };
+    let (addr, subdir) = parse_target(&target)?;
+    let mut out = ReportOut {
+        stamp: None,
+        file: args
+            .report
+            .as_ref()
+            .map(|f| crate::shard::report_path(f, shard.as_ref().map(|s| s.index.index))),
+    };
     let key = match &args.key_file {
         Some(f) => Some(intact_proto::Key::from_file(f)?),
         None => None,
@@ -114,7 +142,11 @@ pub fn run_send(args: &SendArgs) -> anyhow::Result<ExitCode> {
     let scan_opts = args.tree.scan_options(subcommand_matches().as_ref());
     symlink_notes(sources, scan_opts.copy_links, p);
     let specs: Vec<SourceSpec> = sources.iter().map(|s| SourceSpec::from_arg(s)).collect();
-    let scanned = scan_with(&specs, &scan_opts);
+    let mut shard = shard;
+    let scanned = match &mut shard {
+        Some(s) => std::mem::take(&mut s.scan),
+        None => scan_with(&specs, &scan_opts),
+    };
     let coverage = args.delete.then(|| Coverage::of(&specs, &scanned));
     let opts = SendOptions {
         verify: p.verify,
@@ -158,6 +190,7 @@ pub fn run_send(args: &SendArgs) -> anyhow::Result<ExitCode> {
     });
     watch.finished();
     pb.finish_and_clear();
+    out.stamp = shard.as_ref().map(crate::shard::ShardRun::stamp);
     match result {
         Ok(report) => {
             // Only after every entry was sent and verified.
@@ -172,7 +205,7 @@ pub fn run_send(args: &SendArgs) -> anyhow::Result<ExitCode> {
                         Ok(d) => Some(d),
                         Err(e) => {
                             print_err(&pb, &format!("--delete: {e}"));
-                            let code = finish(&report, p, &pb, true, None)?;
+                            let code = finish(&report, p, &pb, true, None, &out)?;
                             return Ok(if code == ExitCode::SUCCESS {
                                 ExitCode::FAILURE
                             } else {
@@ -183,7 +216,7 @@ pub fn run_send(args: &SendArgs) -> anyhow::Result<ExitCode> {
                 }
                 None => None,
             };
-            finish(&report, p, &pb, true, deleted.as_ref())
+            finish(&report, p, &pb, true, deleted.as_ref(), &out)
         }
         // The run stopped as a whole (the connection was lost): say what
         // was done and how to go on.
@@ -197,14 +230,14 @@ pub fn run_send(args: &SendArgs) -> anyhow::Result<ExitCode> {
                     summary::command_line()
                 );
             }
-            if p.json {
+            if p.json || out.file.is_some() {
                 let v = serde_json::json!({
                     "complete": false,
                     "error": e.to_string(),
                     "bytes_sent": sent,
                     "resume": summary::command_line(),
                 });
-                outln!("{v:#}")?;
+                out.write(v, p.json)?;
             }
             Ok(ExitCode::FAILURE)
         }

@@ -24,6 +24,7 @@ mod reliability;
 mod resolve;
 mod scrub;
 mod serve;
+mod shard;
 mod stdout;
 mod sum;
 mod sum_parse;
@@ -88,6 +89,8 @@ fn run(command: &Command) -> anyhow::Result<ExitCode> {
         Command::Status(a) => scrub::status(a),
         Command::Catalog(a) => catalog::run(a),
         Command::Mount(a) => mount::run(a),
+        Command::Plan(a) => shard::run_plan(a),
+        Command::Report(a) => shard::run_report(a),
     }
 }
 

@@ -32,6 +32,7 @@ pub fn finish(
     pb: &indicatif::ProgressBar,
     send: bool,
     deleted: Option<&PruneReport>,
+    out: &ReportOut,
 ) -> anyhow::Result<ExitCode> {
     for e in &report.errors {
         print_err(pb, e);
@@ -54,7 +55,7 @@ pub fn finish(
     for e in deleted.map(|d| d.errors.as_slice()).unwrap_or_default() {
         print_err(pb, &format!("--delete: {e}"));
     }
-    if p.json {
+    if p.json || out.file.is_some() {
         let mut v = serde_json::to_value(report)?;
         if let Some(d) = deleted {
             v["deleted"] = serde_json::to_value(d)?;
@@ -62,9 +63,9 @@ pub fn finish(
         if report.failed > 0 {
             v["resume"] = command_line().into();
         }
-        outln!("{}", serde_json::to_string_pretty(&v)?)
-            .context("cannot write the report to standard output")?;
-    } else if !p.quiet {
+        out.write(v, p.json)?;
+    }
+    if !p.json && !p.quiet {
         if let Some(d) = deleted {
             print_deleted(d).context("cannot write to standard output")?;
         }
@@ -82,6 +83,34 @@ pub fn finish(
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// Where a JSON report goes besides standard output (`send --report`),
+/// and what a shard adds to it.
+#[derive(Default)]
+pub struct ReportOut {
+    /// `"shard"`: which shard of which plan (`send --plan`).
+    pub stamp: Option<serde_json::Value>,
+    /// The report file (`--report`).
+    pub file: Option<std::path::PathBuf>,
+}
+
+impl ReportOut {
+    /// Adds the shard's stamp to `v`, writes it to the report file if
+    /// one was asked for, and prints it if `print`.
+    pub fn write(&self, mut v: serde_json::Value, print: bool) -> anyhow::Result<()> {
+        if let Some(stamp) = &self.stamp {
+            v["shard"] = stamp.clone();
+        }
+        if let Some(f) = &self.file {
+            crate::shard::write_report(f, &v)?;
+        }
+        if print {
+            outln!("{}", serde_json::to_string_pretty(&v)?)
+                .context("cannot write the report to standard output")?;
+        }
+        Ok(())
+    }
 }
 
 /// `name` as one line shows it, the way `intact sum` and coreutils print

@@ -7,6 +7,29 @@ use intact_transfer::{Filter, Rule, RuleKind, ScanOptions};
 /// Options shared by `copy` and `send` about the tree they take.
 #[derive(Debug, Args)]
 pub struct TreeArgs {
+    #[command(flatten)]
+    pub select: SelectArgs,
+
+    /// Show what would be transferred (and deleted), with sizes; change nothing.
+    #[arg(short = 'n', long)]
+    pub dry_run: bool,
+
+    /// Limit the transfer to RATE bytes per second, averaged over blocks
+    /// (rsync's units: a bare number is KiB/s; K, M, G suffixes; 0 = no limit).
+    #[arg(long, value_name = "RATE", value_parser = parse_rate)]
+    pub bwlimit: Option<u64>,
+}
+
+impl TreeArgs {
+    /// See [`SelectArgs::scan_options`].
+    pub fn scan_options(&self, matches: Option<&ArgMatches>) -> ScanOptions {
+        self.select.scan_options(matches)
+    }
+}
+
+/// Which entries of the source tree are taken (`copy`, `send`, `plan`).
+#[derive(Debug, Args)]
+pub struct SelectArgs {
     /// Follow symlinks (on the command line and in the tree) and copy what
     /// they point to, like rsync -L. Without it every symlink is copied as
     /// a link; a source named with a trailing '/' (e.g. `link/`) gives the
@@ -25,18 +48,9 @@ pub struct TreeArgs {
     /// them (e.g. --include '*/' --include '*.dat' --exclude '*').
     #[arg(long, value_name = "PATTERN")]
     pub include: Vec<String>,
-
-    /// Show what would be transferred (and deleted), with sizes; change nothing.
-    #[arg(short = 'n', long)]
-    pub dry_run: bool,
-
-    /// Limit the transfer to RATE bytes per second, averaged over blocks
-    /// (rsync's units: a bare number is KiB/s; K, M, G suffixes; 0 = no limit).
-    #[arg(long, value_name = "RATE", value_parser = parse_rate)]
-    pub bwlimit: Option<u64>,
 }
 
-impl TreeArgs {
+impl SelectArgs {
     /// The scan options these flags ask for. The include and exclude
     /// rules keep the order they were typed in, taken from `matches` (the
     /// subcommand's), since the first rule that matches decides.

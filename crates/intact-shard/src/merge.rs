@@ -1,0 +1,332 @@
+//! One report of many: the shards' JSON reports merged into totals,
+//! per-file rows, failures and levels, with what is missing said plainly.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+
+use intact_transfer::VerifyLevel;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::{Plan, ShardError};
+
+/// What a shard's report says of the shard it is (`"shard"` in the report
+/// of `intact send --plan`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ShardStamp {
+    /// The plan's id.
+    pub plan: String,
+    /// This shard's index.
+    pub index: u32,
+    /// How many shards the plan has.
+    pub of: u32,
+    /// The server it sent to.
+    pub to: String,
+    /// Where the index came from (`--shard` or an engine's variable).
+    pub index_from: String,
+    /// The host that ran it.
+    pub host: String,
+    /// When it ended, seconds since the epoch: of two reports of one
+    /// shard, the later counts (a re-run after a failure).
+    pub finished: i64,
+}
+
+/// One shard's run as merged.
+#[derive(Debug, Clone, Serialize)]
+pub struct ShardRun {
+    /// The shard's stamp.
+    pub shard: ShardStamp,
+    /// The report file.
+    pub report: PathBuf,
+    /// The run ended (false: it stopped, e.g. the connection was lost).
+    pub complete: bool,
+    /// Entries that failed in it.
+    pub failed: u64,
+    /// Entries it reported.
+    pub entries: u64,
+    /// Bytes of its regular files.
+    pub bytes: u64,
+    /// Bytes it sent.
+    pub bytes_sent: u64,
+    /// Its wall-clock seconds.
+    pub seconds: f64,
+}
+
+/// A failure, and the shard it happened in.
+#[derive(Debug, Clone, Serialize)]
+pub struct Failure {
+    /// The shard.
+    pub shard: u32,
+    /// The entry (destination path), or empty for a failure of the run.
+    pub path: String,
+    /// Why.
+    pub error: String,
+}
+
+/// The merged report.
+#[derive(Debug, Clone, Serialize)]
+pub struct Merged {
+    /// The plan all the reports belong to.
+    pub plan: String,
+    /// How many shards it has.
+    pub shards: u32,
+    /// True only if every shard reported, every run ended, and nothing failed.
+    pub complete: bool,
+    /// Shards with no report.
+    pub missing: Vec<u32>,
+    /// Shards whose run failed something or did not end.
+    pub failed_shards: Vec<u32>,
+    /// Entries in all reports.
+    pub entries: u64,
+    /// Bytes of regular files.
+    pub bytes: u64,
+    /// Bytes sent, resends included.
+    pub bytes_sent: u64,
+    /// Bytes held at the destinations and re-verified in place.
+    pub bytes_reverified: u64,
+    /// Bytes held at the destinations and trusted from their journals.
+    pub bytes_trusted: u64,
+    /// Entries that failed (and run errors).
+    pub failed: u64,
+    /// The slowest shard's wall-clock seconds.
+    pub seconds: f64,
+    /// Verified regular files per level reached.
+    pub levels: BTreeMap<String, u64>,
+    /// The level every verified regular file reached, at least.
+    pub level: Option<String>,
+    /// Every failure, with its shard.
+    pub failures: Vec<Failure>,
+    /// Each shard's run, by index.
+    pub runs: Vec<ShardRun>,
+    /// Reports left out because a later report of the same shard was given.
+    pub superseded: Vec<PathBuf>,
+    /// Every entry's row from its shard's report, with `"shard"` added.
+    pub files: Vec<Value>,
+}
+
+fn num(v: &Value, key: &str) -> u64 {
+    v.get(key).and_then(Value::as_u64).unwrap_or(0)
+}
+
+/// Merges shard reports (each a report file's path and its JSON). With
+/// `plan`, every report must belong to it, and every entry it gives a
+/// shard must have a row in that shard's report. Reports of different
+/// plans, or files that are not shard reports, are errors.
+pub fn merge(reports: Vec<(PathBuf, Value)>, plan: Option<&Plan>) -> Result<Merged, ShardError> {
+    let mut stamped = Vec::with_capacity(reports.len());
+    for (path, v) in reports {
+        let stamp: ShardStamp = match v.get("shard").cloned().map(serde_json::from_value) {
+            Some(Ok(s)) => s,
+            Some(Err(e)) => {
+                return Err(ShardError::Report {
+                    path,
+                    why: format!("its \"shard\" is not readable ({e})"),
+                })
+            }
+            None => {
+                return Err(ShardError::Report {
+                    path,
+                    why: "not a shard's report (no \"shard\"; was it written by `intact send --plan`?)"
+                        .into(),
+                })
+            }
+        };
+        stamped.push((path, stamp, v));
+    }
+    let Some((_, first, _)) = stamped.first() else {
+        return Err(ShardError::Usage("no reports to merge".into()));
+    };
+    let (plan_id, shards) = match plan {
+        Some(p) => (p.id.clone(), p.shards.len() as u32),
+        None => (first.plan.clone(), first.of),
+    };
+    for (path, s, _) in &stamped {
+        if s.plan != plan_id || s.of != shards || s.index >= shards {
+            return Err(ShardError::Report {
+                path: path.clone(),
+                why: format!(
+                    "shard {} of plan {} ({} shards), not of plan {plan_id} ({shards} shards): reports of different plans are not merged",
+                    s.index, s.plan, s.of
+                ),
+            });
+        }
+    }
+    // The latest report of each shard counts.
+    stamped.sort_by_key(|(_, s, _)| (s.index, s.finished));
+    let mut latest: BTreeMap<u32, (PathBuf, ShardStamp, Value)> = BTreeMap::new();
+    let mut superseded = Vec::new();
+    for (path, s, v) in stamped {
+        if let Some((old, _, _)) = latest.insert(s.index, (path, s, v)) {
+            superseded.push(old);
+        }
+    }
+    let mut m = Merged {
+        plan: plan_id,
+        shards,
+        complete: false,
+        missing: (0..shards).filter(|i| !latest.contains_key(i)).collect(),
+        failed_shards: Vec::new(),
+        entries: 0,
+        bytes: 0,
+        bytes_sent: 0,
+        bytes_reverified: 0,
+        bytes_trusted: 0,
+        failed: 0,
+        seconds: 0.0,
+        levels: BTreeMap::new(),
+        level: None,
+        failures: Vec::new(),
+        runs: Vec::new(),
+        superseded,
+        files: Vec::new(),
+    };
+    let mut lowest: Option<VerifyLevel> = None;
+    for (index, (path, stamp, v)) in latest {
+        let complete = v.get("complete").and_then(Value::as_bool) != Some(false);
+        let files = v.get("files").and_then(Value::as_array).cloned().unwrap_or_default();
+        let mut failed = num(&v, "failed");
+        if !complete {
+            let why = v
+                .get("error")
+                .and_then(Value::as_str)
+                .unwrap_or("the run did not end");
+            m.failures.push(Failure {
+                shard: index,
+                path: String::new(),
+                error: format!("the shard stopped before its end: {why}"),
+            });
+            failed = failed.max(1);
+        }
+        for e in v.get("errors").and_then(Value::as_array).into_iter().flatten() {
+            m.failures.push(Failure {
+                shard: index,
+                path: String::new(),
+                error: e.as_str().unwrap_or("?").to_string(),
+            });
+        }
+        let mut seen = BTreeSet::new();
+        for f in &files {
+            let path_of = f.get("path").and_then(Value::as_str).unwrap_or("").to_string();
+            if let Some(err) = f.get("error").and_then(Value::as_str) {
+                m.failures.push(Failure {
+                    shard: index,
+                    path: path_of.clone(),
+                    error: err.to_string(),
+                });
+            } else if f.get("kind").and_then(Value::as_str) == Some("file") {
+                let level = f.get("level").and_then(Value::as_str).unwrap_or("none");
+                *m.levels.entry(level.to_string()).or_default() += 1;
+                let l = level.parse::<VerifyLevel>().unwrap_or(VerifyLevel::None);
+                lowest = Some(lowest.map_or(l, |x| x.min(l)));
+            }
+            seen.insert(path_of);
+            let mut row = f.clone();
+            row["shard"] = index.into();
+            m.files.push(row);
+        }
+        if let Some(p) = plan {
+            for e in &p.shards[index as usize].entries {
+                let name = e.path.lossy();
+                if !seen.contains(&name) {
+                    m.failures.push(Failure {
+                        shard: index,
+                        path: name,
+                        error: "in the plan, but not in the shard's report".into(),
+                    });
+                    failed += 1;
+                }
+            }
+        }
+        if failed > 0 {
+            m.failed_shards.push(index);
+        }
+        let run = ShardRun {
+            shard: stamp,
+            report: path,
+            complete,
+            failed,
+            entries: files.len() as u64,
+            bytes: num(&v, "bytes"),
+            bytes_sent: num(&v, "bytes_sent"),
+            seconds: v.get("seconds").and_then(Value::as_f64).unwrap_or(0.0),
+        };
+        m.entries += run.entries;
+        m.bytes += run.bytes;
+        m.bytes_sent += run.bytes_sent;
+        m.bytes_reverified += num(&v, "bytes_reverified");
+        m.bytes_trusted += num(&v, "bytes_trusted");
+        m.failed += failed;
+        m.seconds = m.seconds.max(run.seconds);
+        m.runs.push(run);
+    }
+    m.level = lowest.map(|l| l.to_string());
+    m.complete = m.missing.is_empty() && m.failed_shards.is_empty();
+    Ok(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn report(index: u32, finished: i64, files: Value, failed: u64) -> Value {
+        json!({
+            "shard": {"plan": "p1", "index": index, "of": 3, "to": "h:1", "index_from": "--shard", "host": "x", "finished": finished},
+            "files": files, "errors": [], "bytes": 10, "bytes_sent": 10,
+            "bytes_reverified": 0, "bytes_trusted": 0, "failed": failed, "seconds": 1.5
+        })
+    }
+
+    #[test]
+    fn missing_failed_and_rerun_shards_are_told() {
+        let ok = json!([{"path": "a", "kind": "file", "level": "device"}]);
+        let bad = json!([{"path": "b", "kind": "file", "error": "boom"}]);
+        let m = merge(
+            vec![
+                ("r0".into(), report(0, 5, ok.clone(), 0)),
+                ("r1-old".into(), report(1, 5, bad.clone(), 1)),
+            ],
+            None,
+        )
+        .unwrap();
+        assert!(!m.complete);
+        assert_eq!(m.missing, vec![2]);
+        assert_eq!(m.failed_shards, vec![1]);
+        assert_eq!(m.failures[0].error, "boom");
+        // The re-run of shard 1 replaces its failed report; shard 2 arrives.
+        let fixed = json!([{"path": "b", "kind": "file", "level": "cache"}]);
+        let m = merge(
+            vec![
+                ("r1-new".into(), report(1, 9, fixed, 0)),
+                ("r0".into(), report(0, 5, ok.clone(), 0)),
+                ("r1-old".into(), report(1, 5, bad, 1)),
+                ("r2".into(), report(2, 6, json!([]), 0)),
+            ],
+            None,
+        )
+        .unwrap();
+        assert!(m.complete, "{m:?}");
+        assert_eq!(m.superseded, vec![PathBuf::from("r1-old")]);
+        assert_eq!(m.level.as_deref(), Some("cache"));
+        assert_eq!(m.levels.get("device"), Some(&1));
+        assert_eq!(m.files.len(), 2);
+        assert_eq!(m.files[1]["shard"], 1);
+    }
+
+    #[test]
+    fn a_stopped_shard_and_foreign_reports_are_not_complete() {
+        let mut stopped = report(0, 5, json!([]), 0);
+        stopped["complete"] = false.into();
+        stopped["error"] = "connection reset".into();
+        let m = merge(vec![("r0".into(), stopped)], None).unwrap();
+        assert_eq!(m.failed_shards, vec![0]);
+        assert!(m.failures[0].error.contains("connection reset"));
+        let mut other = report(1, 5, json!([]), 0);
+        other["shard"]["plan"] = "p2".into();
+        let e = merge(vec![("a".into(), report(0, 1, json!([]), 0)), ("b".into(), other)], None)
+            .unwrap_err();
+        assert!(e.to_string().contains("different plans"), "{e}");
+        let e = merge(vec![("c".into(), json!({"files": []}))], None).unwrap_err();
+        assert!(e.to_string().contains("not a shard's report"), "{e}");
+    }
+}
