@@ -7,9 +7,11 @@ mod flash;
 mod hash;
 mod model;
 mod mount;
+mod netns;
 mod pipe;
 mod ramdisk;
 mod runner;
+mod scale;
 mod scrub;
 mod transfer;
 mod verify;
@@ -37,6 +39,8 @@ enum Bench {
     Flash(flash::FlashArgs),
     /// fio on intact mount, on the same FUSE code with checking off, and on the plain directory.
     Mount(mount::MountArgs),
+    /// Shards of a plan at once, N = 1, 2, 4, 8: aggregate throughput and scaling efficiency, loopback and 1 Gbit/s per server.
+    Scale(scale::ScaleArgs),
     /// The RIVA model (Eq. 1) fed with stage times from separate runs, against riva's own run.
     Model(model::ModelArgs),
     /// The raw pipe's receiving end (run by `transfer`).
@@ -56,6 +60,7 @@ fn main() -> anyhow::Result<()> {
         Bench::Flash(a) => flash::run(&a),
         Bench::Scrub(a) => scrub::run(&a),
         Bench::Mount(a) => mount::run(&a),
+        Bench::Scale(a) => scale::run(&a),
         Bench::PipeRecv(a) => pipe::recv(&a),
         Bench::PipeSend(a) => pipe::send(&a),
     }

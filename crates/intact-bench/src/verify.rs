@@ -12,6 +12,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 
+use crate::netns::Netns;
 use crate::runner::{command_line, intact_binary, interleaved, median, stop_on_signals};
 use crate::transfer::{drop_caches, fresh, make_dataset, run_cmd, start_server, Dataset};
 
@@ -100,7 +101,7 @@ pub fn run(a: &VerifyArgs) -> anyhow::Result<()> {
         regimes.push(("loopback (disk-bound)", None));
     }
     if want(&a.regimes, "1gbit") {
-        match Netns::start() {
+        match Netns::start(0) {
             Ok(ns) => regimes.push(("1 Gbit/s veth between namespaces (network-bound)", Some(ns))),
             Err(e) => println!("\n1 Gbit/s regime skipped: {e:#}"),
         }
@@ -181,7 +182,7 @@ pub(crate) fn send_once(
     ns: Option<&Netns>,
 ) -> anyhow::Result<(f64, Option<(f64, f64)>)> {
     let listen = match ns {
-        Some(_) => format!("{}:0", Netns::INNER_IP),
+        Some(n) => format!("{}:0", n.inner_ip),
         None => "127.0.0.1:0".to_string(),
     };
     let mut cmd = match ns {
@@ -233,65 +234,4 @@ pub(crate) fn send_once(
         .as_f64()
         .map(|p| (p, 100.0 * (p - secs).abs() / secs));
     Ok((secs, model))
-}
-
-/// A network namespace joined to this one by a veth pair shaped to
-/// 1 Gbit/s in both directions; deleted (with its veth) on drop.
-pub(crate) struct Netns {
-    name: String,
-}
-
-impl Netns {
-    const INNER_IP: &'static str = "10.77.0.2";
-
-    fn start() -> anyhow::Result<Netns> {
-        // A benchmark killed by a signal leaves its namespace: remove
-        // those whose process is gone.
-        if let Ok(out) = Command::new("ip").args(["netns", "list"]).output() {
-            for line in String::from_utf8_lossy(&out.stdout).lines() {
-                let name = line.split_whitespace().next().unwrap_or("");
-                if let Some(pid) = name.strip_prefix("intact-bench-") {
-                    if !Path::new("/proc").join(pid).exists() {
-                        let _ = Command::new("ip").args(["netns", "del", name]).status();
-                    }
-                }
-            }
-        }
-        let name = format!("intact-bench-{}", std::process::id());
-        let outer = format!("ib{}o", std::process::id() % 100000);
-        let inner = format!("ib{}i", std::process::id() % 100000);
-        let ip = |args: &[&str]| run_cmd(Command::new("ip").args(args));
-        ip(&["netns", "add", &name])?;
-        let ns = Netns { name };
-        let n = ns.name.as_str();
-        ip(&[
-            "link", "add", &outer, "type", "veth", "peer", "name", &inner,
-        ])?;
-        ip(&["link", "set", &inner, "netns", n])?;
-        ip(&["addr", "add", "10.77.0.1/24", "dev", &outer])?;
-        ip(&["link", "set", &outer, "up"])?;
-        ip(&["-n", n, "addr", "add", "10.77.0.2/24", "dev", &inner])?;
-        ip(&["-n", n, "link", "set", &inner, "up"])?;
-        ip(&["-n", n, "link", "set", "lo", "up"])?;
-        let shape = |pre: &[&str], dev: &str| {
-            let mut args: Vec<&str> = pre.to_vec();
-            args.extend([
-                "qdisc", "add", "dev", dev, "root", "tbf", "rate", "1gbit", "burst", "256kb",
-                "latency", "10ms",
-            ]);
-            run_cmd(Command::new("tc").args(&args))
-        };
-        shape(&[], &outer)?;
-        shape(&["-n", n], &inner)?;
-        Ok(ns)
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        // Deleting the namespace deletes its veth end, and with it the pair.
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
-    }
 }

@@ -66,8 +66,17 @@ mod tests {
 
     #[test]
     fn engines_give_the_index_in_order() {
-        assert_eq!(shard_index(Some(3), env(&[("PMI_RANK", "1")])).unwrap().index, 3);
-        let i = shard_index(None, env(&[("PMI_RANK", "1"), ("SLURM_ARRAY_TASK_ID", "2")])).unwrap();
+        assert_eq!(
+            shard_index(Some(3), env(&[("PMI_RANK", "1")]))
+                .unwrap()
+                .index,
+            3
+        );
+        let i = shard_index(
+            None,
+            env(&[("PMI_RANK", "1"), ("SLURM_ARRAY_TASK_ID", "2")]),
+        )
+        .unwrap();
         assert_eq!((i.index, i.from), (2, "SLURM_ARRAY_TASK_ID"));
         let i = shard_index(None, env(&[("JOB_COMPLETION_INDEX", "7")])).unwrap();
         assert_eq!((i.index, i.from), (7, "JOB_COMPLETION_INDEX"));
@@ -81,7 +90,9 @@ mod tests {
         for v in ENGINE_VARS {
             assert!(e.contains(v), "{e}");
         }
-        let e = shard_index(None, env(&[("PMI_RANK", "x")])).unwrap_err().to_string();
+        let e = shard_index(None, env(&[("PMI_RANK", "x")]))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("PMI_RANK='x'"), "{e}");
     }
 }

@@ -123,13 +123,11 @@ pub fn merge(reports: Vec<(PathBuf, Value)>, plan: Option<&Plan>) -> Result<Merg
                     why: format!("its \"shard\" is not readable ({e})"),
                 })
             }
-            None => {
-                return Err(ShardError::Report {
-                    path,
-                    why: "not a shard's report (no \"shard\"; was it written by `intact send --plan`?)"
-                        .into(),
-                })
-            }
+            None => return Err(ShardError::Report {
+                path,
+                why: "not a shard's report (no \"shard\"; was it written by `intact send --plan`?)"
+                    .into(),
+            }),
         };
         stamped.push((path, stamp, v));
     }
@@ -183,7 +181,11 @@ pub fn merge(reports: Vec<(PathBuf, Value)>, plan: Option<&Plan>) -> Result<Merg
     let mut lowest: Option<VerifyLevel> = None;
     for (index, (path, stamp, v)) in latest {
         let complete = v.get("complete").and_then(Value::as_bool) != Some(false);
-        let files = v.get("files").and_then(Value::as_array).cloned().unwrap_or_default();
+        let files = v
+            .get("files")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
         let mut failed = num(&v, "failed");
         if !complete {
             let why = v
@@ -197,7 +199,12 @@ pub fn merge(reports: Vec<(PathBuf, Value)>, plan: Option<&Plan>) -> Result<Merg
             });
             failed = failed.max(1);
         }
-        for e in v.get("errors").and_then(Value::as_array).into_iter().flatten() {
+        for e in v
+            .get("errors")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
             m.failures.push(Failure {
                 shard: index,
                 path: String::new(),
@@ -206,7 +213,11 @@ pub fn merge(reports: Vec<(PathBuf, Value)>, plan: Option<&Plan>) -> Result<Merg
         }
         let mut seen = BTreeSet::new();
         for f in &files {
-            let path_of = f.get("path").and_then(Value::as_str).unwrap_or("").to_string();
+            let path_of = f
+                .get("path")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string();
             if let Some(err) = f.get("error").and_then(Value::as_str) {
                 m.failures.push(Failure {
                     shard: index,
@@ -323,8 +334,14 @@ mod tests {
         assert!(m.failures[0].error.contains("connection reset"));
         let mut other = report(1, 5, json!([]), 0);
         other["shard"]["plan"] = "p2".into();
-        let e = merge(vec![("a".into(), report(0, 1, json!([]), 0)), ("b".into(), other)], None)
-            .unwrap_err();
+        let e = merge(
+            vec![
+                ("a".into(), report(0, 1, json!([]), 0)),
+                ("b".into(), other),
+            ],
+            None,
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("different plans"), "{e}");
         let e = merge(vec![("c".into(), json!({"files": []}))], None).unwrap_err();
         assert!(e.to_string().contains("not a shard's report"), "{e}");

@@ -77,7 +77,12 @@ mod tests {
 
     #[test]
     fn any_name_survives_json() {
-        for name in [&b"plain/name.dat"[..], b"caf\xc3\xa9", b"bad\xff\xfe", b"a\nb"] {
+        for name in [
+            &b"plain/name.dat"[..],
+            b"caf\xc3\xa9",
+            b"bad\xff\xfe",
+            b"a\nb",
+        ] {
             let p = PathText::from(name);
             let json = serde_json::to_string(&p).unwrap();
             let back: PathText = serde_json::from_str(&json).unwrap();

@@ -214,7 +214,11 @@ impl Plan {
             format: PLAN_FORMAT.to_string(),
             id: String::new(),
             created: input.now,
-            sources: input.sources.iter().map(|s| PathText::from(s.as_path())).collect(),
+            sources: input
+                .sources
+                .iter()
+                .map(|s| PathText::from(s.as_path()))
+                .collect(),
             copy_links: input.copy_links,
             bytes,
             files: shards.iter().map(|s| s.files).sum(),
@@ -261,8 +265,8 @@ impl Plan {
             why,
         };
         let text = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
-        let plan: Plan = serde_json::from_slice(&text)
-            .map_err(|e| bad(format!("not an intact plan ({e})")))?;
+        let plan: Plan =
+            serde_json::from_slice(&text).map_err(|e| bad(format!("not an intact plan ({e})")))?;
         if plan.format != PLAN_FORMAT {
             return Err(bad(format!(
                 "format '{}', not '{PLAN_FORMAT}' (made by another version of intact?)",
@@ -377,7 +381,6 @@ fn error_path(e: &TransferError) -> PathBuf {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -385,7 +388,13 @@ mod tests {
     fn tree() -> (tempfile::TempDir, Scan) {
         let t = tempfile::tempdir().unwrap();
         let src = t.path().join("src");
-        for (name, size) in [("big", 900_000), ("d/a", 300_000), ("d/e/b", 200_000), ("d/c", 1), ("z", 0)] {
+        for (name, size) in [
+            ("big", 900_000),
+            ("d/a", 300_000),
+            ("d/e/b", 200_000),
+            ("d/c", 1),
+            ("z", 0),
+        ] {
             let p = src.join(name);
             std::fs::create_dir_all(p.parent().unwrap()).unwrap();
             std::fs::write(&p, vec![7u8; size]).unwrap();
@@ -412,7 +421,10 @@ mod tests {
         assert_eq!(plan.files, 5);
         assert_eq!(plan.bytes, 1_400_001);
         assert_eq!(
-            plan.shards.iter().map(|s| s.to.as_str()).collect::<Vec<_>>(),
+            plan.shards
+                .iter()
+                .map(|s| s.to.as_str())
+                .collect::<Vec<_>>(),
             ["h:1", "h:2", "h:1"]
         );
         // Each non-directory, and the empty directory, in exactly one shard.
@@ -422,7 +434,10 @@ mod tests {
             for e in &s.entries {
                 let name = e.path.lossy();
                 if e.kind != "dir" || name.ends_with("empty") {
-                    assert!(owners.insert(name.clone(), s.index).is_none(), "{name} twice");
+                    assert!(
+                        owners.insert(name.clone(), s.index).is_none(),
+                        "{name} twice"
+                    );
                 }
                 // Its directories come before it in the same shard.
                 let mut up = name.as_str();
@@ -443,7 +458,9 @@ mod tests {
         plan.save(&file).unwrap();
         let back = Plan::load(&file).unwrap();
         assert_eq!(back.id, plan.id);
-        let text = std::fs::read_to_string(&file).unwrap().replace("\"h:2\"", "\"h:3\"");
+        let text = std::fs::read_to_string(&file)
+            .unwrap()
+            .replace("\"h:2\"", "\"h:3\"");
         std::fs::write(&file, text).unwrap();
         let e = Plan::load(&file).unwrap_err().to_string();
         assert!(e.contains("no longer match"), "{e}");
@@ -467,10 +484,22 @@ mod tests {
         std::fs::remove_file(src.join("z")).unwrap();
         std::fs::create_dir(src.join("z")).unwrap();
         let s = plan.scan(0).unwrap();
-        let a = s.entries.iter().find(|e| e.rel.to_string() == "src/d/a").unwrap();
+        let a = s
+            .entries
+            .iter()
+            .find(|e| e.rel.to_string() == "src/d/a")
+            .unwrap();
         assert_eq!(a.size, 11);
         assert_eq!(s.errors.len(), 1, "{:?}", s.errors);
-        assert!(s.errors[0].to_string().contains("was a file"), "{}", s.errors[0]);
-        assert!(plan.scan(1).unwrap_err().to_string().contains("shards 0 to 0"));
+        assert!(
+            s.errors[0].to_string().contains("was a file"),
+            "{}",
+            s.errors[0]
+        );
+        assert!(plan
+            .scan(1)
+            .unwrap_err()
+            .to_string()
+            .contains("shards 0 to 0"));
     }
 }

@@ -93,7 +93,14 @@ pub fn run(args: &CopyArgs) -> anyhow::Result<ExitCode> {
         Some(c) => Some(c.prune(&plan.root, &scan_opts.filter, false)),
         None => None,
     };
-    finish(&report, p, &pb, false, deleted.as_ref(), &ReportOut::default())
+    finish(
+        &report,
+        p,
+        &pb,
+        false,
+        deleted.as_ref(),
+        &ReportOut::default(),
+    )
 }
 
 pub fn run_send(args: &SendArgs) -> anyhow::Result<ExitCode> {

@@ -73,7 +73,9 @@ pub struct PlanArgs {
 }
 
 pub const REPORT_ABOUT: &str = "\
-Work with the JSON reports of `intact send --plan ... --report FILE`.";
+Work with the JSON reports of `intact send --plan ... --report FILE`:
+`merge` joins them into one; `shards PLAN` prints how many shards a plan
+has.";
 
 #[derive(Debug, Args)]
 pub struct ReportArgs {
@@ -86,6 +88,12 @@ pub enum ReportCommand {
     /// One report of the shards' reports: totals, per-file rows, failures, levels.
     #[command(long_about = MERGE_ABOUT)]
     Merge(MergeArgs),
+    /// Print how many shards a plan has (for scripts that start one task per shard).
+    Shards {
+        /// The plan.
+        #[arg(value_name = "PLAN")]
+        plan: PathBuf,
+    },
 }
 
 const MERGE_ABOUT: &str = "\
@@ -137,7 +145,11 @@ pub fn run_plan(args: &PlanArgs) -> anyhow::Result<ExitCode> {
         )));
     }
     let opts = args.select.scan_options(subcommand_matches().as_ref());
-    let specs: Vec<SourceSpec> = args.sources.iter().map(|s| SourceSpec::from_arg(s)).collect();
+    let specs: Vec<SourceSpec> = args
+        .sources
+        .iter()
+        .map(|s| SourceSpec::from_arg(s))
+        .collect();
     let scan = scan_with(&specs, &opts);
     let plan = Plan::make(&PlanInput {
         sources: &args.sources,
@@ -150,7 +162,10 @@ pub fn run_plan(args: &PlanArgs) -> anyhow::Result<ExitCode> {
     .map_err(shard_err)?;
     plan.save(&args.output).map_err(shard_err)?;
     for u in &plan.unreadable {
-        eprintln!("intact: {} (left out of the plan; shard 0 reports it)", u.error);
+        eprintln!(
+            "intact: {} (left out of the plan; shard 0 reports it)",
+            u.error
+        );
     }
     for s in &plan.skipped {
         let (mark, name) = printable(&s.lossy());
@@ -215,8 +230,7 @@ pub struct ShardRun {
 /// engine's variable) and entries.
 pub fn shard_run(plan: &Path, given: Option<u32>) -> anyhow::Result<ShardRun> {
     let plan = Plan::load(plan).map_err(shard_err)?;
-    let index =
-        intact_shard::shard_index(given, |k| std::env::var(k).ok()).map_err(shard_err)?;
+    let index = intact_shard::shard_index(given, |k| std::env::var(k).ok()).map_err(shard_err)?;
     let scan = plan.scan(index.index).map_err(shard_err)?;
     Ok(ShardRun { plan, index, scan })
 }
@@ -248,7 +262,9 @@ impl ShardRun {
 /// shard's index.
 pub fn report_path(file: &Path, shard: Option<u32>) -> PathBuf {
     match (shard, file.to_str()) {
-        (Some(i), Some(s)) if s.contains("{shard}") => PathBuf::from(s.replace("{shard}", &i.to_string())),
+        (Some(i), Some(s)) if s.contains("{shard}") => {
+            PathBuf::from(s.replace("{shard}", &i.to_string()))
+        }
         _ => file.to_path_buf(),
     }
 }
@@ -268,6 +284,11 @@ pub fn write_report(file: &Path, v: &serde_json::Value) -> anyhow::Result<()> {
 pub fn run_report(args: &ReportArgs) -> anyhow::Result<ExitCode> {
     match &args.command {
         ReportCommand::Merge(m) => run_merge(m),
+        ReportCommand::Shards { plan } => {
+            let plan = Plan::load(plan).map_err(shard_err)?;
+            outln!("{}", plan.shards.len())?;
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
 
@@ -316,7 +337,11 @@ fn print_merged(m: &Merged) -> anyhow::Result<()> {
             p.display()
         );
     }
-    let levels: Vec<String> = m.levels.iter().map(|(l, n)| format!("{n} at {l}")).collect();
+    let levels: Vec<String> = m
+        .levels
+        .iter()
+        .map(|(l, n)| format!("{n} at {l}"))
+        .collect();
     outln!(
         "plan {}: {} of {} shards reported; {} entries ({}), {} sent in {:.2} s (slowest shard); level {}{}; {} failed",
         m.plan,
@@ -332,7 +357,10 @@ fn print_merged(m: &Merged) -> anyhow::Result<()> {
     )?;
     if !m.missing.is_empty() {
         let list: Vec<String> = m.missing.iter().map(u32::to_string).collect();
-        outln!("missing: shard(s) {} sent no report; run them, then merge again", list.join(", "))?;
+        outln!(
+            "missing: shard(s) {} sent no report; run them, then merge again",
+            list.join(", ")
+        )?;
     }
     if !m.failed_shards.is_empty() {
         let list: Vec<String> = m.failed_shards.iter().map(u32::to_string).collect();

@@ -428,13 +428,15 @@ fn completions_and_man_pages_come_from_the_same_definitions() {
         "intact-catalog-add.1",
         "intact-catalog-init.1",
         "intact-mount.1",
+        "intact-plan.1",
+        "intact-report-merge.1",
     ] {
         assert!(man.join(page).is_file(), "{page}");
     }
     let pages = fs::read_dir(&man).unwrap().count();
     assert_eq!(
-        pages, 16,
-        "intact, its thirteen commands, `catalog add` and `catalog init`"
+        pages, 20,
+        "intact, its fifteen commands, `catalog add`, `catalog init`, `report merge` and `report shards`"
     );
 }
 

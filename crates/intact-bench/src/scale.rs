@@ -1,0 +1,218 @@
+//! `intact-bench scale`: aggregate throughput of a plan's shards run at
+//! once, N = 1, 2, 4, 8, each shard its own sender and its own server, on
+//! loopback and with each server behind its own 1 Gbit/s link (a network
+//! namespace per server, joined by a shaped veth pair). Scaling
+//! efficiency is the aggregate over N × one pair's throughput; the disk's
+//! own write rate (dd, O_DIRECT) is printed beside it, so the table says
+//! where the shared disk, rather than intact, is the limit.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+
+use crate::netns::Netns;
+use crate::runner::{
+    children_rusage, command_line, intact_binary, interleaved, stop_on_signals, Spread,
+};
+use crate::transfer::{drop_caches, fresh, make_dataset, run_cmd, start_server, Dataset};
+
+const MIB: u64 = 1 << 20;
+
+#[derive(clap::Args)]
+pub struct ScaleArgs {
+    /// Directory for the dataset and the servers' roots (on a real disk).
+    #[arg(long, default_value = "/var/tmp/intact-bench")]
+    dir: PathBuf,
+    /// Runs per N, interleaved in alternating order.
+    #[arg(long, default_value_t = 7)]
+    runs: usize,
+    /// Shard counts to compare.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+    shards: Vec<u32>,
+    /// The dataset: this many files of --file-mib MiB.
+    #[arg(long, default_value_t = 32)]
+    files: u64,
+    /// Size of each file, MiB.
+    #[arg(long, default_value_t = 16)]
+    file_mib: u64,
+    /// Only these regimes (loopback, 1gbit).
+    #[arg(long, value_delimiter = ',')]
+    regimes: Vec<String>,
+}
+
+/// One run's wall seconds (all shards, then sync) and CPU seconds of
+/// every process it started.
+struct Run {
+    wall: f64,
+    cpu: f64,
+}
+
+pub fn run(a: &ScaleArgs) -> anyhow::Result<()> {
+    stop_on_signals();
+    let intact = intact_binary()?;
+    std::fs::create_dir_all(&a.dir)?;
+    let src = a.dir.join("scale-src").join("data");
+    let set = Dataset {
+        name: "scale",
+        files: a.files,
+        file_size: a.file_mib * MIB,
+    };
+    make_dataset(&src, &set)?;
+    let bytes = set.files * set.file_size;
+    let max_n = a.shards.iter().copied().max().unwrap_or(1);
+    let want = |name: &str| a.regimes.is_empty() || a.regimes.iter().any(|r| r == name);
+    let can_drop = drop_caches();
+    println!(
+        "intact-bench scale: {} files × {} MiB ({} MiB), shards run at once, each its own `intact send --plan` and `intact serve`; {} interleaved runs per N; page cache {}; each run ends with sync",
+        set.files,
+        a.file_mib,
+        bytes / MIB,
+        a.runs,
+        if can_drop { "dropped before each run" } else { "NOT dropped (not root)" }
+    );
+    let disk = disk_rate(&a.dir)?;
+    println!("the disk under {}: {disk:.0} MiB/s written with dd (1 GiB, 4 MiB blocks, O_DIRECT): the shared disk's limit", a.dir.display());
+    let mut regimes: Vec<(&str, Vec<Netns>)> = Vec::new();
+    if want("loopback") {
+        regimes.push(("loopback", Vec::new()));
+    }
+    if want("1gbit") {
+        let made: anyhow::Result<Vec<Netns>> = (0..max_n).map(Netns::start).collect();
+        match made {
+            Ok(ns) => regimes.push((
+                "1 Gbit/s per server (a namespace and a shaped veth each)",
+                ns,
+            )),
+            Err(e) => println!("\n1 Gbit/s regime skipped: {e:#}"),
+        }
+    }
+    for (regime, nets) in &regimes {
+        println!("\n{regime}\n");
+        println!("| shards N | wall s, min / median / max | aggregate MiB/s (median) | efficiency vs N × one pair | CPU s (median) |");
+        println!("|---:|---|---:|---:|---:|");
+        let runs = interleaved(a.shards.len(), a.runs, |i| {
+            let n = a.shards[i];
+            once(&intact, &a.dir, &src, n, nets).with_context(|| format!("{regime}, {n} shards"))
+        })?;
+        let one = a
+            .shards
+            .iter()
+            .position(|&n| n == 1)
+            .map(|i| Spread::of(&runs[i].iter().map(|r| r.wall).collect::<Vec<_>>()).median);
+        for (n, r) in a.shards.iter().zip(&runs) {
+            let wall = Spread::of(&r.iter().map(|x| x.wall).collect::<Vec<_>>());
+            let cpu = Spread::of(&r.iter().map(|x| x.cpu).collect::<Vec<_>>());
+            let rate = bytes as f64 / MIB as f64 / wall.median;
+            let eff = one.map_or("–".to_string(), |t1| {
+                let single = bytes as f64 / MIB as f64 / t1;
+                format!("{:.2}", rate / (f64::from(*n) * single))
+            });
+            println!("| {n} | {wall} | {rate:.0} | {eff} | {:.2} |", cpu.median);
+        }
+    }
+    fresh(&a.dir.join("scale-dst"))?;
+    println!("\nefficiency = aggregate / (N × the aggregate of N = 1); the disk's dd rate above is the ceiling every N shares on loopback.");
+    println!("command: {}", command_line());
+    Ok(())
+}
+
+/// The disk's sequential write rate with O_DIRECT, MiB/s.
+fn disk_rate(dir: &Path) -> anyhow::Result<f64> {
+    let f = dir.join("scale-dd");
+    let t = Instant::now();
+    run_cmd(
+        Command::new("dd")
+            .args([
+                "if=/dev/zero",
+                "bs=4M",
+                "count=256",
+                "oflag=direct",
+                "conv=fsync",
+            ])
+            .arg(format!("of={}", f.display())),
+    )?;
+    let secs = t.elapsed().as_secs_f64();
+    std::fs::remove_file(&f)?;
+    Ok(1024.0 / secs)
+}
+
+/// One run: N servers (in their namespaces, if any), a plan of N shards
+/// over them, every shard sent at once; seconds to the end of the last
+/// shard and a sync.
+fn once(intact: &Path, dir: &Path, src: &Path, n: u32, nets: &[Netns]) -> anyhow::Result<Run> {
+    let dst = dir.join("scale-dst");
+    fresh(&dst)?;
+    std::fs::create_dir_all(&dst)?;
+    let key = dir.join("scale.key");
+    std::fs::write(&key, b"intact-bench key for the scale benchmark")?;
+    std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    let before = children_rusage().cpu;
+    let mut servers: Vec<Child> = Vec::new();
+    let mut to = Vec::new();
+    let started = (|| -> anyhow::Result<()> {
+        for i in 0..n {
+            let root = dst.join(format!("root{i}"));
+            let (mut cmd, listen) = match nets.get(i as usize) {
+                Some(ns) => {
+                    let mut c = Command::new("ip");
+                    c.args(["netns", "exec", &ns.name]).arg(intact);
+                    (c, format!("{}:0", ns.inner_ip))
+                }
+                None => (Command::new(intact), "127.0.0.1:0".to_string()),
+            };
+            cmd.args(["serve", "--key-file"])
+                .arg(&key)
+                .args(["--listen", &listen, "--root"])
+                .arg(&root);
+            let (child, addr) = start_server(&mut cmd)?;
+            servers.push(child);
+            to.push(addr);
+        }
+        Ok(())
+    })();
+    let result = started.and_then(|()| {
+        let plan = dst.join("plan.json");
+        run_cmd(
+            Command::new(intact)
+                .arg("plan")
+                .arg(src)
+                .args(["--shards", &n.to_string(), "--to", &to.join(","), "-o"])
+                .arg(&plan),
+        )?;
+        drop_caches();
+        let t = Instant::now();
+        let senders: Vec<Child> = (0..n)
+            .map(|i| {
+                Command::new(intact)
+                    .args(["send", "-q", "--key-file"])
+                    .arg(&key)
+                    .arg("--plan")
+                    .arg(&plan)
+                    .args(["--shard", &i.to_string()])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .map_err(anyhow::Error::from)
+            })
+            .collect::<anyhow::Result<_>>()?;
+        for s in senders {
+            let out = s.wait_with_output()?;
+            if !out.status.success() {
+                bail!("a shard failed: {}", String::from_utf8_lossy(&out.stderr));
+            }
+        }
+        run_cmd(&mut Command::new("sync"))?;
+        Ok(t.elapsed().as_secs_f64())
+    });
+    for mut s in servers {
+        let _ = s.kill();
+        let _ = s.wait();
+    }
+    let wall = result?;
+    Ok(Run {
+        wall,
+        cpu: children_rusage().cpu - before,
+    })
+}
