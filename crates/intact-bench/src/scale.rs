@@ -13,6 +13,7 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 
 use crate::netns::Netns;
+use crate::ramdisk::RamExt4;
 use crate::runner::{
     children_rusage, command_line, intact_binary, interleaved, stop_on_signals, Spread,
 };
@@ -20,7 +21,7 @@ use crate::transfer::{drop_caches, fresh, make_dataset, run_cmd, start_server, D
 
 const MIB: u64 = 1 << 20;
 
-#[derive(clap::Args)]
+#[derive(clap::Args, Clone)]
 pub struct ScaleArgs {
     /// Directory for the dataset and the servers' roots (on a real disk).
     #[arg(long, default_value = "/var/tmp/intact-bench")]
@@ -40,6 +41,11 @@ pub struct ScaleArgs {
     /// Only these regimes (loopback, 1gbit).
     #[arg(long, value_delimiter = ',')]
     regimes: Vec<String>,
+    /// Put the dataset and the servers' roots on a RAM-backed ext4 (a
+    /// loop device over a file in /dev/shm) instead of --dir: intact's own
+    /// cost, without the disk.
+    #[arg(long)]
+    ram: bool,
 }
 
 /// One run's wall seconds (all shards, then sync) and CPU seconds of
@@ -52,6 +58,13 @@ struct Run {
 pub fn run(a: &ScaleArgs) -> anyhow::Result<()> {
     stop_on_signals();
     let intact = intact_binary()?;
+    // The dataset, the roots of up to N servers and the dd probe.
+    let ram = match a.ram {
+        true => Some(RamExt4::create(a.files * a.file_mib * 2 + 1024 + 256)?),
+        false => None,
+    };
+    let dir = ram.as_ref().map_or(a.dir.clone(), |r| r.mount.clone());
+    let a = &ScaleArgs { dir, ..a.clone() };
     std::fs::create_dir_all(&a.dir)?;
     let src = a.dir.join("scale-src").join("data");
     let set = Dataset {
