@@ -10,6 +10,8 @@ use crate::transfer::run_cmd;
 /// 1 Gbit/s in both directions; deleted (with its veth) on drop.
 pub(crate) struct Netns {
     pub name: String,
+    /// The veth end in this namespace.
+    outer: String,
     /// The address inside the namespace.
     pub inner_ip: String,
 }
@@ -41,6 +43,7 @@ impl Netns {
         ip(&["netns", "add", &name])?;
         let ns = Netns {
             name,
+            outer: outer.clone(),
             inner_ip: inner_ip.clone(),
         };
         let n = ns.name.as_str();
@@ -80,6 +83,11 @@ impl Drop for Netns {
         // Deleting the namespace deletes its veth end, and with it the pair.
         let _ = Command::new("ip")
             .args(["netns", "del", &self.name])
+            .status();
+        // A pair whose inner end never reached the namespace.
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.outer])
+            .stderr(std::process::Stdio::null())
             .status();
     }
 }

@@ -131,6 +131,20 @@ pub fn run(a: &ScaleArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Senders still running when a run ends early are killed and reaped.
+struct Senders(Vec<Child>);
+
+impl Drop for Senders {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            if c.try_wait().ok().flatten().is_none() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
+
 /// The disk's sequential write rate with O_DIRECT, MiB/s.
 fn disk_rate(dir: &Path) -> anyhow::Result<f64> {
     let f = dir.join("scale-dd");
@@ -196,8 +210,9 @@ fn once(intact: &Path, dir: &Path, src: &Path, n: u32, nets: &[Netns]) -> anyhow
         )?;
         drop_caches();
         let t = Instant::now();
-        let senders: Vec<Child> = (0..n)
-            .map(|i| {
+        let mut senders = Senders(Vec::new());
+        for i in 0..n {
+            senders.0.push(
                 Command::new(intact)
                     .args(["send", "-q", "--key-file"])
                     .arg(&key)
@@ -205,16 +220,19 @@ fn once(intact: &Path, dir: &Path, src: &Path, n: u32, nets: &[Netns]) -> anyhow
                     .arg(&plan)
                     .args(["--shard", &i.to_string()])
                     .stdout(Stdio::null())
-                    .stderr(Stdio::piped())
-                    .spawn()
-                    .map_err(anyhow::Error::from)
-            })
-            .collect::<anyhow::Result<_>>()?;
-        for s in senders {
-            let out = s.wait_with_output()?;
-            if !out.status.success() {
-                bail!("a shard failed: {}", String::from_utf8_lossy(&out.stderr));
+                    .stderr(Stdio::null())
+                    .spawn()?,
+            );
+        }
+        // Every shard ends before the verdict; a failed one is named.
+        let mut failed = Vec::new();
+        for (i, s) in senders.0.iter_mut().enumerate() {
+            if !s.wait()?.success() {
+                failed.push(i);
             }
+        }
+        if !failed.is_empty() {
+            bail!("shard(s) {failed:?} failed (run one by hand with the same plan to see why)");
         }
         run_cmd(&mut Command::new("sync"))?;
         Ok(t.elapsed().as_secs_f64())

@@ -35,15 +35,29 @@ pub fn shard_index(
             from: "--shard",
         });
     }
+    let mut found: Option<ShardIndex> = None;
     for name in ENGINE_VARS {
-        if let Some(v) = var(name) {
-            let index = v.trim().parse::<u32>().map_err(|_| {
-                ShardError::Usage(format!(
-                    "{name}='{v}' is not a shard index (a whole number from 0)"
-                ))
-            })?;
-            return Ok(ShardIndex { index, from: name });
+        let Some(v) = var(name) else { continue };
+        let index = v.trim().parse::<u32>().map_err(|_| {
+            ShardError::Usage(format!(
+                "{name}='{v}' is not a shard index (a whole number from 0)"
+            ))
+        })?;
+        match &found {
+            // Two engines nested (MPI ranks inside a Slurm array task):
+            // which one numbers the shards is not for intact to guess.
+            Some(first) if first.index != index => {
+                return Err(ShardError::Usage(format!(
+                    "{}={} and {name}={index} disagree (an engine inside another?); give --shard I",
+                    first.from, first.index
+                )))
+            }
+            Some(_) => {}
+            None => found = Some(ShardIndex { index, from: name }),
         }
+    }
+    if let Some(found) = found {
+        return Ok(found);
     }
     Err(ShardError::Usage(format!(
         "no shard index: give --shard I, or run under an engine that sets one of {}",
@@ -72,12 +86,21 @@ mod tests {
                 .index,
             3
         );
+        // Several engines that agree: the first names it.
         let i = shard_index(
             None,
-            env(&[("PMI_RANK", "1"), ("SLURM_ARRAY_TASK_ID", "2")]),
+            env(&[("PMIX_RANK", "2"), ("SLURM_ARRAY_TASK_ID", "2")]),
         )
         .unwrap();
         assert_eq!((i.index, i.from), (2, "SLURM_ARRAY_TASK_ID"));
+        // MPI ranks inside a Slurm array task: which one? Refused.
+        let e = shard_index(
+            None,
+            env(&[("OMPI_COMM_WORLD_RANK", "1"), ("SLURM_ARRAY_TASK_ID", "2")]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("disagree") && e.contains("--shard"), "{e}");
         let i = shard_index(None, env(&[("JOB_COMPLETION_INDEX", "7")])).unwrap();
         assert_eq!((i.index, i.from), (7, "JOB_COMPLETION_INDEX"));
         let i = shard_index(None, env(&[("OMPI_COMM_WORLD_RANK", "0")])).unwrap();

@@ -17,7 +17,7 @@ pub enum ShardError {
         why: String,
     },
     /// The shard index is outside the plan.
-    #[error("shard {index} is not in the plan, which has shards 0 to {} ({shards} shards); an array job or MPI run must have exactly as many tasks as the plan has shards", shards - 1)]
+    #[error("shard {index} is not in the plan, which has shards 0 to {} ({shards} shards); an array job or MPI run must have exactly as many tasks as the plan has shards", shards.saturating_sub(1))]
     NoSuchShard {
         /// The index asked for.
         index: u32,

@@ -5,6 +5,9 @@
 //! which finds its index with [`shard_index`]; [`merge`] makes one report
 //! of the shards' reports and says what is missing or failed.
 
+/// Most shards a plan may have.
+pub const MAX_SHARDS: u32 = 100_000;
+
 mod balance;
 mod engine;
 mod error;

@@ -42,7 +42,7 @@ pub struct ShardRun {
     pub complete: bool,
     /// Entries that failed in it.
     pub failed: u64,
-    /// Entries it reported.
+    /// Rows its report has.
     pub entries: u64,
     /// Bytes of its regular files.
     pub bytes: u64,
@@ -76,7 +76,8 @@ pub struct Merged {
     pub missing: Vec<u32>,
     /// Shards whose run failed something or did not end.
     pub failed_shards: Vec<u32>,
-    /// Entries in all reports.
+    /// Entries in all reports, each path once (a directory is in every
+    /// shard that sent something under it).
     pub entries: u64,
     /// Bytes of regular files.
     pub bytes: u64,
@@ -138,6 +139,12 @@ pub fn merge(reports: Vec<(PathBuf, Value)>, plan: Option<&Plan>) -> Result<Merg
         Some(p) => (p.id.clone(), p.shards.len() as u32),
         None => (first.plan.clone(), first.of),
     };
+    if shards == 0 || shards > crate::MAX_SHARDS {
+        return Err(ShardError::Usage(format!(
+            "a plan of {shards} shards: a plan has 1 to {} shards",
+            crate::MAX_SHARDS
+        )));
+    }
     for (path, s, _) in &stamped {
         if s.plan != plan_id || s.of != shards || s.index >= shards {
             return Err(ShardError::Report {
@@ -179,75 +186,111 @@ pub fn merge(reports: Vec<(PathBuf, Value)>, plan: Option<&Plan>) -> Result<Merg
         files: Vec::new(),
     };
     let mut lowest: Option<VerifyLevel> = None;
+    let mut names: BTreeSet<String> = BTreeSet::new();
     for (index, (path, stamp, v)) in latest {
-        let complete = v.get("complete").and_then(Value::as_bool) != Some(false);
-        let files = v
-            .get("files")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
-        let mut failed = num(&v, "failed");
+        let bad = |why: &str| ShardError::Report {
+            path: path.clone(),
+            why: why.to_string(),
+        };
+        // A report says it ended (`"complete": true`, written by every run
+        // that reached its end) or did not; anything else is not a report.
+        let complete = match v.get("complete") {
+            Some(Value::Bool(c)) => *c,
+            _ => {
+                return Err(bad(
+                    "no \"complete\": true or false (not a report of `intact send --report`)",
+                ))
+            }
+        };
+        let files = match v.get("files") {
+            Some(Value::Array(rows)) if rows.iter().all(Value::is_object) => rows.clone(),
+            None if !complete => Vec::new(),
+            _ => return Err(bad("\"files\" is not a list of rows")),
+        };
+        let errors = match v.get("errors") {
+            Some(Value::Array(e)) => e.clone(),
+            None if !complete => Vec::new(),
+            _ => return Err(bad("\"errors\" is not a list")),
+        };
+        let reported = match v.get("failed") {
+            Some(n) => n.as_u64().ok_or_else(|| bad("\"failed\" is not a count"))?,
+            None if !complete => 0,
+            None => return Err(bad("no \"failed\" count")),
+        };
+        let mut failed = 0u64;
         if !complete {
             let why = v
                 .get("error")
                 .and_then(Value::as_str)
+                .or_else(|| v.get("interrupted").and_then(Value::as_str))
                 .unwrap_or("the run did not end");
             m.failures.push(Failure {
                 shard: index,
                 path: String::new(),
                 error: format!("the shard stopped before its end: {why}"),
             });
-            failed = failed.max(1);
+            failed += 1;
         }
-        for e in v
-            .get("errors")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
+        for e in &errors {
             m.failures.push(Failure {
                 shard: index,
                 path: String::new(),
-                error: e.as_str().unwrap_or("?").to_string(),
+                error: e.as_str().map_or_else(|| e.to_string(), str::to_string),
             });
+            failed += 1;
         }
-        let mut seen = BTreeSet::new();
+        // Each name as often as the shard's report has a row for it.
+        let mut seen: BTreeMap<String, u64> = BTreeMap::new();
         for f in &files {
             let path_of = f
                 .get("path")
                 .and_then(Value::as_str)
                 .unwrap_or("")
                 .to_string();
-            if let Some(err) = f.get("error").and_then(Value::as_str) {
-                m.failures.push(Failure {
-                    shard: index,
-                    path: path_of.clone(),
-                    error: err.to_string(),
-                });
-            } else if f.get("kind").and_then(Value::as_str) == Some("file") {
-                let level = f.get("level").and_then(Value::as_str).unwrap_or("none");
-                *m.levels.entry(level.to_string()).or_default() += 1;
-                let l = level.parse::<VerifyLevel>().unwrap_or(VerifyLevel::None);
-                lowest = Some(lowest.map_or(l, |x| x.min(l)));
+            match f.get("error") {
+                None | Some(Value::Null) => {
+                    if f.get("kind").and_then(Value::as_str) == Some("file") {
+                        let level = f.get("level").and_then(Value::as_str).unwrap_or("none");
+                        *m.levels.entry(level.to_string()).or_default() += 1;
+                        let l = level.parse::<VerifyLevel>().unwrap_or(VerifyLevel::None);
+                        lowest = Some(lowest.map_or(l, |x| x.min(l)));
+                    }
+                }
+                Some(err) => {
+                    m.failures.push(Failure {
+                        shard: index,
+                        path: path_of.clone(),
+                        error: err.as_str().map_or_else(|| err.to_string(), str::to_string),
+                    });
+                    failed += 1;
+                }
             }
-            seen.insert(path_of);
+            *seen.entry(path_of.clone()).or_default() += 1;
+            names.insert(path_of);
             let mut row = f.clone();
-            row["shard"] = index.into();
+            if let Some(o) = row.as_object_mut() {
+                o.insert("shard".into(), index.into());
+            }
             m.files.push(row);
         }
         if let Some(p) = plan {
             for e in &p.shards[index as usize].entries {
                 let name = e.path.lossy();
-                if !seen.contains(&name) {
-                    m.failures.push(Failure {
-                        shard: index,
-                        path: name,
-                        error: "in the plan, but not in the shard's report".into(),
-                    });
-                    failed += 1;
+                match seen.get_mut(&name) {
+                    Some(n) if *n > 0 => *n -= 1,
+                    _ => {
+                        m.failures.push(Failure {
+                            shard: index,
+                            path: name,
+                            error: "in the plan, but not in the shard's report".into(),
+                        });
+                        failed += 1;
+                    }
                 }
             }
         }
+        // What the report counted, or what its rows show, whichever is more.
+        let failed = failed.max(reported);
         if failed > 0 {
             m.failed_shards.push(index);
         }
@@ -261,7 +304,6 @@ pub fn merge(reports: Vec<(PathBuf, Value)>, plan: Option<&Plan>) -> Result<Merg
             bytes_sent: num(&v, "bytes_sent"),
             seconds: v.get("seconds").and_then(Value::as_f64).unwrap_or(0.0),
         };
-        m.entries += run.entries;
         m.bytes += run.bytes;
         m.bytes_sent += run.bytes_sent;
         m.bytes_reverified += num(&v, "bytes_reverified");
@@ -270,6 +312,9 @@ pub fn merge(reports: Vec<(PathBuf, Value)>, plan: Option<&Plan>) -> Result<Merg
         m.seconds = m.seconds.max(run.seconds);
         m.runs.push(run);
     }
+    // A directory is in every shard that sent something under it: each
+    // path counts once.
+    m.entries = names.len() as u64;
     m.level = lowest.map(|l| l.to_string());
     m.complete = m.missing.is_empty() && m.failed_shards.is_empty();
     Ok(m)
@@ -283,7 +328,7 @@ mod tests {
     fn report(index: u32, finished: i64, files: Value, failed: u64) -> Value {
         json!({
             "shard": {"plan": "p1", "index": index, "of": 3, "to": "h:1", "index_from": "--shard", "host": "x", "finished": finished},
-            "files": files, "errors": [], "bytes": 10, "bytes_sent": 10,
+            "complete": true, "files": files, "errors": [], "bytes": 10, "bytes_sent": 10,
             "bytes_reverified": 0, "bytes_trusted": 0, "failed": failed, "seconds": 1.5
         })
     }
@@ -345,5 +390,48 @@ mod tests {
         assert!(e.to_string().contains("different plans"), "{e}");
         let e = merge(vec![("c".into(), json!({"files": []}))], None).unwrap_err();
         assert!(e.to_string().contains("not a shard's report"), "{e}");
+    }
+
+    #[test]
+    fn a_report_that_does_not_say_what_happened_is_refused_not_believed() {
+        let ok = json!([{"path": "a", "kind": "file", "level": "device"}]);
+        let base = report(0, 5, ok, 0);
+        let mut cases = Vec::new();
+        let mut v = base.clone();
+        v.as_object_mut().unwrap().remove("complete");
+        cases.push(v);
+        let mut v = base.clone();
+        v["complete"] = "true".into();
+        cases.push(v);
+        let mut v = base.clone();
+        v["files"] = json!([1]);
+        cases.push(v);
+        let mut v = base.clone();
+        v.as_object_mut().unwrap().remove("failed");
+        cases.push(v);
+        let mut v = base.clone();
+        v["failed"] = "0".into();
+        cases.push(v);
+        let mut v = base.clone();
+        v["shard"]["of"] = u32::MAX.into();
+        cases.push(v);
+        for c in cases {
+            assert!(merge(vec![("r".into(), c.clone())], None).is_err(), "{c}");
+        }
+        // Rows that failed count, whatever "failed" says.
+        let mut v = report(
+            0,
+            5,
+            json!([{"path": "b", "kind": "file", "error": "boom"}]),
+            0,
+        );
+        v["shard"]["of"] = 1.into();
+        let m = merge(vec![("r".into(), v)], None).unwrap();
+        assert!(!m.complete);
+        assert_eq!(m.failed, 1);
+        let mut v = report(0, 5, json!([]), 0);
+        v["shard"]["of"] = 1.into();
+        v["errors"] = json!(["cannot read x"]);
+        assert!(!merge(vec![("r".into(), v)], None).unwrap().complete);
     }
 }

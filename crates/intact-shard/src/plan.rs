@@ -2,7 +2,7 @@
 //! bytes, each with its entries and the server it goes to. `intact plan`
 //! writes one; `intact send --plan P --shard I` sends shard I of it.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use intact_transfer::{Scan, SourceEntry, SourceKind, TransferError};
@@ -152,20 +152,41 @@ impl Plan {
             ));
         }
         let entries = &input.scan.entries;
-        let dir_at: HashMap<&[u8], usize> = entries
-            .iter()
-            .enumerate()
-            .filter(|(_, e)| e.kind == SourceKind::Dir)
-            .map(|(i, e)| (e.rel.as_bytes(), i))
-            .collect();
+        // Two sources with the same name (`a/x b/x`, or `a/ b/` both
+        // holding `x`) would send one destination path twice, from two
+        // shards at once.
+        let mut named: HashMap<&[u8], &SourceEntry> = HashMap::with_capacity(entries.len());
+        for e in entries {
+            if let Some(first) = named.insert(e.rel.as_bytes(), e) {
+                if !(first.kind == SourceKind::Dir && e.kind == SourceKind::Dir) {
+                    return Err(ShardError::Usage(format!(
+                        "{} and {} would both arrive as {}; name sources that do not overlap",
+                        first.abs.display(),
+                        e.abs.display(),
+                        e.rel
+                    )));
+                }
+            }
+        }
+        // A directory named by two sources (merged, as rsync merges them)
+        // is the first one scanned: it comes before everything under it.
+        let mut dir_at: HashMap<&[u8], usize> = HashMap::new();
+        for (i, e) in entries.iter().enumerate() {
+            if e.kind == SourceKind::Dir {
+                dir_at.entry(e.rel.as_bytes()).or_insert(i);
+            }
+        }
         let has_child: BTreeSet<&[u8]> = entries
             .iter()
             .filter_map(|e| parent_of(e.rel.as_bytes()))
             .collect();
-        // The items balanced: everything but directories that hold something.
+        // The items balanced: everything but directories that hold
+        // something, and but the second of two empty directories of one name.
         let items: Vec<usize> = (0..entries.len())
             .filter(|&i| {
-                entries[i].kind != SourceKind::Dir || !has_child.contains(entries[i].rel.as_bytes())
+                let rel = entries[i].rel.as_bytes();
+                entries[i].kind != SourceKind::Dir
+                    || (!has_child.contains(rel) && dir_at.get(rel) == Some(&i))
             })
             .collect();
         let weights: Vec<u64> = items
@@ -249,6 +270,7 @@ impl Plan {
     fn digest(&self) -> String {
         let held = serde_json::to_vec(&(
             &self.copy_links,
+            &self.sources,
             &self.shards,
             &self.unreadable,
             &self.skipped,
@@ -299,7 +321,7 @@ impl Plan {
             why: e.to_string(),
         };
         let mut tmp = path.as_os_str().to_owned();
-        tmp.push(".tmp");
+        tmp.push(format!(".{}.tmp", std::process::id()));
         let tmp = PathBuf::from(tmp);
         let mut text = serde_json::to_vec_pretty(self).expect("a plan serialises");
         text.push(b'\n');
@@ -323,9 +345,15 @@ impl Plan {
     /// unreadable sources, as failures, and its skipped special files.
     pub fn scan(&self, index: u32) -> Result<Scan, ShardError> {
         let shard = self.shard(index)?;
+        let roots: Vec<PathBuf> = self.sources.iter().map(PathText::to_path_buf).collect();
+        let mut checked: HashSet<PathBuf> = HashSet::new();
         let mut out = Scan::default();
         for p in &shard.entries {
             let abs = p.source.to_path_buf();
+            if let Err(why) = self.beneath(&roots, &abs, &mut checked) {
+                out.errors.push(changed(&abs, &why));
+                continue;
+            }
             match intact_transfer::restat(&abs, &p.path.to_path_buf(), self.copy_links) {
                 Ok(Some(e)) if kind_name(&e.kind) == p.kind => out.entries.push(e),
                 Ok(Some(e)) => out.errors.push(changed(
@@ -353,6 +381,52 @@ impl Plan {
             out.skipped = self.skipped.iter().map(PathText::to_path_buf).collect();
         }
         Ok(out)
+    }
+}
+
+impl Plan {
+    /// Whether `abs` is under one of the plan's sources and, unless
+    /// symlinks are followed, no directory between that source and it is
+    /// a symlink now (a tree changed since the plan must not lead a shard,
+    /// perhaps run as root, outside it). `checked`: directories already
+    /// found to be directories.
+    fn beneath(
+        &self,
+        roots: &[PathBuf],
+        abs: &Path,
+        checked: &mut HashSet<PathBuf>,
+    ) -> Result<(), String> {
+        let Some(root) = roots.iter().find(|r| abs.starts_with(r)) else {
+            return Err("not under any of the plan's sources".into());
+        };
+        if self.copy_links {
+            return Ok(());
+        }
+        let mut dir = root.clone();
+        let below: Vec<_> = abs
+            .strip_prefix(root)
+            .map_err(|e| e.to_string())?
+            .components()
+            .collect();
+        for c in below.iter().take(below.len().saturating_sub(1)) {
+            dir.push(c);
+            if checked.contains(&dir) {
+                continue;
+            }
+            match std::fs::symlink_metadata(&dir) {
+                Ok(m) if m.is_dir() => {
+                    checked.insert(dir.clone());
+                }
+                Ok(_) => {
+                    return Err(format!(
+                        "{} is no longer a directory (a symlink now?); make a new plan",
+                        dir.display()
+                    ))
+                }
+                Err(e) => return Err(format!("{}: {e}", dir.display())),
+            }
+        }
+        Ok(())
     }
 }
 
@@ -410,7 +484,7 @@ mod tests {
         let (t, scan) = tree();
         let targets = vec!["h:1".to_string(), "h:2".to_string()];
         let plan = Plan::make(&PlanInput {
-            sources: &[],
+            sources: &[t.path().join("src")],
             scan: &scan,
             shards: 3,
             targets: &targets,
@@ -471,7 +545,7 @@ mod tests {
         let (t, scan) = tree();
         let targets = vec!["h:1".to_string()];
         let plan = Plan::make(&PlanInput {
-            sources: &[],
+            sources: &[t.path().join("src")],
             scan: &scan,
             shards: 1,
             targets: &targets,
@@ -501,5 +575,42 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("shards 0 to 0"));
+        // A directory swapped for a symlink (to outside the tree) since the
+        // plan: what is under it is not read through it.
+        let outside = t.path().join("outside");
+        std::fs::create_dir_all(outside.join("e")).unwrap();
+        std::fs::write(outside.join("e/b"), b"secret").unwrap();
+        std::fs::rename(src.join("d"), t.path().join("d-moved")).unwrap();
+        std::os::unix::fs::symlink(&outside, src.join("d")).unwrap();
+        let s = plan.scan(0).unwrap();
+        assert!(!s.entries.iter().any(|e| e.rel.to_string() == "src/d/e/b"));
+        assert!(
+            s.errors
+                .iter()
+                .any(|e| e.to_string().contains("no longer a directory")),
+            "{:?}",
+            s.errors
+        );
+    }
+
+    #[test]
+    fn sources_that_overlap_are_refused() {
+        let (t, _) = tree();
+        let src = t.path().join("src");
+        let other = t.path().join("other/src");
+        std::fs::create_dir_all(&other).unwrap();
+        std::fs::write(other.join("big"), b"x").unwrap();
+        let scan = intact_transfer::scan(&[src.clone(), other.clone()]);
+        let e = Plan::make(&PlanInput {
+            sources: &[src, other],
+            scan: &scan,
+            shards: 2,
+            targets: &["h:1".to_string()],
+            copy_links: false,
+            now: 0,
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("would both arrive as src/big"), "{e}");
     }
 }

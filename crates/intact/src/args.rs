@@ -399,7 +399,9 @@ pub struct SendArgs {
     pub shard: Option<u32>,
 
     /// Also write the JSON report to FILE (for `intact report merge`);
-    /// `{shard}` in the name becomes the shard's index.
+    /// `{shard}` in the name becomes the shard's index. Written at the
+    /// start (saying the run has not ended) and replaced at the end, on
+    /// SIGINT or SIGTERM, or when the connection is lost; not with --dry-run.
     #[arg(long, value_name = "FILE")]
     pub report: Option<PathBuf>,
 

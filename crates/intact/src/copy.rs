@@ -60,7 +60,7 @@ pub fn run(args: &CopyArgs) -> anyhow::Result<ExitCode> {
         return dry_run::print(&scanned, deletes.as_ref(), false, p);
     }
     let pb = progress_bar(scanned.entries.iter().map(|e| e.size).sum());
-    let watch = Watch::start(pb.clone(), false, p.json)?;
+    let watch = Watch::start(pb.clone(), false, p.json, None)?;
     let throttle = Throttle::new(args.tree.bwlimit);
     let opts = CopyOptions {
         verify: p.verify,
@@ -131,13 +131,24 @@ pub fn run_send(args: &SendArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let (addr, subdir) = parse_target(&target)?;
-    let mut out = ReportOut {
-        stamp: None,
+    let out = ReportOut {
+        stamp: shard.as_ref().map(crate::shard::ShardRun::stamp),
         file: args
             .report
             .as_ref()
             .map(|f| crate::shard::report_path(f, shard.as_ref().map(|s| s.index.index))),
     };
+    if out.file.is_some() && !args.tree.dry_run {
+        // Until its end overwrites it: a run killed, or ended by an error
+        // before it sent anything, leaves a report that says so (an older
+        // report of the same shard must not stand for this run).
+        let v = serde_json::json!({
+            "complete": false,
+            "error": "started, and did not reach its end (killed, or stopped by an error before sending)",
+            "resume": summary::command_line(),
+        });
+        out.write(v, false)?;
+    }
     let key = match &args.key_file {
         Some(f) => Some(intact_proto::Key::from_file(f)?),
         None => None,
@@ -186,7 +197,7 @@ pub fn run_send(args: &SendArgs) -> anyhow::Result<ExitCode> {
         return dry_run::print(&scanned, deletes.as_ref(), true, p);
     }
     let pb = progress_bar(scanned.entries.iter().map(|e| e.size).sum());
-    let watch = Watch::start(pb.clone(), true, p.json)?;
+    let watch = Watch::start(pb.clone(), true, p.json, Some(out.clone()))?;
     let throttle = Throttle::new(args.tree.bwlimit);
     let result = send_scanned(scanned, &addr, &opts, &|sent| {
         pb.set_position(sent);
@@ -197,7 +208,6 @@ pub fn run_send(args: &SendArgs) -> anyhow::Result<ExitCode> {
     });
     watch.finished();
     pb.finish_and_clear();
-    out.stamp = shard.as_ref().map(crate::shard::ShardRun::stamp);
     match result {
         Ok(report) => {
             // Only after every entry was sent and verified.

@@ -21,7 +21,14 @@ pub struct Watch {
 impl Watch {
     /// Starts watching. `send` says whether the destination keeps a
     /// journal to resume from; `json`, whether to end with a JSON report.
-    pub fn start(pb: indicatif::ProgressBar, send: bool, json: bool) -> anyhow::Result<Watch> {
+    /// `report`: where `--report` writes the report (the interrupted
+    /// run's is written there too).
+    pub fn start(
+        pb: indicatif::ProgressBar,
+        send: bool,
+        json: bool,
+        report: Option<crate::summary::ReportOut>,
+    ) -> anyhow::Result<Watch> {
         let sent = Arc::new(AtomicU64::new(0));
         let done = Arc::new(AtomicBool::new(false));
         let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])?;
@@ -46,14 +53,19 @@ impl Watch {
                     start.elapsed().as_secs_f64(),
                     bytes(n)
                 );
+                let v = serde_json::json!({
+                    "interrupted": name,
+                    "complete": false,
+                    "bytes_sent": n,
+                    "seconds": start.elapsed().as_secs_f64(),
+                    "resume": cmd,
+                });
+                if let Some(r) = report.as_ref().filter(|r| r.file.is_some()) {
+                    if let Err(e) = r.write(v.clone(), false) {
+                        eprintln!("intact: {e:#}");
+                    }
+                }
                 if json {
-                    let v = serde_json::json!({
-                        "interrupted": name,
-                        "complete": false,
-                        "bytes_sent": n,
-                        "seconds": start.elapsed().as_secs_f64(),
-                        "resume": cmd,
-                    });
                     // A reader that is gone is no reason not to stop.
                     let _ = crate::stdout::line(format_args!("{v:#}"));
                 }

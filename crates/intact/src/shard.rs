@@ -124,14 +124,11 @@ pub struct MergeArgs {
     pub json: bool,
 }
 
-/// A shard error as the command line shows it: usage errors exit 2.
+/// A shard error as the command line shows it: a plan or report that
+/// cannot be read or is not one, an index outside the plan, reports of
+/// different plans: all input the command cannot be run on (exit 2).
 fn shard_err(e: ShardError) -> anyhow::Error {
-    match e {
-        ShardError::Usage(_) | ShardError::NoSuchShard { .. } | ShardError::Report { .. } => {
-            usage(e.to_string())
-        }
-        ShardError::Plan { .. } => anyhow::Error::new(e),
-    }
+    usage(e.to_string())
 }
 
 pub fn run_plan(args: &PlanArgs) -> anyhow::Result<ExitCode> {
@@ -145,14 +142,18 @@ pub fn run_plan(args: &PlanArgs) -> anyhow::Result<ExitCode> {
         )));
     }
     let opts = args.select.scan_options(subcommand_matches().as_ref());
-    let specs: Vec<SourceSpec> = args
+    // Absolute (symlinks not resolved, a trailing '/' kept): the shards
+    // run elsewhere, from other working directories.
+    let sources = args
         .sources
         .iter()
-        .map(|s| SourceSpec::from_arg(s))
-        .collect();
+        .map(std::path::absolute)
+        .collect::<Result<Vec<_>, _>>()
+        .context("cannot make the sources' paths absolute")?;
+    let specs: Vec<SourceSpec> = sources.iter().map(|s| SourceSpec::from_arg(s)).collect();
     let scan = scan_with(&specs, &opts);
     let plan = Plan::make(&PlanInput {
-        sources: &args.sources,
+        sources: &sources,
         scan: &scan,
         shards: args.shards,
         targets: &args.to,
@@ -160,7 +161,7 @@ pub fn run_plan(args: &PlanArgs) -> anyhow::Result<ExitCode> {
         now: intact_transfer::unix_now(),
     })
     .map_err(shard_err)?;
-    plan.save(&args.output).map_err(shard_err)?;
+    plan.save(&args.output)?;
     for u in &plan.unreadable {
         eprintln!(
             "intact: {} (left out of the plan; shard 0 reports it)",
@@ -241,7 +242,8 @@ impl ShardRun {
         &self.plan.shards[self.index.index as usize].to
     }
 
-    /// What the shard's report says of it (`"shard"`).
+    /// What the shard's report says of it (`"shard"`; the time it
+    /// ended is added when the report is written).
     pub fn stamp(&self) -> serde_json::Value {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|h| h.trim().to_string())
@@ -253,7 +255,6 @@ impl ShardRun {
             "to": self.target(),
             "index_from": self.index.from,
             "host": host,
-            "finished": intact_transfer::unix_now(),
         })
     }
 }
@@ -261,19 +262,32 @@ impl ShardRun {
 /// The report file of `--report FILE`: `{shard}` in its name becomes the
 /// shard's index.
 pub fn report_path(file: &Path, shard: Option<u32>) -> PathBuf {
-    match (shard, file.to_str()) {
-        (Some(i), Some(s)) if s.contains("{shard}") => {
-            PathBuf::from(s.replace("{shard}", &i.to_string()))
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    let Some(i) = shard else {
+        return file.to_path_buf();
+    };
+    let (bytes, mark) = (file.as_os_str().as_bytes(), b"{shard}");
+    let mut out = Vec::with_capacity(bytes.len() + 8);
+    let mut at = 0;
+    while at < bytes.len() {
+        if bytes[at..].starts_with(mark) {
+            out.extend_from_slice(i.to_string().as_bytes());
+            at += mark.len();
+        } else {
+            out.push(bytes[at]);
+            at += 1;
         }
-        _ => file.to_path_buf(),
     }
+    PathBuf::from(std::ffi::OsString::from_vec(out))
 }
 
 /// Writes a report through a temporary name and a rename: a merge never
 /// reads half a report.
 pub fn write_report(file: &Path, v: &serde_json::Value) -> anyhow::Result<()> {
+    // Unique: two runs of one shard (a retry beside a dying pod) never
+    // write one temporary file.
     let mut tmp = file.as_os_str().to_owned();
-    tmp.push(".tmp");
+    tmp.push(format!(".{}.tmp", std::process::id()));
     let mut text = serde_json::to_vec_pretty(v)?;
     text.push(b'\n');
     std::fs::write(&tmp, &text)

@@ -57,6 +57,8 @@ pub fn finish(
     }
     if p.json || out.file.is_some() {
         let mut v = serde_json::to_value(report)?;
+        // The run reached its end (an interrupted or broken one says false).
+        v["complete"] = true.into();
         if let Some(d) = deleted {
             v["deleted"] = serde_json::to_value(d)?;
         }
@@ -87,9 +89,10 @@ pub fn finish(
 
 /// Where a JSON report goes besides standard output (`send --report`),
 /// and what a shard adds to it.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct ReportOut {
-    /// `"shard"`: which shard of which plan (`send --plan`).
+    /// `"shard"`: which shard of which plan (`send --plan`); `finished`
+    /// is added at each write.
     pub stamp: Option<serde_json::Value>,
     /// The report file (`--report`).
     pub file: Option<std::path::PathBuf>,
@@ -100,7 +103,9 @@ impl ReportOut {
     /// one was asked for, and prints it if `print`.
     pub fn write(&self, mut v: serde_json::Value, print: bool) -> anyhow::Result<()> {
         if let Some(stamp) = &self.stamp {
-            v["shard"] = stamp.clone();
+            let mut stamp = stamp.clone();
+            stamp["finished"] = intact_transfer::unix_now().into();
+            v["shard"] = stamp;
         }
         if let Some(f) = &self.file {
             crate::shard::write_report(f, &v)?;

@@ -94,7 +94,7 @@ fn split_equal(src: &Path, roots: &[&Path]) {
 /// can be made.
 struct Setup {
     // Dropped in this order: the servers before their file system.
-    servers: [Server; 2],
+    _servers: [Server; 2],
     dir: PathBuf,
     src: PathBuf,
     roots: [PathBuf; 2],
@@ -132,7 +132,7 @@ impl Setup {
             dir,
             src,
             roots,
-            servers,
+            _servers: servers,
             plan,
             reports,
         })
@@ -461,7 +461,7 @@ fn shards_refuse_what_cannot_be_run_with_exit_2() {
         .replace("127.0.0.1:9", "127.0.0.1:8");
     fs::write(&plan, text).unwrap();
     let out = intact(&["send", "--plan", s(&plan), "--shard", "0"]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("no longer match"), "{}", stderr(&out));
     // A merge of a file that is not a shard's report.
     fs::write(dir.path().join("r.json"), "{\"files\": []}").unwrap();
@@ -575,6 +575,17 @@ fn the_kubernetes_manifests_have_an_indexed_job_whose_commands_run() {
     assert_eq!(svc["spec"]["clusterIP"], "None");
     let name = svc["metadata"]["name"].as_str().unwrap();
     assert_eq!(sts["spec"]["serviceName"], name);
+    // The Service selects the receivers' pods.
+    let labels = &sts["spec"]["template"]["metadata"]["labels"];
+    for (k, v) in svc["spec"]["selector"].as_object().unwrap() {
+        assert_eq!(&labels[k], v, "selector {k}");
+    }
+    assert_eq!(sts["spec"]["selector"]["matchLabels"], *labels);
+    // A replacement never runs beside the pod it replaces; usage errors fail the index.
+    assert_eq!(spec["podReplacementPolicy"], "Failed");
+    let rule = &spec["podFailurePolicy"]["rules"][0];
+    assert_eq!(rule["action"], "FailIndex");
+    assert_eq!(rule["onExitCodes"]["values"], serde_json::json!([2]));
     let port = svc["spec"]["ports"][0]["port"].as_u64().unwrap();
     let serve = strings(&sts["spec"]["template"]["spec"]["containers"][0]["command"]);
     assert_eq!(&serve[..2], ["intact", "serve"]);
@@ -646,7 +657,11 @@ fn the_kubernetes_manifests_have_an_indexed_job_whose_commands_run() {
     let mut sent: Vec<String> = Vec::new();
     for i in 0..shards {
         let args: Vec<String> = send[1..].iter().map(|a| moved(a)).collect();
-        let out = Command::new(env!("CARGO_BIN_EXE_intact"))
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_intact"));
+        for v in intact_shard_vars() {
+            cmd.env_remove(v);
+        }
+        let out = cmd
             .args(&args)
             .args(["--dry-run", "--json"])
             .env("JOB_COMPLETION_INDEX", i.to_string())
@@ -679,4 +694,84 @@ fn the_kubernetes_manifests_have_an_indexed_job_whose_commands_run() {
         .collect();
     want.sort();
     assert_eq!(sent, want);
+}
+
+/// A shard ended by SIGTERM (a Slurm time limit, `scancel`, a pod
+/// deleted) leaves a report that says so, and the merge is not complete;
+/// an older, complete report of the same shard does not stand for it.
+#[test]
+fn a_shard_killed_mid_way_leaves_a_report_that_is_not_complete() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let src = dir.path().join("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("big"), intact_sample::bytes(8 << 20, 1)).unwrap();
+    let root = dir.path().join("root");
+    let server = Server::start(&root);
+    let plan = dir.path().join("plan.json");
+    let out = intact(&[
+        "plan",
+        s(&src),
+        "--shards",
+        "1",
+        "--to",
+        &server.addr(),
+        "-o",
+        s(&plan),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let report = dir.path().join("shard-0.json");
+    // A complete report of an earlier run of the shard.
+    let old = serde_json::json!({
+        "shard": {"plan": serde_json::from_slice::<Value>(&fs::read(&plan).unwrap()).unwrap()["id"], "index": 0, "of": 1, "to": server.addr(), "index_from": "--shard", "host": "h", "finished": 1},
+        "complete": true, "files": [], "errors": [], "failed": 0
+    });
+    fs::write(&report, old.to_string()).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_intact"))
+        .args([
+            "send",
+            "--plan",
+            s(&plan),
+            "--shard",
+            "0",
+            "-q",
+            "--bwlimit",
+            "1M",
+            "--report",
+            s(&report),
+        ])
+        .spawn()
+        .unwrap();
+    // The run's own report replaces the old one at its start.
+    let started = std::time::Instant::now();
+    loop {
+        let v: Value = serde_json::from_slice(&fs::read(&report).unwrap()).unwrap_or(Value::Null);
+        if v["complete"] == false {
+            assert!(
+                v["error"]
+                    .as_str()
+                    .unwrap()
+                    .contains("did not reach its end"),
+                "{v}"
+            );
+            break;
+        }
+        assert!(
+            started.elapsed().as_secs() < 20,
+            "no report of this run: {v}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    // SAFETY: a signal to the child this test started.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    assert!(!status.success());
+    let v: Value = serde_json::from_slice(&fs::read(&report).unwrap()).unwrap();
+    assert_eq!(v["complete"], false, "{v:#}");
+    assert_eq!(v["interrupted"], "SIGTERM", "{v:#}");
+    let out = intact(&["report", "merge", "--json", s(&report)]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    let m: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(m["complete"], false);
+    assert_eq!(m["failed_shards"], serde_json::json!([0]));
 }
