@@ -77,6 +77,7 @@ pub fn run(a: &ScaleArgs) -> anyhow::Result<()> {
     let max_n = a.shards.iter().copied().max().unwrap_or(1);
     let want = |name: &str| a.regimes.is_empty() || a.regimes.iter().any(|r| r == name);
     let can_drop = drop_caches();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!(
         "intact-bench scale: {} files × {} MiB ({} MiB), shards run at once, each its own `intact send --plan` and `intact serve`; {} interleaved runs per N; page cache {}; each run ends with sync",
         set.files,
@@ -103,8 +104,8 @@ pub fn run(a: &ScaleArgs) -> anyhow::Result<()> {
     }
     for (regime, nets) in &regimes {
         println!("\n{regime}\n");
-        println!("| shards N | wall s, min / median / max | aggregate MiB/s (median) | efficiency vs N × one pair | CPU s (median) |");
-        println!("|---:|---|---:|---:|---:|");
+        println!("| shards N | wall s, min / median / max | aggregate MiB/s (median) | efficiency vs N × one pair | CPU s (median) | cores busy (CPU s ÷ wall s, of {cores}) |");
+        println!("|---:|---|---:|---:|---:|---:|");
         let runs = interleaved(a.shards.len(), a.runs, |i| {
             let n = a.shards[i];
             once(&intact, &a.dir, &src, n, nets).with_context(|| format!("{regime}, {n} shards"))
@@ -122,11 +123,15 @@ pub fn run(a: &ScaleArgs) -> anyhow::Result<()> {
                 let single = bytes as f64 / MIB as f64 / t1;
                 format!("{:.2}", rate / (f64::from(*n) * single))
             });
-            println!("| {n} | {wall} | {rate:.0} | {eff} | {:.2} |", cpu.median);
+            println!(
+                "| {n} | {wall} | {rate:.0} | {eff} | {:.2} | {:.2} |",
+                cpu.median,
+                cpu.median / wall.median
+            );
         }
     }
     fresh(&a.dir.join("scale-dst"))?;
-    println!("\nefficiency = aggregate / (N × the aggregate of N = 1); the disk's dd rate above is the ceiling every N shares on loopback.");
+    println!("\nefficiency = aggregate / (N × the aggregate of N = 1); the disk's dd rate above is the ceiling every N shares on loopback; cores busy near {cores}: the CPU is the ceiling. Senders share this namespace; each server's link is shaped to 1 Gbit/s at its veth, which, with one sender per server, is each pair's limit.");
     println!("command: {}", command_line());
     Ok(())
 }
