@@ -158,13 +158,27 @@ impl Setup {
         )
     }
 
-    /// The checks every engine's run must pass.
-    fn all_arrived(&self, how: &Output) {
+    /// The checks every engine's run must pass (`how`: the run's command,
+    /// which must have exited 0; `index_from`: where every shard must have
+    /// found its index).
+    fn all_arrived(&self, how: &Output, index_from: &str) {
+        assert_eq!(
+            how.status.code(),
+            Some(0),
+            "{}\n{}",
+            stdout(how),
+            stderr(how)
+        );
         let (code, m) = self.merged();
         assert_eq!(code, Some(0), "{m:#}\n{}\n{}", stdout(how), stderr(how));
         assert_eq!(m["complete"], true);
         assert_eq!(m["shards"], 4);
-        assert_eq!(m["runs"].as_array().unwrap().len(), 4);
+        let runs = m["runs"].as_array().unwrap();
+        assert_eq!(runs.len(), 4);
+        // Each shard found its index where the engine put it.
+        for r in runs {
+            assert_eq!(r["shard"]["index_from"], index_from, "{r}");
+        }
         // Every file at level device, and no other level.
         assert_eq!(m["levels"], serde_json::json!({"device": 14}), "{m:#}");
         split_equal(&self.src, &[&self.roots[0], &self.roots[1]]);
@@ -200,23 +214,8 @@ fn mpi_ranks_send_the_shards_and_the_merge_is_complete() {
         .current_dir(&t.dir)
         .output()
         .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}\n{}",
-        stdout(&out),
-        stderr(&out)
-    );
     // Each rank found its shard in Open MPI's variable.
-    let (_, m) = t.merged();
-    let from: Vec<&str> = m["runs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["shard"]["index_from"].as_str().unwrap())
-        .collect();
-    assert_eq!(from, ["OMPI_COMM_WORLD_RANK"; 4]);
-    t.all_arrived(&out);
+    t.all_arrived(&out, "OMPI_COMM_WORLD_RANK");
 }
 
 #[test]
@@ -266,22 +265,8 @@ fn slurm_array_job_sends_the_shards_and_the_merge_is_complete() {
     let logs: String = (0..4)
         .map(|i| fs::read_to_string(t.dir.join(format!("slurm-{i}.out"))).unwrap_or_default())
         .collect();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}\n{}\n{logs}",
-        stdout(&out),
-        stderr(&out)
-    );
-    let (_, m) = t.merged();
-    let from: Vec<&str> = m["runs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["shard"]["index_from"].as_str().unwrap())
-        .collect();
-    assert_eq!(from, ["SLURM_ARRAY_TASK_ID"; 4]);
-    t.all_arrived(&out);
+    assert_eq!(out.status.code(), Some(0), "{logs}");
+    t.all_arrived(&out, "SLURM_ARRAY_TASK_ID");
 }
 
 /// Stops the Slurm cluster on every path out of the test.
@@ -386,7 +371,7 @@ fn a_failed_shard_fails_the_merge_and_its_rerun_sends_only_what_failed() {
             .count()
             >= 2
     );
-    t.all_arrived(&out);
+    t.all_arrived(&out, "--shard");
 }
 
 #[test]
