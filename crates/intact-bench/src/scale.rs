@@ -88,15 +88,16 @@ pub fn run(a: &ScaleArgs) -> anyhow::Result<()> {
     );
     let disk = disk_rate(&a.dir)?;
     println!("the disk under {}: {disk:.0} MiB/s written with dd (1 GiB, 4 MiB blocks, O_DIRECT): the shared disk's limit", a.dir.display());
-    let mut regimes: Vec<(&str, Vec<Netns>)> = Vec::new();
+    // Per shard: (the sender's namespace, the server's), or none (loopback).
+    let mut regimes: Vec<(&str, Vec<(Netns, Netns)>)> = Vec::new();
     if want("loopback") {
         regimes.push(("loopback", Vec::new()));
     }
     if want("1gbit") {
-        let made: anyhow::Result<Vec<Netns>> = (0..max_n).map(Netns::start).collect();
+        let made: anyhow::Result<Vec<(Netns, Netns)>> = (0..max_n).map(Netns::pair).collect();
         match made {
             Ok(ns) => regimes.push((
-                "1 Gbit/s per server (a namespace and a shaped veth each)",
+                "1 Gbit/s per host (each shard a sender host and a server host: two namespaces joined by a shaped veth)",
                 ns,
             )),
             Err(e) => println!("\n1 Gbit/s regime skipped: {e:#}"),
@@ -131,7 +132,7 @@ pub fn run(a: &ScaleArgs) -> anyhow::Result<()> {
         }
     }
     fresh(&a.dir.join("scale-dst"))?;
-    println!("\nefficiency = aggregate / (N × the aggregate of N = 1); the disk's dd rate above is the ceiling every N shares on loopback; cores busy near {cores}: the CPU is the ceiling. Senders share this namespace; each server's link is shaped to 1 Gbit/s at its veth, which, with one sender per server, is each pair's limit.");
+    println!("\nefficiency = aggregate / (N × the aggregate of N = 1); the disk's dd rate above is the ceiling every N shares on loopback; cores busy near {cores}: the CPU is the ceiling. In the 1 Gbit/s regime every shard's sender and server are hosts of their own (a namespace each), joined only to each other.");
     println!("command: {}", command_line());
     Ok(())
 }
@@ -173,7 +174,13 @@ fn disk_rate(dir: &Path) -> anyhow::Result<f64> {
 /// One run: N servers (in their namespaces, if any), a plan of N shards
 /// over them, every shard sent at once; seconds to the end of the last
 /// shard and a sync.
-fn once(intact: &Path, dir: &Path, src: &Path, n: u32, nets: &[Netns]) -> anyhow::Result<Run> {
+fn once(
+    intact: &Path,
+    dir: &Path,
+    src: &Path,
+    n: u32,
+    nets: &[(Netns, Netns)],
+) -> anyhow::Result<Run> {
     let dst = dir.join("scale-dst");
     fresh(&dst)?;
     std::fs::create_dir_all(&dst)?;
@@ -187,11 +194,7 @@ fn once(intact: &Path, dir: &Path, src: &Path, n: u32, nets: &[Netns]) -> anyhow
         for i in 0..n {
             let root = dst.join(format!("root{i}"));
             let (mut cmd, listen) = match nets.get(i as usize) {
-                Some(ns) => {
-                    let mut c = Command::new("ip");
-                    c.args(["netns", "exec", &ns.name]).arg(intact);
-                    (c, format!("{}:0", ns.inner_ip))
-                }
+                Some((_, server)) => (server.command(intact), format!("{}:0", server.inner_ip)),
                 None => (Command::new(intact), "127.0.0.1:0".to_string()),
             };
             cmd.args(["serve", "--key-file"])
@@ -217,9 +220,12 @@ fn once(intact: &Path, dir: &Path, src: &Path, n: u32, nets: &[Netns]) -> anyhow
         let t = Instant::now();
         let mut senders = Senders(Vec::new());
         for i in 0..n {
+            let mut cmd = match nets.get(i as usize) {
+                Some((sender, _)) => sender.command(intact),
+                None => Command::new(intact),
+            };
             senders.0.push(
-                Command::new(intact)
-                    .args(["send", "-q", "--key-file"])
+                cmd.args(["send", "-q", "--key-file"])
                     .arg(&key)
                     .arg("--plan")
                     .arg(&plan)

@@ -186,11 +186,7 @@ pub(crate) fn send_once(
         None => "127.0.0.1:0".to_string(),
     };
     let mut cmd = match ns {
-        Some(n) => {
-            let mut c = Command::new("ip");
-            c.args(["netns", "exec", &n.name]).arg(intact);
-            c
-        }
+        Some(n) => n.command(intact),
         None => Command::new(intact),
     };
     // A non-loopback client needs a key.
