@@ -380,7 +380,7 @@ fn shards_refuse_what_cannot_be_run_with_exit_2() {
     let src = dir.path().join("src");
     tree(&src);
     let plan = dir.path().join("plan.json");
-    let out = intact(&[
+    let make = [
         "plan",
         s(&src),
         "--shards",
@@ -389,19 +389,11 @@ fn shards_refuse_what_cannot_be_run_with_exit_2() {
         "127.0.0.1:9",
         "-o",
         s(&plan),
-    ]);
+    ];
+    let out = intact(&make);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     // Planned again over it: refused without --force.
-    let out = intact(&[
-        "plan",
-        s(&src),
-        "--shards",
-        "2",
-        "--to",
-        "127.0.0.1:9",
-        "-o",
-        s(&plan),
-    ]);
+    let out = intact(&make);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("--force"), "{}", stderr(&out));
     let out = intact(&[
