@@ -15,7 +15,7 @@ use anyhow::{bail, Context};
 use crate::netns::Netns;
 use crate::ramdisk::RamExt4;
 use crate::runner::{
-    children_rusage, command_line, intact_binary, interleaved, stop_on_signals, Spread,
+    command_line, intact_binary, interleaved, stop_on_signals, Meter, Sample, Spread,
 };
 use crate::transfer::{drop_caches, fresh, make_dataset, run_cmd, start_server, Dataset};
 
@@ -46,13 +46,6 @@ pub struct ScaleArgs {
     /// cost, without the disk.
     #[arg(long)]
     ram: bool,
-}
-
-/// One run's wall seconds (all shards, then sync) and CPU seconds of
-/// every process it started.
-struct Run {
-    wall: f64,
-    cpu: f64,
 }
 
 pub fn run(a: &ScaleArgs) -> anyhow::Result<()> {
@@ -180,14 +173,16 @@ fn once(
     src: &Path,
     n: u32,
     nets: &[(Netns, Netns)],
-) -> anyhow::Result<Run> {
+) -> anyhow::Result<Sample> {
     let dst = dir.join("scale-dst");
     fresh(&dst)?;
     std::fs::create_dir_all(&dst)?;
     let key = dir.join("scale.key");
     std::fs::write(&key, b"intact-bench key for the scale benchmark")?;
     std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
-    let before = children_rusage().cpu;
+    // CPU: every process the run starts (servers are reaped at its end);
+    // wall: from the shards' start to the sync after the last.
+    let mut meter = Meter::start();
     let mut servers: Vec<Child> = Vec::new();
     let mut to = Vec::new();
     let started = (|| -> anyhow::Result<()> {
@@ -217,7 +212,7 @@ fn once(
                 .arg(&plan),
         )?;
         drop_caches();
-        let t = Instant::now();
+        meter.go();
         let mut senders = Senders(Vec::new());
         for i in 0..n {
             let mut cmd = match nets.get(i as usize) {
@@ -246,15 +241,13 @@ fn once(
             bail!("shard(s) {failed:?} failed (run one by hand with the same plan to see why)");
         }
         run_cmd(&mut Command::new("sync"))?;
-        Ok(t.elapsed().as_secs_f64())
+        meter.stop();
+        Ok(())
     });
     for mut s in servers {
         let _ = s.kill();
         let _ = s.wait();
     }
-    let wall = result?;
-    Ok(Run {
-        wall,
-        cpu: children_rusage().cpu - before,
-    })
+    result?;
+    Ok(meter.finish(0.0))
 }

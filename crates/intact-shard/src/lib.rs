@@ -20,4 +20,6 @@ pub use engine::{shard_index, ShardIndex, ENGINE_VARS};
 pub use error::ShardError;
 pub use merge::{merge, Failure, Merged, ShardRun, ShardStamp};
 pub use pathtext::PathText;
-pub use plan::{Plan, PlanInput, PlannedEntry, Shard, Unreadable, ENTRY_COST, PLAN_FORMAT};
+pub use plan::{
+    write_whole, Plan, PlanInput, PlannedEntry, Shard, Unreadable, ENTRY_COST, PLAN_FORMAT,
+};

@@ -64,6 +64,22 @@ pub struct Unreadable {
     pub error: String,
 }
 
+impl Unreadable {
+    /// A scan's error: its path (empty where it names none) and the
+    /// reason without the path.
+    fn of(e: &TransferError) -> Unreadable {
+        let (path, error) = match e {
+            TransferError::Source { path, source } => (path.as_path(), source.to_string()),
+            TransferError::SourceChanged { path, what } => (path.as_path(), what.to_string()),
+            other => (Path::new(""), other.to_string()),
+        };
+        Unreadable {
+            path: PathText::from(path),
+            error,
+        }
+    }
+}
+
 /// One shard: what it sends, and where.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Shard {
@@ -245,15 +261,7 @@ impl Plan {
             files: shards.iter().map(|s| s.files).sum(),
             imbalance: balance::imbalance(&shards.iter().map(|s| s.bytes).collect::<Vec<_>>()),
             oversized,
-            unreadable: input
-                .scan
-                .errors
-                .iter()
-                .map(|e| Unreadable {
-                    path: PathText::from(error_path(e).as_path()),
-                    error: e.to_string(),
-                })
-                .collect(),
+            unreadable: input.scan.errors.iter().map(Unreadable::of).collect(),
             skipped: input
                 .scan
                 .skipped
@@ -320,13 +328,9 @@ impl Plan {
             path: path.to_path_buf(),
             why: e.to_string(),
         };
-        let mut tmp = path.as_os_str().to_owned();
-        tmp.push(format!(".{}.tmp", std::process::id()));
-        let tmp = PathBuf::from(tmp);
         let mut text = serde_json::to_vec_pretty(self).expect("a plan serialises");
         text.push(b'\n');
-        std::fs::write(&tmp, &text).map_err(err)?;
-        std::fs::rename(&tmp, path).map_err(err)
+        write_whole(path, &text).map_err(err)
     }
 
     /// Shard `index`, or an error naming how many there are.
@@ -373,10 +377,11 @@ impl Plan {
         }
         if index == 0 {
             for u in &self.unreadable {
-                out.errors.push(changed(
-                    &u.path.to_path_buf(),
-                    &format!("could not be read when the plan was made: {}", u.error),
-                ));
+                let why = format!("could not be read when the plan was made: {}", u.error);
+                out.errors.push(match u.path.as_bytes() {
+                    [] => TransferError::Usage(why),
+                    _ => changed(&u.path.to_path_buf(), &why),
+                });
             }
             out.skipped = self.skipped.iter().map(PathText::to_path_buf).collect();
         }
@@ -445,14 +450,15 @@ fn changed(path: &Path, why: &str) -> TransferError {
     }
 }
 
-/// The path a scan error names.
-fn error_path(e: &TransferError) -> PathBuf {
-    match e {
-        TransferError::Source { path, .. } | TransferError::SourceChanged { path, .. } => {
-            path.clone()
-        }
-        other => PathBuf::from(other.to_string()),
-    }
+/// Writes `bytes` to `path` through a temporary name beside it (unique
+/// to this process) and a rename: a reader sees the old file or the new
+/// one, never half of one, and two writers never share the temporary.
+pub fn write_whole(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".{}.tmp", std::process::id()));
+    let tmp = PathBuf::from(tmp);
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)
 }
 
 #[cfg(test)]

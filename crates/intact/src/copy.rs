@@ -112,7 +112,7 @@ pub fn run_send(args: &SendArgs) -> anyhow::Result<ExitCode> {
                     "-L, --include and --exclude are decided when the plan is made (`intact plan`), not by a shard",
                 ));
             }
-            Some(crate::shard::shard_run(plan, args.shard)?)
+            Some(crate::shard::shard_job(plan, args.shard)?)
         }
         None => None,
     };
@@ -132,7 +132,7 @@ pub fn run_send(args: &SendArgs) -> anyhow::Result<ExitCode> {
     };
     let (addr, subdir) = parse_target(&target)?;
     let out = ReportOut {
-        stamp: shard.as_ref().map(crate::shard::ShardRun::stamp),
+        stamp: shard.as_ref().map(crate::shard::ShardJob::stamp),
         file: args
             .report
             .as_ref()
@@ -160,9 +160,8 @@ pub fn run_send(args: &SendArgs) -> anyhow::Result<ExitCode> {
     let scan_opts = args.tree.scan_options(subcommand_matches().as_ref());
     symlink_notes(sources, scan_opts.copy_links, p);
     let specs: Vec<SourceSpec> = sources.iter().map(|s| SourceSpec::from_arg(s)).collect();
-    let mut shard = shard;
-    let scanned = match &mut shard {
-        Some(s) => std::mem::take(&mut s.scan),
+    let scanned = match shard {
+        Some(s) => s.scan,
         None => scan_with(&specs, &scan_opts),
     };
     let coverage = args.delete.then(|| Coverage::of(&specs, &scanned));

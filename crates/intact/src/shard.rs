@@ -163,8 +163,9 @@ pub fn run_plan(args: &PlanArgs) -> anyhow::Result<ExitCode> {
     .map_err(shard_err)?;
     plan.save(&args.output)?;
     for u in &plan.unreadable {
+        let (mark, name) = printable(&u.path.lossy());
         eprintln!(
-            "intact: {} (left out of the plan; shard 0 reports it)",
+            "intact: {mark}{name}: {} (left out of the plan; shard 0 reports it)",
             u.error
         );
     }
@@ -221,7 +222,7 @@ fn print_plan(plan: &Plan, out: &Path) -> anyhow::Result<()> {
 }
 
 /// The shard a `send --plan` runs: its plan, index and what it sends.
-pub struct ShardRun {
+pub struct ShardJob {
     pub plan: Plan,
     pub index: ShardIndex,
     pub scan: Scan,
@@ -229,14 +230,14 @@ pub struct ShardRun {
 
 /// Loads the plan and finds the shard's index (`--shard`, else the
 /// engine's variable) and entries.
-pub fn shard_run(plan: &Path, given: Option<u32>) -> anyhow::Result<ShardRun> {
+pub fn shard_job(plan: &Path, given: Option<u32>) -> anyhow::Result<ShardJob> {
     let plan = Plan::load(plan).map_err(shard_err)?;
     let index = intact_shard::shard_index(given, |k| std::env::var(k).ok()).map_err(shard_err)?;
     let scan = plan.scan(index.index).map_err(shard_err)?;
-    Ok(ShardRun { plan, index, scan })
+    Ok(ShardJob { plan, index, scan })
 }
 
-impl ShardRun {
+impl ShardJob {
     /// The server this shard sends to.
     pub fn target(&self) -> &str {
         &self.plan.shards[self.index.index as usize].to
@@ -284,14 +285,9 @@ pub fn report_path(file: &Path, shard: Option<u32>) -> PathBuf {
 /// Writes a report through a temporary name and a rename: a merge never
 /// reads half a report.
 pub fn write_report(file: &Path, v: &serde_json::Value) -> anyhow::Result<()> {
-    // Unique: two runs of one shard (a retry beside a dying pod) never
-    // write one temporary file.
-    let mut tmp = file.as_os_str().to_owned();
-    tmp.push(format!(".{}.tmp", std::process::id()));
     let mut text = serde_json::to_vec_pretty(v)?;
     text.push(b'\n');
-    std::fs::write(&tmp, &text)
-        .and_then(|()| std::fs::rename(&tmp, file))
+    intact_shard::write_whole(file, &text)
         .with_context(|| format!("cannot write the report {}", file.display()))
 }
 
