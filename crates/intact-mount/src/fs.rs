@@ -38,8 +38,9 @@ type Shared<T> = Arc<RwLock<T>>;
 struct Handle {
     file: File,
     node: Shared<Node>,
-    /// An error a write through this handle met, owed to the program at
-    /// its next fsync or close (Z²FS reports such errors through fsync).
+    /// An error a write through this handle met, owed to the program:
+    /// every close reports it until an fsync takes it (Z²FS reports such
+    /// errors through fsync).
     owed: Mutex<Option<i32>>,
     /// Whether anything was written through it (its close records the
     /// new CRCs).
@@ -55,6 +56,15 @@ impl Handle {
         lock(&self.owed).get_or_insert(e.code());
     }
 
+    /// The error owed, left owed.
+    fn owed(&self) -> Result<(), Errno> {
+        match *lock(&self.owed) {
+            Some(e) => Err(Errno::from_i32(e)),
+            None => Ok(()),
+        }
+    }
+
+    /// The error owed, now paid.
     fn take_owed(&self) -> Result<(), Errno> {
         match lock(&self.owed).take() {
             Some(e) => Err(Errno::from_i32(e)),
@@ -841,7 +851,11 @@ impl Filesystem for IntactFs {
             } else {
                 Ok(())
             };
-            let owed = h.take_owed();
+            // Told, not taken: a flush comes at every close of a
+            // descriptor of this open file, a forked child's too, so the
+            // program's own fsync or close must still get it (as Linux's
+            // own write-back errors: every close reports, fsync consumes).
+            let owed = h.owed();
             committed.and(owed)
         })();
         match r {

@@ -32,7 +32,8 @@ the blocks' new digests) at fsync and close, so a crash of this process
 never leaves a page whose CRC disagrees with a write it acknowledged: the
 next `intact mount`, `serve`, `copy`, `scrub` or `status` of the root
 reconciles the log first. A write whose check fails returns EIO, and the
-error is owed again at the file's next fsync and close. A file written
+error is owed again: every close of the open file reports it until an
+fsync takes it (as Linux does with write-back errors). A file written
 here is recorded at level `none` (its bytes came from a program, not a
 source) and loses its whole-file BLAKE3 until it is received again.
 

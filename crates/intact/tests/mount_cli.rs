@@ -291,6 +291,23 @@ fn an_application_that_ignores_a_failed_write_gets_the_error_at_fsync() {
     assert!(eio(ignored), "{why}");
     // Another program's close does not take the error away.
     drop(reader);
+    // Nor does the close of a copy of the writer's own descriptor (what a
+    // child forked by another thread and exec'd closes): that close is
+    // told, and the error stays owed.
+    use std::os::fd::AsRawFd;
+    // SAFETY: a new descriptor of `f`'s open file, closed at once.
+    let closed = unsafe {
+        let copy = libc::dup(f.as_raw_fd());
+        assert!(copy >= 0);
+        libc::close(copy)
+    };
+    let err = std::io::Error::last_os_error();
+    assert_eq!(
+        (closed, err.raw_os_error()),
+        (-1, Some(libc::EIO)),
+        "{}",
+        m.log()
+    );
     let synced = f.sync_all();
     assert_eq!(
         synced.as_ref().err().and_then(|e| e.raw_os_error()),
@@ -563,6 +580,76 @@ fn reconciling_a_killed_mounts_log_never_vouches_for_rot_beside_a_logged_page() 
     assert_eq!(rot[0]["len"], PAGE, "only page 0: {v}");
 }
 
+/// The writes of [`killed_mid_write`]: offset, length, seed.
+const CRASH_WRITES: [(u64, usize, u64); 3] = [(8192, 4096, 5), (70_000, 100, 6), (299_990, 50, 7)];
+
+/// What the writer process prints once its writes were acknowledged.
+const WRITTEN: &str = "intact crash-test writer: written";
+
+/// Names the file [`writer_process_of_the_crash_tests`] writes, in the
+/// process [`Writer::start`] starts.
+const WRITER_ENV: &str = "INTACT_TEST_CRASH_WRITER";
+
+/// Not a check: in a process of its own that [`Writer::start`] starts
+/// (this test binary, running only this), writes [`CRASH_WRITES`] into
+/// the file named by [`WRITER_ENV`], says [`WRITTEN`], and keeps the file
+/// open until killed. Without the variable (a normal run) it does nothing.
+#[test]
+fn writer_process_of_the_crash_tests() {
+    use std::io::Write;
+    let Some(path) = std::env::var_os(WRITER_ENV) else {
+        return;
+    };
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    for (o, n, seed) in CRASH_WRITES {
+        f.write_all_at(&intact_sample::bytes(n, seed), o).unwrap();
+    }
+    // On a line of its own: the harness prints "test NAME ... " before it.
+    println!("\n{WRITTEN}");
+    std::io::stdout().flush().unwrap();
+    std::thread::sleep(Duration::from_secs(3600));
+}
+
+/// The writer process, killed (with its open file) when dropped.
+struct Writer(Child);
+
+impl Writer {
+    /// Starts it on `file` and waits until its writes were acknowledged.
+    fn start(file: &Path) -> Writer {
+        use std::io::BufRead;
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "writer_process_of_the_crash_tests",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(WRITER_ENV, file)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut w = Writer(child);
+        let written = out.lines().map_while(Result::ok).any(|l| l == WRITTEN);
+        if !written {
+            let st = w.0.wait().unwrap();
+            panic!("the writer process ended without writing ({st})");
+        }
+        w
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A cataloged `f` under `root`, written through a mount (pages 2 of
 /// block 0, part of block 1, past the end) and the mount killed before
 /// any fsync or close; returns the state, the root and the intent log.
@@ -572,18 +659,13 @@ fn killed_mid_write(t: &Path) -> (PathBuf, PathBuf, PathBuf) {
     let mut model = cataloged(&t, &state, &root, 300_000);
     let mnt = t.join("mnt");
     let m = Mount::start(&state, &root, &mnt, &[]);
-    let f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(mnt.join("f"))
-        .unwrap();
-    for (o, n, seed) in [
-        (8192u64, 4096usize, 5u64),
-        (70_000, 100, 6),
-        (299_990, 50, 7),
-    ] {
+    // The writes come from a process of their own that stays open: the
+    // kernel sends the mount a flush (a commit) at every close of a
+    // descriptor of the file, and a descriptor held here would be closed
+    // by every child another test's thread forks and execs meanwhile.
+    let writer = Writer::start(&mnt.join("f"));
+    for (o, n, seed) in CRASH_WRITES {
         let d = intact_sample::bytes(n, seed);
-        f.write_all_at(&d, o).unwrap();
         let end = o as usize + n;
         if model.len() < end {
             model.resize(end, 0);
@@ -600,7 +682,7 @@ fn killed_mid_write(t: &Path) -> (PathBuf, PathBuf, PathBuf) {
         .into_path();
     assert!(fs::metadata(&log).unwrap().len() > 0);
     m.crash();
-    drop(f);
+    drop(writer);
     assert_eq!(fs::read(root.join("f")).unwrap(), model, "the bytes landed");
     let journal = intact_transfer::Journal::open_in(log.parent().unwrap()).unwrap();
     let row = journal.lookup(b"f").unwrap().unwrap();
