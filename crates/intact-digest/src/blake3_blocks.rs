@@ -61,6 +61,32 @@ impl Blake3Blocks {
         self.parts[index] = Some(part);
     }
 
+    /// The chaining values of blocks `first..end`, once each is set; None
+    /// otherwise, and for a file of one block (whose part is its root
+    /// hash, not a chaining value) or a range past the file's end. A split
+    /// file's range digest is made from these (see
+    /// `intact_proto::range_digest`).
+    pub fn range_cvs(&self, first: u64, end: u64) -> Option<Vec<[u8; 32]>> {
+        if self.count < 2 || first >= end || end > self.count as u64 {
+            return None;
+        }
+        (first..end).map(|i| self.part(i as usize)).collect()
+    }
+
+    /// Parts for a file of `len` bytes in blocks of `block` bytes, given
+    /// every block's chaining value in order (as [`Blake3Blocks::range_cvs`]
+    /// gives them, ranges joined): the file's BLAKE3 composes from them
+    /// ([`Blake3Blocks::finalize`]) without reading it. None unless there
+    /// are two or more blocks and exactly one value per block.
+    pub fn from_cvs(len: u64, block: u64, cvs: Vec<[u8; 32]>) -> Option<Blake3Blocks> {
+        let mut b = Blake3Blocks::new(len, block)?;
+        if b.count < 2 || cvs.len() != b.count {
+            return None;
+        }
+        b.parts = cvs.into_iter().map(Some).collect();
+        Some(b)
+    }
+
     /// The file's BLAKE3, once every block is set.
     pub fn finalize(&self) -> Option<blake3::Hash> {
         match self.count {
@@ -120,6 +146,42 @@ mod tests {
                 assert_eq!(b.finalize(), Some(blake3::hash(bytes)), "{len} {block}");
             }
         }
+    }
+
+    #[test]
+    fn ranges_of_chaining_values_compose_the_files_blake3() {
+        let data: Vec<u8> = (0..70_000u32).map(|i| (i * 13 % 241) as u8).collect();
+        for (len, block) in [
+            (2048u64, 1024u64),
+            (40_000, 4096),
+            (70_000, 1024),
+            (65_536, 16384),
+        ] {
+            let bytes = &data[..len as usize];
+            let n = len.div_ceil(block);
+            // Two senders, each holding only its range.
+            let cut = n / 2;
+            let mut cvs = Vec::new();
+            for (first, end) in [(0, cut), (cut, n)] {
+                let mut b = Blake3Blocks::new(len, block).unwrap();
+                for i in first..end {
+                    let s = (i * block) as usize;
+                    let e = (s + block as usize).min(len as usize);
+                    assert!(b.range_cvs(first, end).is_none() || i > first);
+                    b.set(i, &bytes[s..e]);
+                }
+                assert!(b.range_cvs(0, n).is_none() || (first, end) == (0, n));
+                cvs.extend(b.range_cvs(first, end).expect("its range is set"));
+            }
+            let whole = Blake3Blocks::from_cvs(len, block, cvs).unwrap();
+            assert_eq!(whole.finalize(), Some(blake3::hash(bytes)), "{len} {block}");
+        }
+        let one = Blake3Blocks::new(1000, 1024).unwrap();
+        assert!(
+            one.range_cvs(0, 1).is_none(),
+            "one block has no chaining value"
+        );
+        assert!(Blake3Blocks::from_cvs(3000, 1024, vec![[0; 32]; 2]).is_none());
     }
 
     #[test]

@@ -41,10 +41,10 @@ pub use error::ProtoError;
 pub use key::{write_new_key_file, Key};
 pub use keyring::{ClientKey, Keyring, CLIENT_TAG};
 pub use message::{
-    decoded_extra, frame_len, Block, Entry, EntryKind, FileEnd, FileResult, FileStatus, Holding,
-    Message, DELETE_CHUNK_BYTES, HEADER_LEN, LIST_ITEM_COST, MAX_BLOCK, MAX_DELETE_RULES,
-    MAX_DELETE_SCOPES, MAX_DIGEST, MAX_FRAME, MAX_JOIN, MAX_ORIGIN, MAX_PAGES, MAX_STATUS_BLOCKS,
-    MAX_TEXT, WIRE_PAGE,
+    decoded_extra, frame_len, range_digest, Block, Entry, EntryKind, EntryRange, FileEnd,
+    FileResult, FileStatus, Holding, Message, DELETE_CHUNK_BYTES, HEADER_LEN, LIST_ITEM_COST,
+    MAX_BLOCK, MAX_DELETE_RULES, MAX_DELETE_SCOPES, MAX_DIGEST, MAX_FRAME, MAX_JOIN, MAX_ORIGIN,
+    MAX_PAGES, MAX_STATUS_BLOCKS, MAX_TEXT, WIRE_PAGE,
 };
 pub use path::{WirePath, MAX_PATH_LEN};
 pub use seal::{Cipher, Security, TAG_LEN};

@@ -1,4 +1,11 @@
-//! The messages of protocol version 10 and their byte encoding.
+//! The messages of protocol version 11 and their byte encoding.
+//!
+//! Version 11 added split files: an [`Entry`] may carry a block range of
+//! its file ([`Entry::range`]), the part one shard of a plan sends; the
+//! receiver commits the file once ranges covering it have all verified,
+//! and a [`FileResult`] says where the range stands ([`FileResult::split`]).
+//! A range's FileEnd carries its range digest ([`range_digest`]), not the
+//! whole file's.
 //!
 //! Version 10 added page-level resend: a [`Block`] carries the CRC-32C of
 //! each [`WIRE_PAGE`]-byte page beside its digest ([`Block::crcs`]), a
@@ -103,6 +110,41 @@ pub struct Entry {
     /// (version 9; at most [`MAX_ORIGIN`] bytes, no NUL; empty: not
     /// named). A claim of the sender's, recorded as such.
     pub origin: Vec<u8>,
+    /// Version 11: the blocks of the file this entry sends, when it is one
+    /// range of a split file (files only); None: the whole file.
+    pub range: Option<EntryRange>,
+}
+
+/// One range of a split file: blocks `first..end` of the file the Entry
+/// announces (its size, mtime and block size are the whole file's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EntryRange {
+    /// The split this range belongs to: every range of one file in one
+    /// plan carries the same id, which only holders of the plan can make.
+    pub split: [u8; 16],
+    /// First block of the range.
+    pub first: u64,
+    /// One past its last block.
+    pub end: u64,
+}
+
+/// The context of [`range_digest`]'s key derivation.
+pub const RANGE_DIGEST_CONTEXT: &str = "intact 2026-11 range of a split file";
+
+/// A range's digest, as its FileEnd carries it: a BLAKE3 key derivation
+/// over the file's size and block size, the range, and the BLAKE3
+/// chaining value of each of its blocks (`cvs`, block `first` first; each
+/// is the block's subtree of the whole file's BLAKE3 tree, so the ranges'
+/// values compose the file's BLAKE3 without reading it again).
+pub fn range_digest(size: u64, block: u64, first: u64, end: u64, cvs: &[[u8; 32]]) -> [u8; 32] {
+    let mut h = blake3::Hasher::new_derive_key(RANGE_DIGEST_CONTEXT);
+    for n in [size, block, first, end] {
+        h.update(&n.to_be_bytes());
+    }
+    for cv in cvs {
+        h.update(cv);
+    }
+    *h.finalize().as_bytes()
 }
 
 impl Entry {
@@ -117,6 +159,9 @@ impl Entry {
     /// verification reaches the media behind the device's write cache
     /// (`--require-level media`).
     pub const REQUIRE_MEDIA: u8 = 8;
+    /// Flag (version 11, set by the encoding from [`Entry::range`]): a
+    /// range follows the origin.
+    pub const RANGE: u8 = 16;
 }
 
 /// What the receiver already holds of a file just announced.
@@ -221,6 +266,20 @@ pub struct FileResult {
     pub trusted_level: u8,
     /// When the oldest trusted byte was verified, seconds since the epoch.
     pub trusted_at: i64,
+    /// Version 11, for a range of a split file: [`FileResult::SPLIT_WAITING`],
+    /// [`FileResult::SPLIT_COMMITTED`] or [`FileResult::SPLIT_HELD`]; 0
+    /// otherwise.
+    pub split: u8,
+}
+
+impl FileResult {
+    /// The range verified; the file waits for its other ranges.
+    pub const SPLIT_WAITING: u8 = 1;
+    /// The range verified, and with it every range of the file: this
+    /// session committed the file under its final name.
+    pub const SPLIT_COMMITTED: u8 = 2;
+    /// The file was committed already, and this range of it is unchanged.
+    pub const SPLIT_HELD: u8 = 3;
 }
 
 /// Values of [`Message::FileEnd`] fields.
@@ -490,8 +549,14 @@ impl Message {
                 w.u32(e.block_size);
                 w.u8(e.algorithm);
                 w.u8(e.verify);
-                w.u8(e.flags);
+                let flags = e.flags & !Entry::RANGE;
+                w.u8(flags | if e.range.is_some() { Entry::RANGE } else { 0 });
                 w.bytes(&e.origin[..e.origin.len().min(MAX_ORIGIN)]);
+                if let Some(r) = &e.range {
+                    w.raw(&r.split);
+                    w.u64(r.first);
+                    w.u64(r.end);
+                }
             }
             Message::Block(b) => {
                 w.u8(BLOCK);
@@ -544,6 +609,7 @@ impl Message {
                 w.u64(r.trusted);
                 w.u8(r.trusted_level);
                 w.u64(r.trusted_at as u64);
+                w.u8(r.split);
             }
             Message::Bye => w.u8(BYE),
             Message::Waiting => w.u8(WAITING),
@@ -727,7 +793,7 @@ impl Message {
                     }
                     _ => return Err(r.bad("unknown entry kind")),
                 };
-                Message::Entry(Entry {
+                let mut e = Entry {
                     file,
                     path,
                     kind,
@@ -746,7 +812,24 @@ impl Message {
                         }
                         o.to_vec()
                     },
-                })
+                    range: None,
+                };
+                if e.flags & Entry::RANGE != 0 {
+                    if e.kind != EntryKind::File {
+                        return Err(r.bad("a range on an entry that is not a file"));
+                    }
+                    let range = EntryRange {
+                        split: r.array()?,
+                        first: r.u64()?,
+                        end: r.u64()?,
+                    };
+                    if range.first >= range.end {
+                        return Err(r.bad("an empty range"));
+                    }
+                    e.flags &= !Entry::RANGE;
+                    e.range = Some(range);
+                }
+                Message::Entry(e)
             }
             BLOCK => {
                 let (mut b, data) = r.block()?;
@@ -782,6 +865,7 @@ impl Message {
                 trusted: r.u64()?,
                 trusted_level: r.u8()?,
                 trusted_at: r.u64()? as i64,
+                split: r.u8()?,
             }),
             STATUS => {
                 let file = r.u64()?;

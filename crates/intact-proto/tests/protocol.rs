@@ -7,8 +7,8 @@ use std::os::unix::net::UnixStream;
 
 use intact_proto::{
     client_handshake, client_handshake_in, frame_len, server_handshake, server_handshake_admit,
-    Block, Connection, Entry, EntryKind, FileResult, FileStatus, Key, Message, ProtoError,
-    SessionSecret, WirePath, MAX_FRAME,
+    Block, Connection, Entry, EntryKind, EntryRange, FileResult, FileStatus, Key, Message,
+    ProtoError, SessionSecret, WirePath, MAX_FRAME,
 };
 use proptest::prelude::*;
 
@@ -61,7 +61,8 @@ fn arb_message() -> impl Strategy<Value = Message> {
                 any::<u8>(),
                 any::<u8>()
             ),
-            proptest::collection::vec(1u8.., 0..100)
+            proptest::collection::vec(1u8.., 0..100),
+            (any::<bool>(), any::<[u8; 16]>(), 0u64..1000, 1u64..1000)
         )
             .prop_map(
                 |(
@@ -70,7 +71,15 @@ fn arb_message() -> impl Strategy<Value = Message> {
                     kind,
                     (mode, mtime_sec, mtime_nsec, size, block_size, algorithm, verify, flags),
                     origin,
+                    (ranged, split, first, len),
                 )| {
+                    // The RANGE flag is the encoding's, from `range`.
+                    let flags = flags & !Entry::RANGE;
+                    let range = (ranged && kind == EntryKind::File).then_some(EntryRange {
+                        split,
+                        first,
+                        end: first + len,
+                    });
                     Message::Entry(Entry {
                         file,
                         path,
@@ -84,6 +93,7 @@ fn arb_message() -> impl Strategy<Value = Message> {
                         verify,
                         flags,
                         origin,
+                        range,
                     })
                 }
             ),
@@ -137,7 +147,7 @@ fn arb_message() -> impl Strategy<Value = Message> {
             any::<u8>(),
             ".{0,40}",
             any::<[u64; 5]>(),
-            (any::<u8>(), any::<i64>(), any::<bool>())
+            (any::<u8>(), any::<i64>(), any::<bool>(), any::<u8>())
         )
             .prop_map(
                 |(
@@ -146,7 +156,7 @@ fn arb_message() -> impl Strategy<Value = Message> {
                     level,
                     message,
                     [resident, evict, check, reverified, trusted],
-                    (trusted_level, trusted_at, unchanged),
+                    (trusted_level, trusted_at, unchanged, split),
                 )| {
                     Message::FileResult(FileResult {
                         file,
@@ -165,6 +175,7 @@ fn arb_message() -> impl Strategy<Value = Message> {
                         trusted,
                         trusted_level,
                         trusted_at,
+                        split,
                     })
                 }
             ),
@@ -298,6 +309,7 @@ fn impossible_lengths_are_refused_before_buffering() {
         verify: 0,
         flags: 0,
         origin: Vec::new(),
+        range: None,
     })
     .encode(&mut frame);
     let pos = frame.windows(4).position(|w| w == b"safe").unwrap();

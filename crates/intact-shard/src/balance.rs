@@ -10,10 +10,19 @@ use std::collections::BinaryHeap;
 /// the lower item and then the lower bin so that a plan is the same every
 /// time for the same tree.
 pub fn assign(weights: &[u64], bins: usize) -> Vec<usize> {
-    assert!(bins > 0, "at least one bin");
+    assign_from(weights, &vec![0; bins])
+}
+
+/// As [`assign`], into bins that already hold `loads` (one per bin).
+pub fn assign_from(weights: &[u64], loads: &[u64]) -> Vec<usize> {
+    assert!(!loads.is_empty(), "at least one bin");
     let mut order: Vec<usize> = (0..weights.len()).collect();
     order.sort_by_key(|&i| (Reverse(weights[i]), i));
-    let mut heap: BinaryHeap<Reverse<(u64, usize)>> = (0..bins).map(|b| Reverse((0, b))).collect();
+    let mut heap: BinaryHeap<Reverse<(u64, usize)>> = loads
+        .iter()
+        .enumerate()
+        .map(|(b, &load)| Reverse((load, b)))
+        .collect();
     let mut bin_of = vec![0; weights.len()];
     for i in order {
         let Reverse((load, b)) = heap.pop().expect("bins > 0");

@@ -14,6 +14,7 @@ mod error;
 mod merge;
 mod pathtext;
 mod plan;
+mod split;
 
 pub use balance::{assign, imbalance};
 pub use engine::{shard_index, ShardIndex, ENGINE_VARS};
@@ -21,5 +22,6 @@ pub use error::ShardError;
 pub use merge::{merge, Failure, Merged, ShardRun, ShardStamp};
 pub use pathtext::PathText;
 pub use plan::{
-    write_whole, Plan, PlanInput, PlannedEntry, Shard, Unreadable, ENTRY_COST, PLAN_FORMAT,
+    write_whole, Plan, PlanInput, PlannedEntry, PlannedRange, Shard, Unreadable, DEFAULT_BLOCK,
+    ENTRY_COST, PLAN_FORMAT,
 };

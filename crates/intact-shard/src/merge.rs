@@ -105,6 +105,65 @@ pub struct Merged {
     pub files: Vec<Value>,
 }
 
+/// The verified ranges of one split file, from the rows of its shards.
+#[derive(Default)]
+struct SplitFile {
+    file_blocks: u64,
+    ranges: Vec<(u64, u64)>,
+    level: Option<VerifyLevel>,
+    committed: bool,
+    all_held: bool,
+    rows: usize,
+    shards: Vec<u32>,
+}
+
+impl SplitFile {
+    fn add(&mut self, shard: u32, r: &Value, level: VerifyLevel) {
+        self.file_blocks = num(r, "file_blocks");
+        self.ranges.push((num(r, "first"), num(r, "end")));
+        self.level = Some(self.level.map_or(level, |l| l.min(level)));
+        let state = r.get("state").and_then(Value::as_str).unwrap_or("");
+        self.committed |= state == "committed";
+        self.all_held = (self.rows == 0 || self.all_held) && state == "held";
+        self.rows += 1;
+        if !self.shards.contains(&shard) {
+            self.shards.push(shard);
+            self.shards.sort_unstable();
+        }
+    }
+
+    /// The file's level, if its ranges cover it and one of them committed
+    /// it (or all found it committed); else why not.
+    fn verdict(&self) -> Result<VerifyLevel, String> {
+        let mut ranges = self.ranges.clone();
+        ranges.sort_unstable();
+        let mut at = 0;
+        for (first, end) in ranges {
+            if first != at {
+                return Err(format!(
+                    "split file: blocks {at}..{first} of {} have no verified range in these reports",
+                    self.file_blocks
+                ));
+            }
+            at = end;
+        }
+        if at != self.file_blocks {
+            return Err(format!(
+                "split file: blocks {at}..{} of {} have no verified range in these reports",
+                self.file_blocks, self.file_blocks
+            ));
+        }
+        if !self.committed && !self.all_held {
+            return Err(
+                "split file: every range verified, but no report says the file was committed: \
+                 run any of its shards again"
+                    .into(),
+            );
+        }
+        Ok(self.level.unwrap_or(VerifyLevel::None))
+    }
+}
+
 fn num(v: &Value, key: &str) -> u64 {
     v.get(key).and_then(Value::as_u64).unwrap_or(0)
 }
@@ -187,6 +246,7 @@ pub fn merge(reports: Vec<(PathBuf, Value)>, plan: Option<&Plan>) -> Result<Merg
     };
     let mut lowest: Option<VerifyLevel> = None;
     let mut names: BTreeSet<String> = BTreeSet::new();
+    let mut splits: BTreeMap<(String, String), SplitFile> = BTreeMap::new();
     for (index, (path, stamp, v)) in latest {
         let bad = |why: &str| ShardError::Report {
             path: path.clone(),
@@ -248,6 +308,19 @@ pub fn merge(reports: Vec<(PathBuf, Value)>, plan: Option<&Plan>) -> Result<Merg
                 .unwrap_or("")
                 .to_string();
             match f.get("error") {
+                None | Some(Value::Null) if f.get("range").is_some_and(Value::is_object) => {
+                    let r = &f["range"];
+                    let key = (
+                        path_of.clone(),
+                        r.get("split")
+                            .and_then(Value::as_str)
+                            .unwrap_or("")
+                            .to_string(),
+                    );
+                    let level = f.get("level").and_then(Value::as_str).unwrap_or("none");
+                    let s = splits.entry(key).or_default();
+                    s.add(index, r, level.parse().unwrap_or(VerifyLevel::None));
+                }
                 None | Some(Value::Null) => {
                     if f.get("kind").and_then(Value::as_str) == Some("file") {
                         let level = f.get("level").and_then(Value::as_str).unwrap_or("none");
@@ -312,6 +385,29 @@ pub fn merge(reports: Vec<(PathBuf, Value)>, plan: Option<&Plan>) -> Result<Merg
         m.seconds = m.seconds.max(run.seconds);
         m.runs.push(run);
     }
+    // A split file counts once, when its ranges' rows show it whole and
+    // committed; otherwise it is a failure of the lowest shard sending it.
+    for ((path, _), s) in splits {
+        match s.verdict() {
+            Ok(level) => {
+                *m.levels.entry(level.to_string()).or_default() += 1;
+                lowest = Some(lowest.map_or(level, |x| x.min(level)));
+            }
+            Err(why) => {
+                let shard = s.shards.first().copied().unwrap_or(0);
+                m.failures.push(Failure {
+                    shard,
+                    path,
+                    error: why,
+                });
+                m.failed += 1;
+                if !m.failed_shards.contains(&shard) {
+                    m.failed_shards.push(shard);
+                    m.failed_shards.sort_unstable();
+                }
+            }
+        }
+    }
     // A directory is in every shard that sent something under it: each
     // path counts once.
     m.entries = names.len() as u64;
@@ -331,6 +427,80 @@ mod tests {
             "complete": true, "files": files, "errors": [], "bytes": 10, "bytes_sent": 10,
             "bytes_reverified": 0, "bytes_trusted": 0, "failed": failed, "seconds": 1.5
         })
+    }
+
+    fn range(first: u64, end: u64, state: &str, level: &str) -> Value {
+        json!({"path": "big", "kind": "file", "level": level,
+               "range": {"split": "ab", "first": first, "end": end, "file_blocks": 10,
+                         "file_size": 40960, "state": state}})
+    }
+
+    fn merged_ranges(rows: [Value; 3]) -> Merged {
+        let [a, b, c] = rows;
+        merge(
+            vec![
+                ("r0".into(), report(0, 5, json!([a]), 0)),
+                ("r1".into(), report(1, 5, json!([b]), 0)),
+                ("r2".into(), report(2, 5, json!([c]), 0)),
+            ],
+            None,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_split_file_counts_once_and_only_when_whole_and_committed() {
+        let m = merged_ranges([
+            range(0, 3, "waiting", "device"),
+            range(3, 7, "waiting", "cache"),
+            range(7, 10, "committed", "device"),
+        ]);
+        assert!(m.complete, "{:?}", m.failures);
+        assert_eq!(m.levels, BTreeMap::from([("cache".to_string(), 1)]));
+        assert_eq!(m.entries, 1);
+        // Every range verified, none committed it.
+        let m = merged_ranges([
+            range(0, 3, "waiting", "device"),
+            range(3, 7, "waiting", "device"),
+            range(7, 10, "waiting", "device"),
+        ]);
+        assert!(!m.complete && m.levels.is_empty());
+        assert!(
+            m.failures[0].error.contains("no report says"),
+            "{:?}",
+            m.failures
+        );
+        assert_eq!(m.failed_shards, [0]);
+        // A range failed: its blocks have no verified range.
+        let mut failed = range(3, 7, "waiting", "device");
+        failed["error"] = json!("boom");
+        let m = merged_ranges([
+            range(0, 3, "waiting", "device"),
+            failed,
+            range(7, 10, "committed", "device"),
+        ]);
+        assert!(!m.complete);
+        assert!(
+            m.failures
+                .iter()
+                .any(|f| f.error.contains("blocks 3..7 of 10")),
+            "{:?}",
+            m.failures
+        );
+        // Committed earlier: every range found it unchanged.
+        let m = merged_ranges([
+            range(0, 3, "held", "device"),
+            range(3, 7, "held", "device"),
+            range(7, 10, "held", "device"),
+        ]);
+        assert!(m.complete, "{:?}", m.failures);
+        // Overlapping or short ranges never make a whole file.
+        let m = merged_ranges([
+            range(0, 5, "waiting", "device"),
+            range(3, 7, "waiting", "device"),
+            range(7, 9, "committed", "device"),
+        ]);
+        assert!(!m.complete);
     }
 
     #[test]

@@ -5,15 +5,31 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
-use intact_transfer::{Scan, SourceEntry, SourceKind, TransferError};
+use intact_transfer::{Scan, SourceEntry, SourceKind, SourceRange, TransferError};
 use serde::{Deserialize, Serialize};
 
 use crate::balance;
 use crate::pathtext::PathText;
+use crate::split;
 use crate::ShardError;
 
-/// What the first line of every plan says it is.
-pub const PLAN_FORMAT: &str = "intact-plan-v1";
+/// What the first line of every plan says it is (v2: files larger than a
+/// fair share are split into block ranges, and the plan names its block
+/// size).
+pub const PLAN_FORMAT: &str = "intact-plan-v2";
+
+/// The format before split files: still read (its files are all whole).
+const PLAN_FORMAT_V1: &str = "intact-plan-v1";
+
+/// The block size of v1 plans, and the default.
+pub const DEFAULT_BLOCK: u64 = 4 << 20;
+
+fn default_block() -> u64 {
+    DEFAULT_BLOCK
+}
+
+/// The context of a split id's key derivation.
+const SPLIT_ID_CONTEXT: &str = "intact 2026-11 split id of a planned file";
 
 /// What one entry weighs beyond its bytes when shards are balanced: the
 /// work a file costs whatever its size (its round trips, its commit), so
@@ -41,10 +57,19 @@ pub struct Plan {
     pub files: u64,
     /// The heaviest shard's bytes over the mean shard's.
     pub imbalance: f64,
-    /// Files larger than a fair share (bytes ÷ shards): each sits whole in
-    /// one shard, which then carries more than its share (files are not
-    /// split across shards).
+    /// The block size every shard sends at: split files are cut at it.
+    #[serde(default = "default_block")]
+    pub block_size: u64,
+    /// Files larger than a fair share (bytes ÷ shards) that were split
+    /// into block ranges, each sent by another shard of one server.
+    #[serde(default)]
+    pub split: Vec<PathText>,
+    /// Files larger than a fair share left whole (see `oversized_why`):
+    /// each sits in one shard, which then carries more than its share.
     pub oversized: Vec<PathText>,
+    /// Why each of `oversized` was not split.
+    #[serde(default)]
+    pub oversized_why: Vec<String>,
     /// Sources or entries the scan could not read: shard 0 reports each
     /// as a failure, so that no merged report calls the transfer complete.
     pub unreadable: Vec<Unreadable>,
@@ -114,6 +139,20 @@ pub struct PlannedEntry {
     pub mtime: (i64, u32),
     /// Size at the scan (files).
     pub size: u64,
+    /// One range of a split file: the entry sends only these blocks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub range: Option<PlannedRange>,
+}
+
+/// Blocks `first..end` of a split file.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PlannedRange {
+    /// The split id (16 bytes, hex) every range of the file carries: made
+    /// from a secret of this plan's, so only holders of the plan can join
+    /// the file's ranges at a server.
+    pub split: String,
+    pub first: u64,
+    pub end: u64,
 }
 
 impl PlannedEntry {
@@ -131,6 +170,7 @@ impl PlannedEntry {
             mode: e.mode,
             mtime: (e.mtime.sec, e.mtime.nsec),
             size: e.size,
+            range: None,
         }
     }
 }
@@ -149,6 +189,14 @@ pub struct PlanInput<'a> {
     pub copy_links: bool,
     /// Seconds since the epoch.
     pub now: i64,
+    /// The block size the shards send at.
+    pub block_size: u64,
+    /// Split files larger than a fair share (`intact plan` without
+    /// `--no-split`).
+    pub split: bool,
+    /// Random bytes the split ids are made from (so that nobody without
+    /// the plan can make one).
+    pub secret: [u8; 32],
 }
 
 /// The parent of a relative path's bytes, if it has one.
@@ -166,6 +214,15 @@ impl Plan {
             return Err(ShardError::Usage(
                 "a plan needs at least one shard and one server".into(),
             ));
+        }
+        if !input.block_size.is_power_of_two()
+            || input.block_size < intact_transfer::MIN_SPLIT_BLOCK
+            || input.block_size > (16 << 20)
+        {
+            return Err(ShardError::Usage(format!(
+                "the block size must be a power of two from {} KiB to 16 MiB",
+                intact_transfer::MIN_SPLIT_BLOCK >> 10
+            )));
         }
         let entries = &input.scan.entries;
         // Two sources with the same name (`a/x b/x`, or `a/ b/` both
@@ -205,19 +262,39 @@ impl Plan {
                     || (!has_child.contains(rel) && dir_at.get(rel) == Some(&i))
             })
             .collect();
+        let placed = if input.split {
+            split::place(entries, &items, n, input.targets.len(), input.block_size)
+        } else {
+            split::Placement {
+                loads: vec![0; n],
+                ..split::Placement::default()
+            }
+        };
+        let items: Vec<usize> = items.into_iter().filter(|&i| !placed.is_split(i)).collect();
         let weights: Vec<u64> = items
             .iter()
             .map(|&i| entries[i].size.saturating_add(ENTRY_COST))
             .collect();
-        let bins = balance::assign(&weights, n);
-        let mut members: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); n];
-        for (k, &i) in items.iter().enumerate() {
-            let set = &mut members[bins[k]];
-            set.insert(i);
+        let bins = balance::assign_from(&weights, &placed.loads);
+        // Per shard: (entry, first block) — 0 for a whole entry.
+        let mut members: Vec<BTreeSet<(usize, u64)>> = vec![BTreeSet::new(); n];
+        let mut ranges: HashMap<(usize, u64), u64> = HashMap::new();
+        let placed_items = items
+            .iter()
+            .enumerate()
+            .map(|(k, &i)| (i, 0, bins[k]))
+            .chain(placed.pieces.iter().map(|p| {
+                ranges.insert((p.entry, p.first), p.end);
+                (p.entry, p.first, p.shard)
+            }))
+            .collect::<Vec<_>>();
+        for (i, first, bin) in placed_items {
+            let set = &mut members[bin];
+            set.insert((i, first));
             let mut rel = entries[i].rel.as_bytes();
             while let Some(up) = parent_of(rel) {
                 if let Some(&d) = dir_at.get(up) {
-                    set.insert(d);
+                    set.insert((d, 0));
                 }
                 rel = up;
             }
@@ -226,27 +303,51 @@ impl Plan {
             .into_iter()
             .enumerate()
             .map(|(index, set)| {
-                let files: Vec<&SourceEntry> = set
+                let entries: Vec<PlannedEntry> = set
                     .iter()
-                    .map(|&i| &entries[i])
-                    .filter(|e| e.kind == SourceKind::File)
+                    .map(|&(i, first)| {
+                        let mut p = PlannedEntry::of(&entries[i]);
+                        if let Some(&end) = ranges.get(&(i, first)) {
+                            p.range = Some(PlannedRange {
+                                split: split_id(&input.secret, &entries[i], input.block_size),
+                                first,
+                                end,
+                            });
+                        }
+                        p
+                    })
                     .collect();
+                let files: Vec<&PlannedEntry> =
+                    entries.iter().filter(|e| e.kind == "file").collect();
                 Shard {
                     index: index as u32,
                     to: input.targets[index % input.targets.len()].clone(),
-                    bytes: files.iter().map(|e| e.size).sum(),
+                    bytes: files.iter().map(|e| e.bytes(input.block_size)).sum(),
                     files: files.len() as u64,
-                    entries: set.iter().map(|&i| PlannedEntry::of(&entries[i])).collect(),
+                    entries,
                 }
             })
             .collect();
         let bytes: u64 = shards.iter().map(|s| s.bytes).sum();
         let fair = bytes / n as u64;
-        let oversized = entries
+        let whole_why: HashMap<usize, &str> = placed.whole.iter().copied().collect();
+        let (oversized, oversized_why): (Vec<PathText>, Vec<String>) = entries
             .iter()
-            .filter(|e| e.kind == SourceKind::File && n > 1 && e.size > fair)
-            .map(|e| PathText::from(e.abs.as_path()))
-            .collect();
+            .enumerate()
+            .filter(|(i, e)| {
+                e.kind == SourceKind::File && n > 1 && e.size > fair && !placed.is_split(*i)
+            })
+            .map(|(i, e)| {
+                let why = match whole_why.get(&i) {
+                    Some(why) => why.to_string(),
+                    None if !input.split => "not split (--no-split)".to_string(),
+                    None => "not split".to_string(),
+                };
+                (PathText::from(e.abs.as_path()), why)
+            })
+            .unzip();
+        let mut split_files: Vec<usize> = placed.pieces.iter().map(|p| p.entry).collect();
+        split_files.dedup();
         let mut plan = Plan {
             format: PLAN_FORMAT.to_string(),
             id: String::new(),
@@ -258,9 +359,18 @@ impl Plan {
                 .collect(),
             copy_links: input.copy_links,
             bytes,
-            files: shards.iter().map(|s| s.files).sum(),
+            files: entries
+                .iter()
+                .filter(|e| e.kind == SourceKind::File)
+                .count() as u64,
             imbalance: balance::imbalance(&shards.iter().map(|s| s.bytes).collect::<Vec<_>>()),
+            block_size: input.block_size,
+            split: split_files
+                .iter()
+                .map(|&i| PathText::from(entries[i].abs.as_path()))
+                .collect(),
             oversized,
+            oversized_why,
             unreadable: input.scan.errors.iter().map(Unreadable::of).collect(),
             skipped: input
                 .scan
@@ -276,13 +386,18 @@ impl Plan {
 
     /// The plan's name: what its shards hold, hashed.
     fn digest(&self) -> String {
-        let held = serde_json::to_vec(&(
+        let what = (
             &self.copy_links,
             &self.sources,
             &self.shards,
             &self.unreadable,
             &self.skipped,
-        ))
+        );
+        let held = if self.format == PLAN_FORMAT_V1 {
+            serde_json::to_vec(&what)
+        } else {
+            serde_json::to_vec(&(what, self.block_size))
+        }
         .expect("a plan serialises");
         blake3::hash(&held).to_hex()[..16].to_string()
     }
@@ -297,7 +412,7 @@ impl Plan {
         let text = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
         let plan: Plan =
             serde_json::from_slice(&text).map_err(|e| bad(format!("not an intact plan ({e})")))?;
-        if plan.format != PLAN_FORMAT {
+        if plan.format != PLAN_FORMAT && plan.format != PLAN_FORMAT_V1 {
             return Err(bad(format!(
                 "format '{}', not '{PLAN_FORMAT}' (made by another version of intact?)",
                 plan.format
@@ -359,6 +474,15 @@ impl Plan {
                 continue;
             }
             match intact_transfer::restat(&abs, &p.path.to_path_buf(), self.copy_links) {
+                Ok(Some(e)) if kind_name(&e.kind) == p.kind && p.range.is_some() => {
+                    match self.range_of(p, &e) {
+                        Ok(range) => out.entries.push(SourceEntry {
+                            range: Some(range),
+                            ..e
+                        }),
+                        Err(why) => out.errors.push(changed(&abs, &why)),
+                    }
+                }
                 Ok(Some(e)) if kind_name(&e.kind) == p.kind => out.entries.push(e),
                 Ok(Some(e)) => out.errors.push(changed(
                     &abs,
@@ -390,6 +514,44 @@ impl Plan {
 }
 
 impl Plan {
+    /// The range planned entry `p` sends of the file `e` is now: refused
+    /// if the file changed size or mtime since the plan (its ranges were
+    /// cut for that version).
+    fn range_of(&self, p: &PlannedEntry, e: &SourceEntry) -> Result<SourceRange, String> {
+        let r = p.range.as_ref().expect("a range");
+        if (e.size, (e.mtime.sec, e.mtime.nsec)) != (p.size, p.mtime) {
+            return Err(format!(
+                "it was split into ranges at size {} when the plan was made, and changed since \
+                 (size {} now); make a new plan",
+                p.size, e.size
+            ));
+        }
+        let split = hex::decode(&r.split)
+            .ok()
+            .and_then(|b| <[u8; 16]>::try_from(b).ok())
+            .ok_or("its split id is not 16 bytes of hex")?;
+        let blocks = e.size.div_ceil(self.block_size);
+        if r.first >= r.end || r.end > blocks {
+            return Err(format!(
+                "its range {}..{} is not inside its {blocks} blocks",
+                r.first, r.end
+            ));
+        }
+        Ok(SourceRange {
+            split,
+            first: r.first,
+            end: r.end,
+            block_size: self.block_size,
+        })
+    }
+
+    /// Whether the plan sends ranges of split files.
+    pub fn has_ranges(&self) -> bool {
+        self.shards
+            .iter()
+            .any(|s| s.entries.iter().any(|e| e.range.is_some()))
+    }
+
     /// Whether `abs` is under one of the plan's sources and, unless
     /// symlinks are followed, no directory between that source and it is
     /// a symlink now (a tree changed since the plan must not lead a shard,
@@ -435,6 +597,31 @@ impl Plan {
     }
 }
 
+/// The split id of file `e`: only a holder of `secret` makes it.
+fn split_id(secret: &[u8; 32], e: &SourceEntry, block: u64) -> String {
+    let mut h = blake3::Hasher::new_derive_key(SPLIT_ID_CONTEXT);
+    h.update(secret);
+    h.update(&(e.rel.as_bytes().len() as u64).to_be_bytes());
+    h.update(e.rel.as_bytes());
+    for n in [e.size, e.mtime.sec as u64, u64::from(e.mtime.nsec), block] {
+        h.update(&n.to_be_bytes());
+    }
+    hex::encode(&h.finalize().as_bytes()[..16])
+}
+
+impl PlannedEntry {
+    /// The bytes this entry sends: its range's, or the whole file's.
+    pub fn bytes(&self, block: u64) -> u64 {
+        match &self.range {
+            None => self.size,
+            Some(r) => {
+                (r.end.saturating_mul(block)).min(self.size)
+                    - (r.first.saturating_mul(block)).min(self.size)
+            }
+        }
+    }
+}
+
 fn kind_name(k: &SourceKind) -> &'static str {
     match k {
         SourceKind::File => "file",
@@ -462,161 +649,5 @@ pub fn write_whole(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn tree() -> (tempfile::TempDir, Scan) {
-        let t = tempfile::tempdir().unwrap();
-        let src = t.path().join("src");
-        for (name, size) in [
-            ("big", 900_000),
-            ("d/a", 300_000),
-            ("d/e/b", 200_000),
-            ("d/c", 1),
-            ("z", 0),
-        ] {
-            let p = src.join(name);
-            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-            std::fs::write(&p, vec![7u8; size]).unwrap();
-        }
-        std::fs::create_dir_all(src.join("empty")).unwrap();
-        std::os::unix::fs::symlink("big", src.join("link")).unwrap();
-        let scan = intact_transfer::scan(&[src]);
-        (t, scan)
-    }
-
-    #[test]
-    fn every_entry_goes_to_one_shard_with_the_directories_above_it() {
-        let (t, scan) = tree();
-        let targets = vec!["h:1".to_string(), "h:2".to_string()];
-        let plan = Plan::make(&PlanInput {
-            sources: &[t.path().join("src")],
-            scan: &scan,
-            shards: 3,
-            targets: &targets,
-            copy_links: false,
-            now: 0,
-        })
-        .unwrap();
-        assert_eq!(plan.files, 5);
-        assert_eq!(plan.bytes, 1_400_001);
-        assert_eq!(
-            plan.shards
-                .iter()
-                .map(|s| s.to.as_str())
-                .collect::<Vec<_>>(),
-            ["h:1", "h:2", "h:1"]
-        );
-        // Each non-directory, and the empty directory, in exactly one shard.
-        let mut owners: HashMap<String, u32> = HashMap::new();
-        for s in &plan.shards {
-            let names: Vec<String> = s.entries.iter().map(|e| e.path.lossy()).collect();
-            for e in &s.entries {
-                let name = e.path.lossy();
-                if e.kind != "dir" || name.ends_with("empty") {
-                    assert!(
-                        owners.insert(name.clone(), s.index).is_none(),
-                        "{name} twice"
-                    );
-                }
-                // Its directories come before it in the same shard.
-                let mut up = name.as_str();
-                while let Some((p, _)) = up.rsplit_once('/') {
-                    let at = names.iter().position(|n| n == p).expect("parent in shard");
-                    assert!(at < names.iter().position(|n| *n == name).unwrap());
-                    up = p;
-                }
-            }
-        }
-        assert_eq!(owners.len(), 7, "{owners:?}");
-        // The big file is alone in its shard (it is over a fair share).
-        assert_eq!(plan.oversized.len(), 1);
-        let big = owners["src/big"];
-        assert_eq!(plan.shards[big as usize].files, 1);
-        // Round trip, and an edit is caught.
-        let file = t.path().join("plan.json");
-        plan.save(&file).unwrap();
-        let back = Plan::load(&file).unwrap();
-        assert_eq!(back.id, plan.id);
-        let text = std::fs::read_to_string(&file)
-            .unwrap()
-            .replace("\"h:2\"", "\"h:3\"");
-        std::fs::write(&file, text).unwrap();
-        let e = Plan::load(&file).unwrap_err().to_string();
-        assert!(e.contains("no longer match"), "{e}");
-    }
-
-    #[test]
-    fn a_shard_sends_what_is_there_now_and_fails_what_changed_kind() {
-        let (t, scan) = tree();
-        let targets = vec!["h:1".to_string()];
-        let plan = Plan::make(&PlanInput {
-            sources: &[t.path().join("src")],
-            scan: &scan,
-            shards: 1,
-            targets: &targets,
-            copy_links: false,
-            now: 0,
-        })
-        .unwrap();
-        let src = t.path().join("src");
-        std::fs::write(src.join("d/a"), b"now shorter").unwrap();
-        std::fs::remove_file(src.join("z")).unwrap();
-        std::fs::create_dir(src.join("z")).unwrap();
-        let s = plan.scan(0).unwrap();
-        let a = s
-            .entries
-            .iter()
-            .find(|e| e.rel.to_string() == "src/d/a")
-            .unwrap();
-        assert_eq!(a.size, 11);
-        assert_eq!(s.errors.len(), 1, "{:?}", s.errors);
-        assert!(
-            s.errors[0].to_string().contains("was a file"),
-            "{}",
-            s.errors[0]
-        );
-        assert!(plan
-            .scan(1)
-            .unwrap_err()
-            .to_string()
-            .contains("shards 0 to 0"));
-        // A directory swapped for a symlink (to outside the tree) since the
-        // plan: what is under it is not read through it.
-        let outside = t.path().join("outside");
-        std::fs::create_dir_all(outside.join("e")).unwrap();
-        std::fs::write(outside.join("e/b"), b"secret").unwrap();
-        std::fs::rename(src.join("d"), t.path().join("d-moved")).unwrap();
-        std::os::unix::fs::symlink(&outside, src.join("d")).unwrap();
-        let s = plan.scan(0).unwrap();
-        assert!(!s.entries.iter().any(|e| e.rel.to_string() == "src/d/e/b"));
-        assert!(
-            s.errors
-                .iter()
-                .any(|e| e.to_string().contains("no longer a directory")),
-            "{:?}",
-            s.errors
-        );
-    }
-
-    #[test]
-    fn sources_that_overlap_are_refused() {
-        let (t, _) = tree();
-        let src = t.path().join("src");
-        let other = t.path().join("other/src");
-        std::fs::create_dir_all(&other).unwrap();
-        std::fs::write(other.join("big"), b"x").unwrap();
-        let scan = intact_transfer::scan(&[src.clone(), other.clone()]);
-        let e = Plan::make(&PlanInput {
-            sources: &[src, other],
-            scan: &scan,
-            shards: 2,
-            targets: &["h:1".to_string()],
-            copy_links: false,
-            now: 0,
-        })
-        .unwrap_err()
-        .to_string();
-        assert!(e.contains("would both arrive as src/big"), "{e}");
-    }
-}
+#[path = "plan_tests.rs"]
+mod tests;

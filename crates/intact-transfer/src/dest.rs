@@ -104,6 +104,12 @@ pub fn partial_name(final_name: &OsStr) -> OsString {
 }
 
 impl Destination {
+    /// The root directory's device and inode: which tree this is.
+    pub fn root_id(&self) -> std::io::Result<(u64, u64)> {
+        let st = rfs::fstat(&self.root)?;
+        Ok((st.st_dev, st.st_ino))
+    }
+
     /// Opens (creating it if needed) the root directory.
     pub fn open(root: &Path) -> Result<Destination, TransferError> {
         let err = |e: std::io::Error| TransferError::Destination {
@@ -534,6 +540,26 @@ impl PartialFile {
     /// The destination path.
     pub fn path(&self) -> &WirePath {
         &self.path
+    }
+
+    /// Another handle on the same open file description (a `dup`): it
+    /// shares the description's lock, which lasts until the last handle
+    /// closes. The ranges of a split file are written through such
+    /// handles, one per receiving session, all under one lock.
+    pub fn share(&self) -> std::io::Result<PartialFile> {
+        Ok(PartialFile {
+            dir: self.dir.try_clone()?,
+            tmp: self.tmp.clone(),
+            name: self.name.clone(),
+            file: self.file.try_clone()?,
+            path: self.path.clone(),
+        })
+    }
+
+    /// The file's device and inode.
+    pub fn file_id(&self) -> std::io::Result<(u64, u64)> {
+        let st = rfs::fstat(&self.file)?;
+        Ok((st.st_dev, st.st_ino))
     }
 
     /// Renames the partial file to its final name (refusing to replace a

@@ -65,10 +65,16 @@ pub use net::{
     MAX_KEEP_PATHS,
 };
 pub use profile::{Profile, Stage, StageTime};
+
+/// Most blocks one range of a split file may have (a range's Status
+/// lists them all when the file was committed already).
+pub const MAX_RANGE_BLOCKS: u64 = intact_proto::MAX_STATUS_BLOCKS as u64;
+/// The smallest block size a split file may be cut at.
+pub const MIN_SPLIT_BLOCK: u64 = net::receiver::MIN_SPLIT_BLOCK as u64;
 pub use prune::{prune, prune_under, PruneReport};
 pub use recheck::Verifiers;
 pub use replica::Replica;
-pub use report::{CopyReport, FileReport, Progress};
+pub use report::{CopyReport, FileReport, Progress, RangeReport};
 pub use scrub::{
     catalog_root_of, open_catalog, open_catalog_if_free, open_or_create_catalog, scrub,
     scrub_catalog, FileScrub, Repair, RotRange, ScrubOptions, ScrubProgress, ScrubReport,
@@ -76,7 +82,7 @@ pub use scrub::{
 pub use select::{Filter, Rule, RuleKind};
 pub use source::{
     origin, restat, scan, scan_with, Placement, Scan, ScanOptions, SourceEntry, SourceKind,
-    SourceSpec,
+    SourceRange, SourceSpec,
 };
 pub use source_cache::{SourceCache, SourceCacheSetting, SourceDigest, SourceKey};
 pub use verify::{DeviceStats, Reached, VerifyLevel, VerifyMode};

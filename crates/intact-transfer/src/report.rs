@@ -89,6 +89,44 @@ pub struct FileReport {
     /// Why it failed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// One range of a split file (a plan's shard sent it): `size`,
+    /// `blocks` and the level are the range's; the file is verified as a
+    /// whole only when its state is `committed` or `held`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub range: Option<RangeReport>,
+}
+
+/// One range of a split file, in its report row.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RangeReport {
+    /// The split id, in hex.
+    pub split: String,
+    /// First block.
+    pub first: u64,
+    /// One past the last block.
+    pub end: u64,
+    /// Blocks of the whole file.
+    pub file_blocks: u64,
+    /// Bytes of the whole file.
+    pub file_size: u64,
+    /// Where the file stands, as the receiver said with the range's
+    /// verdict: `waiting` (for its other ranges), `committed` (this range
+    /// completed it, and it is under its final name), `held` (committed
+    /// earlier; this range unchanged). Absent when the range failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state: Option<&'static str>,
+}
+
+impl RangeReport {
+    /// The state a FileResult's `split` names.
+    pub fn state_of(split: u8) -> Option<&'static str> {
+        match split {
+            intact_proto::FileResult::SPLIT_WAITING => Some("waiting"),
+            intact_proto::FileResult::SPLIT_COMMITTED => Some("committed"),
+            intact_proto::FileResult::SPLIT_HELD => Some("held"),
+            _ => None,
+        }
+    }
 }
 
 /// The whole copy.
@@ -151,7 +189,7 @@ impl CopyReport {
     ) -> CopyReport {
         let failed = files.iter().filter(|f| f.error.is_some()).count() + scanned.errors.len();
         CopyReport {
-            bytes: scanned.entries.iter().map(|e| e.size).sum(),
+            bytes: scanned.entries.iter().map(|e| e.bytes()).sum(),
             bytes_sent,
             bytes_reverified: files.iter().map(|f| f.bytes_reverified).sum(),
             bytes_trusted: files.iter().map(|f| f.bytes_trusted).sum(),
@@ -197,7 +235,7 @@ pub(crate) fn simple_report(
             SourceKind::Dir => "dir",
             SourceKind::Symlink(_) => "symlink",
         },
-        size: e.size,
+        size: e.bytes(),
         digest: None,
         source_digest: None,
         blocks: 0,
@@ -222,6 +260,14 @@ pub(crate) fn simple_report(
         verify_stage_seconds: 0.0,
         note: None,
         error: err.map(|e| e.to_string()),
+        range: e.range.map(|r| RangeReport {
+            split: r.split.iter().map(|b| format!("{b:02x}")).collect(),
+            first: r.first,
+            end: r.end,
+            file_blocks: e.size.div_ceil(r.block_size.max(1)),
+            file_size: e.size,
+            state: None,
+        }),
     }
 }
 

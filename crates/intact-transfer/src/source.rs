@@ -38,6 +38,35 @@ pub struct SourceEntry {
     pub mtime: Mtime,
     /// Size in bytes (files).
     pub size: u64,
+    /// One range of a split file (a plan's shard sends it; see
+    /// `intact plan`); None: the whole file.
+    pub range: Option<SourceRange>,
+}
+
+/// Blocks `first..end` of a split file, cut at `block_size` (the plan's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SourceRange {
+    /// The split id every range of the file carries.
+    pub split: [u8; 16],
+    /// First block.
+    pub first: u64,
+    /// One past the last block.
+    pub end: u64,
+    /// The block size the ranges are cut at.
+    pub block_size: u64,
+}
+
+impl SourceEntry {
+    /// The bytes this entry sends: its range's, or the whole file's.
+    pub fn bytes(&self) -> u64 {
+        match &self.range {
+            None => self.size,
+            Some(r) => {
+                let start = r.first.saturating_mul(r.block_size).min(self.size);
+                r.end.saturating_mul(r.block_size).min(self.size) - start
+            }
+        }
+    }
 }
 
 /// The result of scanning the sources.
@@ -287,6 +316,7 @@ fn entry(abs: &Path, rel: &Path, follow: bool) -> Result<Option<SourceEntry>, Tr
             sec: meta.mtime(),
             nsec: meta.mtime_nsec() as u32,
         },
+        range: None,
     }))
 }
 

@@ -587,6 +587,7 @@ fn entry_frame(id: u64, e: &SourceEntry, mode: VerifyMode) -> Message {
         verify: mode.wire_id(),
         flags: 0,
         origin: intact_transfer::origin(&e.abs),
+        range: None,
     })
 }
 

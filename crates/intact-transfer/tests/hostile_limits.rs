@@ -39,6 +39,7 @@ fn entry(id: u64, path: &str, size: u64, block_size: u32) -> Entry {
         verify: VerifyMode::Riva.wire_id(),
         flags: 0,
         origin: Vec::new(),
+        range: None,
     }
 }
 

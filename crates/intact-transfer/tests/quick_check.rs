@@ -355,6 +355,7 @@ fn data_entry(mode: VerifyMode, size: usize, bs: u32, mtime: (i64, u32), flags: 
         verify: mode.wire_id(),
         flags,
         origin: Vec::new(),
+        range: None,
     })
 }
 

@@ -103,6 +103,38 @@ pub fn run(args: &CopyArgs) -> anyhow::Result<ExitCode> {
     )
 }
 
+/// The block size a shard sends at: its plan's (split files are cut at
+/// it); an explicit other `--block-size` is a usage error, as is a mode
+/// that cannot verify a range when the plan splits files.
+fn shard_block_size(
+    plan: &intact_shard::Plan,
+    p: &crate::args::PipelineArgs,
+    matches: Option<&clap::ArgMatches>,
+) -> anyhow::Result<usize> {
+    use intact_transfer::VerifyMode;
+    let given = matches.and_then(|m| m.value_source("block_size"))
+        == Some(clap::parser::ValueSource::CommandLine);
+    if given && p.block_size as u64 != plan.block_size {
+        return Err(usage(format!(
+            "the plan was made for --block-size {} (its split files are cut at it); leave --block-size out",
+            plan.block_size
+        )));
+    }
+    let splits = plan.has_ranges();
+    if splits
+        && !matches!(
+            p.verify,
+            VerifyMode::None | VerifyMode::Block | VerifyMode::Fiver | VerifyMode::Riva
+        )
+    {
+        return Err(usage(format!(
+            "the plan splits files into ranges, which --verify {} cannot verify one by one; use riva, block, fiver or none",
+            p.verify
+        )));
+    }
+    Ok(plan.block_size as usize)
+}
+
 pub fn run_send(args: &SendArgs) -> anyhow::Result<ExitCode> {
     let shard = match &args.plan {
         Some(plan) => {
@@ -157,8 +189,13 @@ pub fn run_send(args: &SendArgs) -> anyhow::Result<ExitCode> {
     if let Some(code) = unreachable_level(p) {
         return Ok(code);
     }
-    let scan_opts = args.tree.scan_options(subcommand_matches().as_ref());
+    let matches = subcommand_matches();
+    let scan_opts = args.tree.scan_options(matches.as_ref());
     symlink_notes(sources, scan_opts.copy_links, p);
+    let block_size = match &shard {
+        Some(s) => shard_block_size(&s.plan, p, matches.as_ref())?,
+        None => p.block_size,
+    };
     let specs: Vec<SourceSpec> = sources.iter().map(|s| SourceSpec::from_arg(s)).collect();
     let scanned = match shard {
         Some(s) => s.scan,
@@ -167,7 +204,7 @@ pub fn run_send(args: &SendArgs) -> anyhow::Result<ExitCode> {
     let coverage = args.delete.then(|| Coverage::of(&specs, &scanned));
     let opts = SendOptions {
         verify: p.verify,
-        block_size: p.block_size,
+        block_size,
         streams: usize::from(p.streams),
         retries: p.retries,
         key,

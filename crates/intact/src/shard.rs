@@ -29,8 +29,15 @@ the shards' reports.
 
 Every file, symlink and empty directory goes to exactly one shard, with
 the directories above it (a directory appears in each shard that sends
-something under it). Files are not split across shards: a file larger
-than a fair share (bytes ÷ N) fills a shard alone and the plan says so.
+something under it). A file larger than a fair share (bytes ÷ N) is
+split into block ranges, each sent by another shard of one server (the
+ranges meet in that server's partial file, so a file is split only among
+the shards that go to the same server: give fewer servers than shards);
+the server commits the file under its name once every range has
+verified, and `intact report merge` counts it once, when its ranges'
+reports show it whole and committed. Split files need --verify riva,
+block, fiver or none. With --no-split, or where a server has only one
+shard, such a file fills a shard alone and the plan says so.
 A shard looks at its entries again when it runs and sends what is there
 then; an entry gone or changed in kind fails. Sources that could not be
 read are reported as failures of shard 0, so no merged report calls the
@@ -67,6 +74,16 @@ pub struct PlanArgs {
     /// Print the plan's summary as JSON (the shards without their entries).
     #[arg(long)]
     pub json: bool,
+
+    /// The block size every shard sends at, and split files are cut at:
+    /// a power of two from 4KiB to 16MiB (`intact send --plan` uses it).
+    #[arg(long, value_name = "SIZE", default_value = "4MiB", value_parser = crate::args::parse_size)]
+    pub block_size: usize,
+
+    /// Never split a file across shards (one larger than a fair share
+    /// then fills a shard alone).
+    #[arg(long)]
+    pub no_split: bool,
 
     #[command(flatten)]
     pub select: SelectArgs,
@@ -159,6 +176,14 @@ pub fn run_plan(args: &PlanArgs) -> anyhow::Result<ExitCode> {
         targets: &args.to,
         copy_links: opts.copy_links,
         now: intact_transfer::unix_now(),
+        block_size: args.block_size as u64,
+        split: !args.no_split,
+        secret: {
+            let mut s = [0u8; 32];
+            getrandom::fill(&mut s)
+                .map_err(|e| anyhow::anyhow!("no random bytes for the plan's split ids: {e}"))?;
+            s
+        },
     })
     .map_err(shard_err)?;
     plan.save(&args.output)?;
@@ -210,10 +235,18 @@ fn print_plan(plan: &Plan, out: &Path) -> anyhow::Result<()> {
             bytes(s.bytes)
         )?;
     }
+    if !plan.split.is_empty() {
+        outln!(
+            "{} file(s) larger than a fair share split into block ranges of {} blocks",
+            plan.split.len(),
+            bytes(plan.block_size)
+        )?;
+    }
     if let Some(first) = plan.oversized.first() {
         let (mark, name) = printable(&first.lossy());
+        let why = plan.oversized_why.first().map_or("", String::as_str);
         outln!(
-            "note: {} file(s) larger than a fair share ({} each) fill a shard alone (e.g. {mark}{name}); files are not split across shards",
+            "note: {} file(s) larger than a fair share ({} each) fill a shard alone (e.g. {mark}{name}: {why})",
             plan.oversized.len(),
             bytes(plan.bytes / plan.shards.len() as u64)
         )?;

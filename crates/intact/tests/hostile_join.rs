@@ -144,6 +144,7 @@ fn dir_entry(file: u64, path: &str) -> Message {
         verify: intact_transfer::VerifyMode::None.wire_id(),
         flags: 0,
         origin: Vec::new(),
+        range: None,
     })
 }
 

@@ -214,6 +214,7 @@ fn entry(id: u64, path: &str, kind: EntryKind, size: u64) -> Message {
         verify: intact_transfer::VerifyMode::None.wire_id(),
         flags: 0,
         origin: Vec::new(),
+        range: None,
     })
 }
 

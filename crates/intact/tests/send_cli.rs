@@ -209,6 +209,7 @@ fn hostile_clients_are_cut_off_and_others_still_served() {
             verify: 4,
             flags: 0,
             origin: Vec::new(),
+            range: None,
         })
         .encode(&mut frame);
         let at = frame

@@ -37,6 +37,7 @@ mod intents;
 mod layout;
 mod mounted;
 mod owner;
+mod split;
 
 pub use catalog::{CatalogFile, CatalogSummary, ScrubMark, ScrubPass, ScrubState};
 pub use intents::{recover_intents, Intent, IntentLog, Recovered, INTENT_LOG};
@@ -46,6 +47,7 @@ pub use layout::{
 };
 pub use mounted::{MountRow, MountSummary};
 pub use owner::Owner;
+pub use split::RangeRecord;
 
 /// Directory under the root that holds intact's own state; paths from the
 /// wire may not enter it.
@@ -134,6 +136,9 @@ pub struct FileRow {
     /// Its whole-file BLAKE3, when done and recorded by a build that checks
     /// it (None in older rows, and in any row not done).
     pub digest: Option<[u8; 32]>,
+    /// The split id it was started for, when it is received as ranges by
+    /// several sessions (see `journal/split.rs`).
+    pub split: Option<[u8; 16]>,
 }
 
 /// A file that reached its final name, as [`Journal::done_batch`] records it.
@@ -296,6 +301,8 @@ impl Journal {
         Journal::add_catalog_columns(&db)?;
         // What `intact mount` records.
         Journal::add_mount_columns(&db)?;
+        // Split files: their split id and confirmed ranges.
+        Journal::add_split_columns(&db)?;
         let page_size = catalog::read_page_size(&db)?;
         Ok(Journal {
             db: Mutex::new(db),
@@ -313,7 +320,7 @@ impl Journal {
     pub fn lookup(&self, path: &[u8]) -> Result<Option<FileRow>, TransferError> {
         self.db()
             .prepare_cached(
-                "SELECT id, size, mtime_sec, mtime_nsec, block_size, done, mode, level, at, digest FROM files WHERE path = ?1",
+                "SELECT id, size, mtime_sec, mtime_nsec, block_size, done, mode, level, at, digest, split FROM files WHERE path = ?1",
             )
             .map_err(db_err)?
             .query_row(params![path], |r| {
@@ -328,6 +335,9 @@ impl Journal {
                         digest: r
                             .get::<_, Option<Vec<u8>>>(9)?
                             .and_then(|d| <[u8; 32]>::try_from(d).ok()),
+                        split: r
+                            .get::<_, Option<Vec<u8>>>(10)?
+                            .and_then(|d| <[u8; 16]>::try_from(d).ok()),
                     })
             })
             .optional()
@@ -354,12 +364,18 @@ impl Journal {
             .and_then(|mut st| st.execute(params![path]))
             .map_err(db_err)?;
         db.prepare_cached(
+            "DELETE FROM split_ranges WHERE file = (SELECT id FROM files WHERE path = ?1)",
+        )
+        .and_then(|mut st| st.execute(params![path]))
+        .map_err(db_err)?;
+        db.prepare_cached(
             "INSERT INTO files (path, size, mtime_sec, mtime_nsec, block_size, done, level, mode, at, digest, session, session_at, source)
              VALUES (?1, ?2, ?3, ?4, ?5, 0, 0, 0, 0, NULL, ?6, ?7, ?8)
              ON CONFLICT(path) DO UPDATE SET size = ?2, mtime_sec = ?3, mtime_nsec = ?4,
                  block_size = ?5, done = 0, level = 0, mode = 0, at = 0, digest = NULL,
                  session = ?6, session_at = ?7, scrubbed_at = 0, scrub_state = 0,
-                 scrub_level = 0, rot_bytes = 0, adopted = 0, source = ?8, mounted_at = 0
+                 scrub_level = 0, rot_bytes = 0, adopted = 0, source = ?8, mounted_at = 0,
+                 split = NULL
              RETURNING id",
         )
         .and_then(|mut st| {
@@ -412,14 +428,39 @@ impl Journal {
 
     /// Marks the file unfinished again (its recorded blocks stay; its
     /// whole-file digest goes, as the file's bytes may now change), held
-    /// by `session` from now.
+    /// by `session` from now, received whole (a split it was started for
+    /// is forgotten, with its confirmed ranges).
     pub fn reopen(&self, id: i64, session: Option<[u8; 16]>) -> Result<(), TransferError> {
-        self.db()
-            .prepare_cached(
-                "UPDATE files SET done = 0, digest = NULL, session = ?2, session_at = ?3 WHERE id = ?1",
-            )
-            .and_then(|mut st| st.execute(params![id, session.map(|s| s.to_vec()), unix_now()]))
-            .map_err(db_err)?;
+        self.reopen_as(id, session, false)
+    }
+
+    /// As [`Journal::reopen`]; `keep_split`: the file goes on being
+    /// received as the split it was started for (its ranges stay).
+    pub fn reopen_as(
+        &self,
+        id: i64,
+        session: Option<[u8; 16]>,
+        keep_split: bool,
+    ) -> Result<(), TransferError> {
+        let db = self.db();
+        db.prepare_cached(
+            "UPDATE files SET done = 0, digest = NULL, session = ?2, session_at = ?3,
+                 split = CASE WHEN ?4 THEN split END WHERE id = ?1",
+        )
+        .and_then(|mut st| {
+            st.execute(params![
+                id,
+                session.map(|s| s.to_vec()),
+                unix_now(),
+                keep_split
+            ])
+        })
+        .map_err(db_err)?;
+        if !keep_split {
+            db.prepare_cached("DELETE FROM split_ranges WHERE file = ?1")
+                .and_then(|mut st| st.execute(params![id]))
+                .map_err(db_err)?;
+        }
         Ok(())
     }
 

@@ -381,6 +381,7 @@ mod tests {
             verify: 0,
             flags: 0,
             origin: Vec::new(),
+            range: None,
         }
     }
 

@@ -66,7 +66,10 @@ mod hooks;
 mod incoming;
 mod resume;
 mod session;
+mod split;
 mod verifier;
+
+pub use split::{Splits, MIN_SPLIT_BLOCK};
 
 use incoming::Incoming;
 use session::Session;
@@ -228,6 +231,10 @@ pub struct ReceiveOptions {
     /// The verifier threads the sessions' block re-reads share
     /// (`--verifiers N`, default one per core); clones share the pool.
     pub verifiers: crate::Verifiers,
+    /// The split files being received (see `receiver/split.rs`); clones
+    /// share them, so the ranges of one file sent by several sessions of
+    /// a server meet.
+    pub splits: Splits,
 }
 
 /// How long a frame may wait for its session's share of the server's

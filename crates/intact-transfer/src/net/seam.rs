@@ -73,6 +73,7 @@ mod tests {
             verify: 0,
             flags: 0,
             origin: Vec::new(),
+            range: None,
         })
     }
 

@@ -112,6 +112,11 @@ impl WholeDigest {
         }
     }
 
+    /// The per-block parts (power-of-two block sizes only).
+    pub fn tree(&self) -> Option<&Blake3Blocks> {
+        self.tree.as_ref()
+    }
+
     /// Block `index` holds `bytes`: as written in this run, or as re-read
     /// in place from an earlier one (replacing what it held before).
     pub fn add(&mut self, index: u64, bytes: &[u8]) {

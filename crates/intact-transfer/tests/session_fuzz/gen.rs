@@ -190,6 +190,7 @@ pub fn file_entry(file: u64, p: &str, size: u64, block_size: u32, verify: u8) ->
         verify,
         flags: 0,
         origin: Vec::new(),
+        range: None,
     }
 }
 
@@ -407,6 +408,7 @@ fn gen_entry(
         verify: src.pick(VERIFY),
         flags: if src.chance(25) { src.byte() & 7 } else { 0 },
         origin: Vec::new(),
+        range: None,
     };
     Plan {
         id,
@@ -581,6 +583,7 @@ fn out_of_place(src: &mut Source, id: u64) -> Message {
         trusted: 0,
         trusted_level: 0,
         trusted_at: 0,
+        split: 0,
     };
     match src.below(9) {
         0 if src.below(2) == 0 => Message::Join {

@@ -67,6 +67,7 @@ pub fn file_entry(id: u64, path: &str, size: u64, block_size: u32, mode: VerifyM
         verify: mode.wire_id(),
         flags: 0,
         origin: Vec::new(),
+        range: None,
     }
 }
 

@@ -52,6 +52,9 @@ pub(super) fn accept_block(
     let Some(slot) = f.verified.get(index as usize).map(|d| d.copied()) else {
         return Err(malformed("block index past the end of the file"));
     };
+    if !f.sends_block(index) {
+        return Err(malformed("block outside the range its entry claimed"));
+    }
     let offset = index * bs;
     let want_len = (f.entry.size - offset).min(bs) as usize;
     let asked = f.awaiting_pages.remove(&index);
@@ -266,7 +269,11 @@ pub(super) fn end_file(
     buf: &mut AlignedBuf,
     profile: &Profile,
 ) -> Result<Vec<u64>, TransferError> {
-    let missing: Vec<u64> = (0..f.verified.len() as u64)
+    let blocks = match &f.range {
+        Some(r) => r.range.first..r.range.end,
+        None => 0..f.verified.len() as u64,
+    };
+    let missing: Vec<u64> = blocks
         .filter(|&i| f.verified.get(i as usize) == Some(None))
         .collect();
     let Some(partial) = &f.partial else {

@@ -76,6 +76,11 @@ fn begin_file(
             what: "unsupported block algorithm or block size".into(),
         });
     }
+    if let Some(range) = e.range {
+        let (inc, holding) = super::split::begin_range(dest, journal, opts, e, range, mode, buf)?;
+        files.insert(id, inc);
+        return Ok(Message::Status { file: id, holding });
+    }
     let required = super::required_level(e.flags);
     let same = |r: &crate::journal::FileRow| {
         r.size == e.size
@@ -181,7 +186,7 @@ fn begin_file(
 }
 
 /// Whether the final file still has the size and mtime the entry announces.
-fn unchanged_since(file: &File, e: &Entry) -> bool {
+pub(super) fn unchanged_since(file: &File, e: &Entry) -> bool {
     use std::os::unix::fs::MetadataExt;
     file.metadata().is_ok_and(|m| {
         m.len() == e.size && m.mtime() == e.mtime_sec && m.mtime_nsec() as u32 == e.mtime_nsec

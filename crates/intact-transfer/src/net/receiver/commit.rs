@@ -76,7 +76,11 @@ const CHANGED_MEANWHILE: &str = "the file at the destination changed while it wa
      nothing is reported unchanged; send it again";
 
 /// Whether the final file is still the version `held` was checked on.
-fn still_held(dest: &Destination, path: &WirePath, held: &HeldWhole) -> Result<(), String> {
+pub(super) fn still_held(
+    dest: &Destination,
+    path: &WirePath,
+    held: &HeldWhole,
+) -> Result<(), String> {
     match dest.stat_final(path).map(|st| Stamp::of_stat(&st)) {
         Some(now) if now == held.stamp => Ok(()),
         _ => Err(CHANGED_MEANWHILE.to_string()),
@@ -235,6 +239,7 @@ pub(super) fn verified(file: u64, level: VerifyLevel, note: &str) -> FileResult 
         trusted: 0,
         trusted_level: 0,
         trusted_at: 0,
+        split: 0,
     }
 }
 

@@ -48,6 +48,8 @@ pub(super) struct Incoming {
     /// Blocks whose bad pages this receiver named (a BlockResult with
     /// pages): only they may be answered with a patch of pages.
     pub(super) awaiting_pages: HashSet<u64>,
+    /// One range of a split file (see `split.rs`); None: the whole file.
+    pub(super) range: Option<super::split::RangeIn>,
 }
 
 /// Blocks a file already held when this run began: re-verified in place,
@@ -207,6 +209,7 @@ impl Incoming {
             source_level: None,
             slot: None,
             awaiting_pages: HashSet::new(),
+            range: None,
         }
     }
 
@@ -230,6 +233,20 @@ impl Incoming {
             pages: None,
         });
         (index, d.as_bytes().to_vec())
+    }
+
+    /// The blocks this entry sends: its range's, or the whole file's.
+    pub(super) fn expected_blocks(&self) -> u64 {
+        self.range
+            .as_ref()
+            .map_or(self.verified.len() as u64, |r| r.blocks())
+    }
+
+    /// Whether block `index` is one this entry sends.
+    pub(super) fn sends_block(&self, index: u64) -> bool {
+        self.range
+            .as_ref()
+            .map_or(index < self.verified.len() as u64, |r| r.contains(index))
     }
 
     /// Turns an I/O error on this file into a destination error.

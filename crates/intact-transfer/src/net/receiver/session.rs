@@ -286,6 +286,14 @@ impl Session<'_> {
             // A file that already failed: drop its blocks.
             return Ok(());
         };
+        if f.partial.is_none() && f.range.is_some() {
+            let why = format!(
+                "the file held (committed from its ranges) differs from the source in block {}: \
+                 make a new plan, or send the file whole",
+                b.index
+            );
+            return self.fail_file(b.file, &why);
+        }
         if f.partial.is_none() {
             // Held whole, but the sender's copy differs: it sends every
             // block, and the file is written anew under a partial name.
@@ -421,10 +429,14 @@ impl Session<'_> {
             return Ok(());
         };
         let blocks = f.ended.take().expect("called once ended");
-        if let Some(held) = f.whole.held.filter(|_| f.partial.is_none()) {
+        if let Some(held) = f
+            .whole
+            .held
+            .filter(|_| f.partial.is_none() && f.range.is_none())
+        {
             return self.end_held(file, f, held, blocks);
         }
-        if blocks != f.verified.len() as u64 {
+        if blocks != f.expected_blocks() {
             // Abandoned (the source changed or failed) or inconsistent:
             // keep what verified for a later attempt, name nothing.
             f.journal(self.journal, &self.opts.profile)?;
@@ -458,6 +470,7 @@ impl Session<'_> {
                 self.summary.fail(&f.entry.path.to_string(), &why);
                 self.out.put(failed(file, &why))?;
             }
+            Ok(_) if f.range.is_some() => self.end_range(file, f)?,
             Ok(_) => {
                 let matched = self
                     .opts

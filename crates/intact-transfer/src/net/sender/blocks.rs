@@ -26,6 +26,15 @@ impl Stream<'_> {
         let held: HashMap<u64, Vec<u8>> = match holding {
             Holding::Nothing => HashMap::new(),
             Holding::Blocks(b) => b.into_iter().collect(),
+            Holding::Whole { .. } if self.ctx.entries[id as usize].range.is_some() => {
+                o.report.error = Some(format!(
+                    "{}: the server answered one range of the file with a whole-file digest",
+                    o.report.path
+                ));
+                o.gave_up.get_or_insert(0);
+                self.end_file(id, o);
+                return;
+            }
             Holding::Whole { digest } => {
                 match self.holds_whole(o, id, &digest) {
                     Ok(true) => {
@@ -48,14 +57,16 @@ impl Stream<'_> {
         let blocks = o.report.blocks;
         let bs = self.ctx.opts.block_size as u64;
         let size = self.ctx.entries[id as usize].size;
+        let first = self.ctx.entries[id as usize].range.map_or(0, |r| r.first);
         // The whole-file BLAKE3 for FileEnd, in every mode: per block
         // (power-of-two block sizes; held blocks from the read that checks
         // them), else streamed when every block is sent in order, else
         // read again before FileEnd.
         o.report.source_digest = Some(SourceDigest::Transfer);
         o.tree = Blake3Blocks::new(size, bs);
-        let mut whole = (held.is_empty() && o.tree.is_none()).then(blake3::Hasher::new);
-        for index in 0..blocks {
+        let mut whole =
+            (held.is_empty() && o.tree.is_none() && first == 0).then(blake3::Hasher::new);
+        for index in first..first + blocks {
             if let Some(theirs) = held.get(&index) {
                 match self.source_block_matches(o, id, index, theirs) {
                     Ok(true) => {
@@ -150,6 +161,18 @@ impl Stream<'_> {
 
     /// The whole-file BLAKE3 of the bytes sent (and held) for FileEnd.
     fn file_digest(&mut self, o: &mut Outgoing, id: u64) -> Result<[u8; 32], TransferError> {
+        let e = &self.ctx.entries[id as usize];
+        if let Some(r) = e.range {
+            // A range's digest, from its blocks' BLAKE3 chaining values
+            // (see intact_proto::range_digest); never a read of the file.
+            let cvs = o.tree.as_ref().and_then(|t| t.range_cvs(r.first, r.end));
+            return cvs
+                .map(|cvs| intact_proto::range_digest(e.size, r.block_size, r.first, r.end, &cvs))
+                .ok_or_else(|| TransferError::Verification {
+                    path: e.rel.to_string(),
+                    what: "a block's part of the range digest is missing".into(),
+                });
+        }
         if let Some(d) = o.digest {
             return Ok(d);
         }

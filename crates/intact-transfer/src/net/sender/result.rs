@@ -72,6 +72,17 @@ impl Stream<'_> {
             o.report.level = None;
             return;
         }
+        if let Some(range) = o.report.range.as_mut() {
+            range.state = crate::report::RangeReport::state_of(r.split);
+            if range.state.is_none() {
+                o.report.level = None;
+                o.report.error = Some(format!(
+                    "{}: the server did not say where the range's file stands",
+                    o.report.path
+                ));
+                return;
+            }
+        }
         // An unknown level id reads as the weakest.
         let mut reached = Reached {
             level: VerifyLevel::from_wire_id(r.level).unwrap_or(VerifyLevel::None),
@@ -93,6 +104,10 @@ impl Stream<'_> {
         o.report.note = reached
             .note
             .filter(|_| reached.level < mode.level() || mode == crate::VerifyMode::Flash);
+        if o.report.range.is_some() {
+            // Where the split file stands (and, below the aim, why).
+            o.report.note = (!r.message.is_empty()).then(|| r.message.clone());
+        }
         // The bytes the receiver holds have this run's digest of the source:
         // the next quick check can take it from the cache.
         if let (Some(c), Some(k), Some(src), Some(d), Some(SourceDigest::Transfer)) = (

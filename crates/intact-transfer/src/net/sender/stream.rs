@@ -6,7 +6,7 @@ use std::sync::mpsc;
 use std::time::{Instant, SystemTime};
 
 use intact_digest::{defaults, Blake3Blocks};
-use intact_proto::{Block, Entry, EntryKind, Message, ProtoError};
+use intact_proto::{Block, Entry, EntryKind, EntryRange, Message, ProtoError};
 
 use super::link::TcpEnd;
 use super::{
@@ -230,7 +230,24 @@ impl<'a> Stream<'a> {
             verify: opts.verify.wire_id(),
             flags: entry_flags(opts),
             origin: crate::source::origin(&e.abs),
+            range: e.range.map(|r| EntryRange {
+                split: r.split,
+                first: r.first,
+                end: r.end,
+            }),
         };
+        if e.range
+            .is_some_and(|r| r.block_size != opts.block_size as u64)
+        {
+            let mut r = report;
+            r.level = None;
+            r.error = Some(format!(
+                "{}: its ranges were cut at another block size than this run's --block-size",
+                e.rel
+            ));
+            self.report_done(id, r);
+            return;
+        }
         if let Err(err) = self
             .ctx
             .profile
@@ -242,8 +259,8 @@ impl<'a> Stream<'a> {
         // A file holds its whole size against the stream's window until its
         // result arrives, so admission is bounded by bytes even while its
         // blocks wait for the receiver's Status.
-        self.in_flight += e.size;
-        let unsent = if source.is_some() { e.size } else { 0 };
+        self.in_flight += e.bytes();
+        let unsent = if source.is_some() { e.bytes() } else { 0 };
         self.unsent += unsent;
         let mut report = report;
         report.read_path = source.as_ref().and_then(SourceFile::read_path);
@@ -253,6 +270,8 @@ impl<'a> Stream<'a> {
         // so only the others are prefetched. `--reverify` in riva reads a
         // held file from the device after an eviction: a prefetch would
         // only be read twice.
+        // A range is never answered whole: no whole-file digest is wanted.
+        let key = key.filter(|_| e.range.is_none());
         let cached = match (self.ctx.cache, &key) {
             (Some(c), Some(k)) if !opts.reverify => self.ctx.profile.time(Stage::Open, || c.get(k)),
             _ => None,
@@ -281,7 +300,10 @@ impl<'a> Stream<'a> {
             stale_digest: false,
         };
         if o.source.is_some() {
-            o.report.blocks = e.size.div_ceil(opts.block_size as u64);
+            o.report.blocks = match e.range {
+                Some(r) => r.end - r.first,
+                None => e.size.div_ceil(opts.block_size as u64),
+            };
             // Blocks go out once the receiver says what it already holds.
             o.ended = false;
         }
@@ -299,7 +321,8 @@ impl<'a> Stream<'a> {
                 let Some(mut o) = self.out.remove(&file) else {
                     return;
                 };
-                if o.source.is_none() || index >= o.report.blocks {
+                let first = self.ctx.entries[file as usize].range.map_or(0, |r| r.first);
+                if o.source.is_none() || !(first..first + o.report.blocks).contains(&index) {
                     self.out.insert(file, o);
                     self.broken = Some(format!(
                         "the server answered block {index} of entry {file}, which has no such block"
@@ -381,7 +404,7 @@ impl<'a> Stream<'a> {
 
     /// Gives back a finished file's share of the window.
     pub(super) fn release(&mut self, id: u64) {
-        let size = self.ctx.entries[id as usize].size;
+        let size = self.ctx.entries[id as usize].bytes();
         self.in_flight -= size.min(self.in_flight);
     }
 
