@@ -13,6 +13,7 @@ mod ramdisk;
 mod runner;
 mod scale;
 mod scrub;
+mod split;
 mod transfer;
 mod verify;
 
@@ -41,6 +42,8 @@ enum Bench {
     Mount(mount::MountArgs),
     /// Shards of a plan at once, N = 1, 2, 4, 8: aggregate throughput and scaling efficiency, loopback and 1 Gbit/s per server.
     Scale(scale::ScaleArgs),
+    /// One large file and a few small ones in N shards to one server, the plan split or --no-split: what splitting buys.
+    Split(split::SplitArgs),
     /// The RIVA model (Eq. 1) fed with stage times from separate runs, against riva's own run.
     Model(model::ModelArgs),
     /// The raw pipe's receiving end (run by `transfer`).
@@ -61,6 +64,7 @@ fn main() -> anyhow::Result<()> {
         Bench::Scrub(a) => scrub::run(&a),
         Bench::Mount(a) => mount::run(&a),
         Bench::Scale(a) => scale::run(&a),
+        Bench::Split(a) => split::run(&a),
         Bench::PipeRecv(a) => pipe::recv(&a),
         Bench::PipeSend(a) => pipe::send(&a),
     }

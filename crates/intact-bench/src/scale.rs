@@ -131,7 +131,7 @@ pub fn run(a: &ScaleArgs) -> anyhow::Result<()> {
 }
 
 /// Senders still running when a run ends early are killed and reaped.
-struct Senders(Vec<Child>);
+pub(crate) struct Senders(pub(crate) Vec<Child>);
 
 impl Drop for Senders {
     fn drop(&mut self) {

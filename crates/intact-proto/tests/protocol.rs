@@ -573,3 +573,75 @@ fn a_delete_list_longer_than_its_frame_is_refused_before_allocating() {
         Err(ProtoError::Malformed { .. })
     ));
 }
+
+/// The body of `m`'s frame (without its length prefix).
+fn body_of(m: &Message) -> Vec<u8> {
+    let mut out = Vec::new();
+    m.encode(&mut out);
+    out.split_off(intact_proto::HEADER_LEN)
+}
+
+#[test]
+fn a_range_on_a_directory_or_an_empty_range_is_malformed() {
+    let file = Entry {
+        file: 1,
+        path: WirePath::parse(b"big").unwrap(),
+        kind: EntryKind::File,
+        mode: 0o644,
+        mtime_sec: 1,
+        mtime_nsec: 0,
+        size: 1 << 20,
+        block_size: 4096,
+        algorithm: 1,
+        verify: 5,
+        flags: 0,
+        origin: Vec::new(),
+        range: Some(EntryRange {
+            split: [5; 16],
+            first: 3,
+            end: 9,
+        }),
+    };
+    let ok = Message::Entry(file.clone());
+    assert_eq!(Message::decode(&body_of(&ok)).unwrap(), ok);
+    // The flag comes from `range` alone: set in flags without a range, it
+    // is not sent.
+    let flagged = Message::Entry(Entry {
+        flags: Entry::RANGE,
+        range: None,
+        ..file.clone()
+    });
+    let Message::Entry(back) = Message::decode(&body_of(&flagged)).unwrap() else {
+        panic!()
+    };
+    assert_eq!((back.flags, back.range), (0, None));
+    for (bad, why) in [
+        (
+            Entry {
+                kind: EntryKind::Dir,
+                ..file.clone()
+            },
+            "not a file",
+        ),
+        (
+            Entry {
+                range: Some(EntryRange {
+                    split: [5; 16],
+                    first: 9,
+                    end: 9,
+                }),
+                ..file.clone()
+            },
+            "empty range",
+        ),
+    ] {
+        match Message::decode(&body_of(&Message::Entry(bad))) {
+            Err(ProtoError::Malformed { detail, .. }) => assert!(detail.contains(why), "{detail}"),
+            other => panic!("{why}: {other:?}"),
+        }
+    }
+    // A range cut short.
+    let mut body = body_of(&ok);
+    body.truncate(body.len() - 4);
+    assert!(Message::decode(&body).is_err());
+}

@@ -379,6 +379,7 @@ fn gen_entry(
     } else {
         Vec::new()
     };
+    let is_file = kind == EntryKind::File;
     let entry = Entry {
         file: id,
         path: p,
@@ -408,7 +409,16 @@ fn gen_entry(
         verify: src.pick(VERIFY),
         flags: if src.chance(25) { src.byte() & 7 } else { 0 },
         origin: Vec::new(),
-        range: None,
+        // Version 11: now and then one range of a split file (a split id
+        // of two values, so ranges of one path meet), of any extent.
+        range: (is_file && src.chance(8)).then(|| {
+            let first = src.below(6);
+            intact_proto::EntryRange {
+                split: [src.below(2) as u8; 16],
+                first,
+                end: first + 1 + src.below(4),
+            }
+        }),
     };
     Plan {
         id,
