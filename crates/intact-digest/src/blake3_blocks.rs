@@ -19,9 +19,12 @@ pub struct Blake3Blocks {
     block: u64,
     /// Blocks of the file.
     count: usize,
-    /// Per block set so far (from block 0 up to the highest one set): its
-    /// chaining value (the file's root hash when the file is a single
-    /// block). Grown as blocks are set, so an announced size costs nothing.
+    /// The first block with a part: 0, or a range's first block.
+    first: usize,
+    /// Per block set so far (from block `first` up to the highest one
+    /// set): its chaining value (the file's root hash when the file is a
+    /// single block). Grown as blocks are set, so an announced size costs
+    /// nothing.
     parts: Vec<Option<[u8; 32]>>,
 }
 
@@ -37,14 +40,25 @@ impl Blake3Blocks {
             len,
             block,
             count: len.div_ceil(block) as usize,
+            first: 0,
             parts: Vec::new(),
         })
+    }
+
+    /// As [`Blake3Blocks::new`], keeping parts for blocks from `first`
+    /// on only (one range of a split file): blocks before it are ignored,
+    /// and so the file's BLAKE3 is never complete; [`Blake3Blocks::range_cvs`]
+    /// gives the range's chaining values.
+    pub fn new_from(len: u64, block: u64, first: u64) -> Option<Blake3Blocks> {
+        let mut b = Blake3Blocks::new(len, block)?;
+        b.first = usize::try_from(first).ok()?;
+        Some(b)
     }
 
     /// Sets (or replaces) block `index` to `bytes`.
     pub fn set(&mut self, index: u64, bytes: &[u8]) {
         let index = index as usize;
-        if index >= self.count {
+        if index >= self.count || index < self.first {
             return;
         }
         let part = if self.count == 1 {
@@ -55,10 +69,11 @@ impl Blake3Blocks {
             h.update(bytes);
             h.finalize_non_root()
         };
-        if index >= self.parts.len() {
-            self.parts.resize(index + 1, None);
+        let at = index - self.first;
+        if at >= self.parts.len() {
+            self.parts.resize(at + 1, None);
         }
-        self.parts[index] = Some(part);
+        self.parts[at] = Some(part);
     }
 
     /// The chaining values of blocks `first..end`, once each is set; None
@@ -115,7 +130,10 @@ impl Blake3Blocks {
     }
 
     fn part(&self, index: usize) -> Option<[u8; 32]> {
-        self.parts.get(index).copied().flatten()
+        self.parts
+            .get(index.checked_sub(self.first)?)
+            .copied()
+            .flatten()
     }
 }
 
@@ -192,6 +210,18 @@ mod tests {
         assert!(b.parts.len() <= 3 && b.finalize().is_none());
         b.set(1 << 30, &[1; 10]);
         assert!(b.parts.len() <= 3, "a block past the end is ignored");
+    }
+
+    #[test]
+    fn a_range_keeps_parts_from_its_first_block() {
+        let mut b = Blake3Blocks::new_from(4 << 40, 4 << 20, (1 << 20) - 2).unwrap();
+        b.set((1 << 20) - 1, &[1; 4096]);
+        b.set(3, &[1; 4096]);
+        assert!(b.parts.len() <= 2, "{}", b.parts.len());
+        assert!(b.range_cvs((1 << 20) - 2, 1 << 20).is_none());
+        b.set((1 << 20) - 2, &[2; 4096]);
+        assert_eq!(b.range_cvs((1 << 20) - 2, 1 << 20).unwrap().len(), 2);
+        assert!(b.range_cvs(0, 4).is_none(), "before the range");
     }
 
     #[test]

@@ -95,11 +95,13 @@ pub fn place(
             .min(own.len() as u64)
             .max(blocks.div_ceil(MAX_RANGE_BLOCKS))
             .clamp(2, blocks);
+        // In u128: j × blocks may pass u64 for a (sparse) file of exabytes.
+        let cut = |j: u64| (u128::from(j) * u128::from(blocks) / u128::from(k)) as u64;
         for j in 0..k {
-            let first = j * blocks / k;
-            let end = (j + 1) * blocks / k;
+            let (first, end) = (cut(j), cut(j + 1));
             let shard = own[(j as usize) % own.len()];
-            let bytes = (end * block).min(size) - first * block;
+            let at = |b: u64| b.saturating_mul(block).min(size);
+            let bytes = at(end) - at(first);
             out.loads[shard] += bytes + ENTRY_COST;
             out.pieces.push(Piece {
                 entry: i,

@@ -11,6 +11,7 @@
 mod common;
 
 use std::fs;
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -509,6 +510,70 @@ fn two_last_ranges_ending_at_once_commit_the_file_exactly_once() {
         );
         assert!(fs::read(root.join(&path)).unwrap() == d, "round {round}");
     }
+    alive(&mut server);
+    honest_send_works(&server, dir.path(), &root, "honest");
+}
+
+/// The partial file of `PATH` under `root`.
+fn partial_of(root: &Path) -> std::path::PathBuf {
+    root.join(intact_transfer::partial_name(std::ffi::OsStr::new(PATH)))
+}
+
+#[test]
+fn a_confirmed_range_whose_bytes_changed_meanwhile_is_received_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let mut server = Server::start(&root);
+    let d = data(9);
+    let split = [4; 16];
+    let mut a = fresh(&server);
+    send_range(&mut a, 1, split, &d, 0, 2);
+    assert_verified(&result_of(&mut a, 1), FileResult::SPLIT_WAITING);
+    bye(a);
+    // No range is being received: the partial file is written in place
+    // (same inode) by someone else, as a file made anew would be.
+    let partial = partial_of(&root);
+    let ino = fs::metadata(&partial).unwrap().ino();
+    let f = fs::OpenOptions::new().write(true).open(&partial).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, &[0u8; 100], 10).unwrap();
+    drop(f);
+    assert_eq!(fs::metadata(&partial).unwrap().ino(), ino);
+    // The other range: the first is no longer confirmed, nothing commits.
+    let mut b = fresh(&server);
+    send_range(&mut b, 1, split, &d, 2, 4);
+    let r = result_of(&mut b, 1);
+    assert_verified(&r, FileResult::SPLIT_WAITING);
+    assert!(r.message.contains("blocks 0..2"), "{}", r.message);
+    assert!(!root.join(PATH).exists(), "committed over changed bytes");
+    // Sent again, the file is whole and right.
+    send_range(&mut b, 2, split, &d, 0, 2);
+    assert_verified(&result_of(&mut b, 2), FileResult::SPLIT_COMMITTED);
+    assert!(fs::read(root.join(PATH)).unwrap() == d, "bytes differ");
+    alive(&mut server);
+    honest_send_works(&server, dir.path(), &root, "honest");
+}
+
+#[test]
+fn a_committed_split_file_removed_since_is_received_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let mut server = Server::start(&root);
+    let d = data(10);
+    let split = [5; 16];
+    let mut a = fresh(&server);
+    send_range(&mut a, 1, split, &d, 0, 2);
+    assert_verified(&result_of(&mut a, 1), FileResult::SPLIT_WAITING);
+    send_range(&mut a, 2, split, &d, 2, 4);
+    assert_verified(&result_of(&mut a, 2), FileResult::SPLIT_COMMITTED);
+    fs::remove_file(root.join(PATH)).unwrap();
+    // Not answered from a file that is gone: received anew, and only
+    // committed again when both ranges verified again.
+    send_range(&mut a, 3, split, &d, 0, 2);
+    assert_verified(&result_of(&mut a, 3), FileResult::SPLIT_WAITING);
+    assert!(!root.join(PATH).exists());
+    send_range(&mut a, 4, split, &d, 2, 4);
+    assert_verified(&result_of(&mut a, 4), FileResult::SPLIT_COMMITTED);
+    assert!(fs::read(root.join(PATH)).unwrap() == d, "bytes differ");
     alive(&mut server);
     honest_send_works(&server, dir.path(), &root, "honest");
 }

@@ -209,6 +209,39 @@ fn a_large_file_is_sent_by_two_shards_and_committed_only_when_both_ranges_verifi
         assert_eq!(f["bytes_sent"], 0, "{f:#}");
     }
     assert_eq!(m["bytes_sent"], 0, "{m:#}");
+    // The file removed: received anew. One range at level none, the other
+    // with --require-level device: the file is not committed at a level
+    // below what a shard asked for.
+    fs::remove_file(&target).unwrap();
+    let first = ranges[0].0 as u32;
+    let out = send_shard(&plan, first, &reports)
+        .args(["--verify", "none"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = send_shard(&plan, last, &reports)
+        .args(["--require-level", "device"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("would be committed at level none"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!target.exists(), "committed below the level asked for");
+    // The first range again in riva: committed, at device.
+    for i in [first, last] {
+        let out = send_shard(&plan, i, &reports).output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    }
+    assert!(
+        fs::read(&target).unwrap() == big,
+        "the committed bytes differ"
+    );
+    let (code, m) = merged(&plan, &reports);
+    assert_eq!(code, Some(0), "{m:#}");
+    assert_eq!(m["levels"], serde_json::json!({"device": 7}), "{m:#}");
     drop(servers);
     drop(fs_);
 }

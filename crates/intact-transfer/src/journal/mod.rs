@@ -467,14 +467,25 @@ impl Journal {
     /// The blocks recorded for file `id`, with their digests and how they
     /// were verified.
     pub fn blocks(&self, id: i64) -> Result<Vec<BlockRecord>, TransferError> {
+        self.blocks_in(id, 0, i64::MAX as u64)
+    }
+
+    /// The blocks recorded for file `id` from block `first` up to `end`.
+    pub fn blocks_in(
+        &self,
+        id: i64,
+        first: u64,
+        end: u64,
+    ) -> Result<Vec<BlockRecord>, TransferError> {
         let db = self.db();
         let mut st = db
             .prepare_cached(
-                "SELECT idx, digest, mode, level, at, pages FROM blocks WHERE file = ?1 ORDER BY idx",
+                "SELECT idx, digest, mode, level, at, pages FROM blocks
+                 WHERE file = ?1 AND idx >= ?2 AND idx < ?3 ORDER BY idx",
             )
             .map_err(db_err)?;
         let rows = st
-            .query_map(params![id], |r| {
+            .query_map(params![id, first as i64, end as i64], |r| {
                 Ok(BlockRecord {
                     index: r.get::<_, i64>(0)? as u64,
                     digest: r.get(1)?,

@@ -61,13 +61,14 @@ impl Journal {
 
     /// Records a range of split row `id` as confirmed, with the blocks of
     /// it not yet recorded, in one transaction (the caller has fdatasynced
-    /// their data).
+    /// their data), which also reads back every range confirmed on the
+    /// same partial file (without their chaining values).
     pub fn confirm_range(
         &self,
         id: i64,
         range: &RangeRecord,
         blocks: &[BlockRecord],
-    ) -> Result<(), TransferError> {
+    ) -> Result<Vec<RangeRecord>, TransferError> {
         self.commit_with(|tx| {
             insert_blocks(tx, id, blocks)?;
             tx.prepare_cached(
@@ -88,35 +89,20 @@ impl Journal {
                 ])
             })
             .map_err(db_err)?;
-            Ok(())
+            ranges_in(tx, id, range.file_id, false)
         })
     }
 
     /// The confirmed ranges of row `id` written to the partial file
-    /// `file_id`, in block order; those on any other file are forgotten.
-    pub fn ranges(&self, id: i64, file_id: (u64, u64)) -> Result<Vec<RangeRecord>, TransferError> {
-        let db = self.db();
-        db.prepare_cached("DELETE FROM split_ranges WHERE file = ?1 AND (dev <> ?2 OR ino <> ?3)")
-            .and_then(|mut st| st.execute(params![id, file_id.0 as i64, file_id.1 as i64]))
-            .map_err(db_err)?;
-        let mut st = db
-            .prepare_cached(
-                "SELECT first, end, mode, level, at, dev, ino, cvs FROM split_ranges
-                 WHERE file = ?1 ORDER BY first",
-            )
-            .map_err(db_err)?;
-        let rows = st
-            .query_map(params![id], |r| {
-                Ok(RangeRecord {
-                    first: r.get::<_, i64>(0)? as u64,
-                    end: r.get::<_, i64>(1)? as u64,
-                    verified: VerifiedAt::from_row(r.get(2)?, r.get(3)?, r.get(4)?),
-                    file_id: (r.get::<_, i64>(5)? as u64, r.get::<_, i64>(6)? as u64),
-                    cvs: r.get(7)?,
-                })
-            })
-            .map_err(db_err)?;
-        rows.collect::<Result<_, _>>().map_err(db_err)
+    /// `file_id`, in block order, with their chaining values if `cvs`;
+    /// those on any other file are forgotten.
+    pub fn ranges(
+        &self,
+        id: i64,
+        file_id: (u64, u64),
+        cvs: bool,
+    ) -> Result<Vec<RangeRecord>, TransferError> {
+        ranges_in(&self.db(), id, file_id, cvs)
     }
 
     /// Forgets the confirmed range of row `id` that starts at `first` (a
@@ -128,6 +114,35 @@ impl Journal {
             .map_err(db_err)?;
         Ok(())
     }
+}
+
+fn ranges_in(
+    db: &rusqlite::Connection,
+    id: i64,
+    file_id: (u64, u64),
+    cvs: bool,
+) -> Result<Vec<RangeRecord>, TransferError> {
+    db.prepare_cached("DELETE FROM split_ranges WHERE file = ?1 AND (dev <> ?2 OR ino <> ?3)")
+        .and_then(|mut st| st.execute(params![id, file_id.0 as i64, file_id.1 as i64]))
+        .map_err(db_err)?;
+    let mut st = db
+        .prepare_cached(
+            "SELECT first, end, mode, level, at, dev, ino, CASE WHEN ?2 THEN cvs ELSE x'' END
+             FROM split_ranges WHERE file = ?1 ORDER BY first",
+        )
+        .map_err(db_err)?;
+    let rows = st
+        .query_map(params![id, cvs], |r| {
+            Ok(RangeRecord {
+                first: r.get::<_, i64>(0)? as u64,
+                end: r.get::<_, i64>(1)? as u64,
+                verified: VerifiedAt::from_row(r.get(2)?, r.get(3)?, r.get(4)?),
+                file_id: (r.get::<_, i64>(5)? as u64, r.get::<_, i64>(6)? as u64),
+                cvs: r.get(7)?,
+            })
+        })
+        .map_err(db_err)?;
+    rows.collect::<Result<_, _>>().map_err(db_err)
 }
 
 #[cfg(test)]
@@ -159,31 +174,44 @@ mod tests {
             pages: None,
         };
         j.confirm_range(id, &range(4, 8, 50), &[block]).unwrap();
-        j.confirm_range(id, &range(0, 4, 50), &[]).unwrap();
+        let back = j.confirm_range(id, &range(0, 4, 50), &[]).unwrap();
+        assert_eq!(
+            back.iter()
+                .map(|r| (r.first, r.end, r.cvs.len()))
+                .collect::<Vec<_>>(),
+            [(0, 4, 0), (4, 8, 0)],
+            "read back in the same transaction, without chaining values"
+        );
         assert_eq!(
             j.blocks(id).unwrap().len(),
             1,
             "blocks go in with the range"
         );
-        let got = j.ranges(id, (1, 50)).unwrap();
+        let got = j.ranges(id, (1, 50), true).unwrap();
         assert_eq!(
             got.iter().map(|r| (r.first, r.end)).collect::<Vec<_>>(),
             [(0, 4), (4, 8)]
         );
         assert_eq!(got[1], range(4, 8, 50).clone_at(got[1].verified.at));
         j.unconfirm_range(id, 0).unwrap();
-        assert_eq!(j.ranges(id, (1, 50)).unwrap().len(), 1);
+        assert_eq!(j.ranges(id, (1, 50), true).unwrap().len(), 1);
         // Another partial file: its confirmations are gone for good.
-        assert!(j.ranges(id, (1, 51)).unwrap().is_empty());
-        assert!(j.ranges(id, (1, 50)).unwrap().is_empty());
+        assert!(j.ranges(id, (1, 51), true).unwrap().is_empty());
+        assert!(j.ranges(id, (1, 50), true).unwrap().is_empty());
         j.confirm_range(id, &range(0, 4, 50), &[]).unwrap();
         j.reopen(id, None).unwrap();
-        assert!(j.ranges(id, (1, 50)).unwrap().is_empty(), "reopen whole");
+        assert!(
+            j.ranges(id, (1, 50), true).unwrap().is_empty(),
+            "reopen whole"
+        );
         assert_eq!(j.lookup(b"big").unwrap().unwrap().split, None);
         j.set_split(id, [9; 16]).unwrap();
         j.confirm_range(id, &range(0, 4, 50), &[]).unwrap();
         j.start(b"big", 8192, (5, 0), 1024, None, b"").unwrap();
-        assert!(j.ranges(id, (1, 50)).unwrap().is_empty(), "started anew");
+        assert!(
+            j.ranges(id, (1, 50), true).unwrap().is_empty(),
+            "started anew"
+        );
         assert_eq!(j.lookup(b"big").unwrap().unwrap().split, None);
     }
 

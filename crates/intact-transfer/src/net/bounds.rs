@@ -279,6 +279,19 @@ pub(crate) fn blocks_of(e: &Entry, limits: &ReceiveLimits) -> Result<u64, String
     Ok(blocks)
 }
 
+/// The blocks and bytes `e` holds while it is received, of the `blocks`
+/// of its file: one range's, or the whole file's.
+pub(crate) fn range_share(e: &Entry, blocks: u64) -> (u64, u64) {
+    match e.range {
+        Some(r) if r.first < r.end && r.end <= blocks => {
+            let bs = u64::from(e.block_size);
+            let at = |b: u64| b.saturating_mul(bs).min(e.size);
+            (r.end - r.first, at(r.end) - at(r.first))
+        }
+        _ => (blocks, e.size),
+    }
+}
+
 /// A slot for a file of `blocks` blocks and `size` bytes on a stream
 /// holding `stream` of a session with `session`'s places, within the
 /// stream's, the session's and the server's limits.

@@ -105,9 +105,15 @@ pub(crate) struct WholeDigest {
 
 impl WholeDigest {
     /// For a file of `size` bytes in blocks of `block_size`.
+    #[cfg(test)]
     pub fn new(size: u64, block_size: u32) -> WholeDigest {
+        WholeDigest::new_from(size, block_size, 0)
+    }
+
+    /// For blocks `first..` of such a file (one range of a split file).
+    pub fn new_from(size: u64, block_size: u32, first: u64) -> WholeDigest {
         WholeDigest {
-            tree: Blake3Blocks::new(size, u64::from(block_size)),
+            tree: Blake3Blocks::new_from(size, u64::from(block_size), first),
             ..WholeDigest::default()
         }
     }

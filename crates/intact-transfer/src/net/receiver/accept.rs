@@ -49,12 +49,12 @@ pub(super) fn accept_block(
 ) -> Result<Verdict, TransferError> {
     let index = b.index;
     let bs = u64::from(f.entry.block_size);
+    if f.range.is_some() && !f.sends_block(index) {
+        return Err(malformed("block outside the range its entry claimed"));
+    }
     let Some(slot) = f.verified.get(index as usize).map(|d| d.copied()) else {
         return Err(malformed("block index past the end of the file"));
     };
-    if !f.sends_block(index) {
-        return Err(malformed("block outside the range its entry claimed"));
-    }
     let offset = index * bs;
     let want_len = (f.entry.size - offset).min(bs) as usize;
     let asked = f.awaiting_pages.remove(&index);

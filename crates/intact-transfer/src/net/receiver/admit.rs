@@ -181,24 +181,22 @@ impl Session<'_> {
             Ok(n) => n,
             Err(why) => return Ok(Admission::Refused(why)),
         };
-        if let Ok(slot) = bounds::take_slot(limits, &self.in_use, &self.shares, blocks, e.size) {
+        // One range of a split file holds only its own blocks and bytes
+        // (its state starts at its first block); one outside the file is
+        // refused when it begins.
+        let (blocks, bytes) = bounds::range_share(e, blocks);
+        if let Ok(slot) = bounds::take_slot(limits, &self.in_use, &self.shares, blocks, bytes) {
             return Ok(Admission::Now(Some(slot)));
         }
         if self.ready.is_empty() {
-            return Ok(self.busy(e, blocks));
+            return Ok(self.busy(blocks, bytes));
         }
         self.commit()?;
-        Ok(self.busy(e, blocks))
+        Ok(self.busy(blocks, bytes))
     }
 
-    fn busy(&self, e: &Entry, blocks: u64) -> Admission {
-        match bounds::take_slot(
-            &self.opts.limits,
-            &self.in_use,
-            &self.shares,
-            blocks,
-            e.size,
-        ) {
+    fn busy(&self, blocks: u64, bytes: u64) -> Admission {
+        match bounds::take_slot(&self.opts.limits, &self.in_use, &self.shares, blocks, bytes) {
             Ok(slot) => Admission::Now(Some(slot)),
             Err(r) => Admission::Busy(r.reason().to_string()),
         }

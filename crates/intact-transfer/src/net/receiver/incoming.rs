@@ -192,9 +192,12 @@ impl Incoming {
         row: i64,
     ) -> Incoming {
         let blocks = entry.size.div_ceil(u64::from(entry.block_size)) as usize;
+        // A range keeps state for its own blocks only (admission charged
+        // only those).
+        let first = entry.range.map_or(0, |r| r.first);
         Incoming {
-            whole: WholeDigest::new(entry.size, entry.block_size),
-            verified: BlockDigests::new(blocks),
+            whole: WholeDigest::new_from(entry.size, entry.block_size, first),
+            verified: BlockDigests::range(blocks, usize::try_from(first).unwrap_or(usize::MAX)),
             entry,
             mode,
             partial,

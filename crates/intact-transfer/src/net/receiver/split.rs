@@ -208,7 +208,9 @@ pub(super) fn begin_range(
     };
     let row = journal.lookup(e.path.as_bytes())?.filter(same);
     if let Some(row) = row.filter(|row| row.done) {
-        return held_range(dest, e, r, mode, &row, buf);
+        if let Some(held) = held_range(dest, &e, r, mode, &row, buf)? {
+            return Ok(held);
+        }
     }
     let root = dest.root_id().map_err(|err| TransferError::Destination {
         path: e.path.to_string(),
@@ -266,11 +268,11 @@ pub(super) fn begin_range(
             ));
         }
     }
-    let confirmed = journal.ranges(open.row, open.file_id)?;
+    let confirmed = journal.ranges(open.row, open.file_id, false)?;
+    let mut again = false;
     for c in &confirmed {
         if (c.first, c.end) == (r.first, r.end) {
-            // Received again: only a session that finishes confirms it.
-            journal.unconfirm_range(open.row, c.first)?;
+            again = true;
         } else if c.first < r.end && r.first < c.end {
             return Err(refuse(
                 &e,
@@ -281,7 +283,7 @@ pub(super) fn begin_range(
             ));
         }
     }
-    if inner.claims.len() + confirmed.len() >= MAX_RANGES {
+    if inner.claims.len() + confirmed.len() - usize::from(again) >= MAX_RANGES {
         return Err(refuse(&e, format!("more than {MAX_RANGES} ranges")));
     }
     let partial = open
@@ -291,6 +293,10 @@ pub(super) fn begin_range(
             path: e.path.to_string(),
             source: err,
         })?;
+    if again {
+        // Received again: only a session that finishes confirms it.
+        journal.unconfirm_range(open.row, r.first)?;
+    }
     let (row, file_id) = (open.row, open.file_id);
     inner.claims.insert(r.first, r.end);
     drop(inner);
@@ -307,11 +313,7 @@ pub(super) fn begin_range(
         file_id,
     });
     inc.verify = open_stage(&inc, inc.partial.as_ref().map(|p| p.file()), opts)?;
-    let records: Vec<_> = journal
-        .blocks(row)?
-        .into_iter()
-        .filter(|b| (r.first..r.end).contains(&b.index))
-        .collect();
+    let records = journal.blocks_in(row, r.first, r.end)?;
     let list = reverify_held(&mut inc, records, buf)?;
     let holding = if list.is_empty() {
         Holding::Nothing
@@ -350,6 +352,8 @@ fn open_split(
     let row = match row {
         Some(row) => {
             journal.reopen_as(row.id, session, true)?;
+            let _working = opts.working.now();
+            recheck_confirmed(journal, row.id, file_id, &template, e)?;
             row.id
         }
         None => {
@@ -373,22 +377,67 @@ fn open_split(
     })
 }
 
+/// The ranges an earlier holder of the partial file confirmed are trusted
+/// only if the file still holds what they recorded: each is read back
+/// (through the cache) and its blocks' chaining values compared with the
+/// recorded ones; a range that differs (the partial file was made anew,
+/// even on the same inode, or written by another transfer since) is no
+/// longer confirmed, and its blocks are received again.
+fn recheck_confirmed(
+    journal: &Journal,
+    row: i64,
+    file_id: (u64, u64),
+    partial: &PartialFile,
+    e: &Entry,
+) -> Result<(), TransferError> {
+    let bs = u64::from(e.block_size);
+    let mut buf = vec![0u8; bs as usize];
+    for c in journal.ranges(row, file_id, true)? {
+        let Some(mut tree) = Blake3Blocks::new_from(e.size, bs, c.first) else {
+            journal.unconfirm_range(row, c.first)?;
+            continue;
+        };
+        let mut readable = true;
+        for i in c.first..c.end.min(e.size.div_ceil(bs)) {
+            let offset = i * bs;
+            let len = (e.size - offset).min(bs) as usize;
+            if std::os::unix::fs::FileExt::read_exact_at(partial.file(), &mut buf[..len], offset)
+                .is_err()
+            {
+                readable = false;
+                break;
+            }
+            tree.set(i, &buf[..len]);
+        }
+        let same = readable
+            && tree
+                .range_cvs(c.first, c.end)
+                .is_some_and(|cvs| cvs.concat() == c.cvs);
+        if !same {
+            journal.unconfirm_range(row, c.first)?;
+        }
+    }
+    Ok(())
+}
+
 /// A range of a split file committed already: the range's blocks are read
 /// from the final file, and its digests are what the sender checks its
 /// source against; the range is unchanged only if the sender then sends
 /// no block and its range digest equals the one of these reads. Trusted
 /// at the level the file's record says, as a file held whole is.
+/// None: the file under its name is not the one committed (gone, or
+/// changed): the file is received anew.
 fn held_range(
     dest: &Destination,
-    e: Entry,
+    e: &Entry,
     r: EntryRange,
     mode: VerifyMode,
     row: &crate::journal::FileRow,
     buf: &mut AlignedBuf,
-) -> Result<(Incoming, Holding), TransferError> {
+) -> Result<Option<(Incoming, Holding)>, TransferError> {
     if e.flags & Entry::REVERIFY != 0 || row.verified.level < mode.level() {
         return Err(refuse(
-            &e,
+            e,
             format!(
                 "the file was committed from its ranges at level {}; one range of it cannot be \
                  re-verified alone (--reverify, or a mode aiming higher): send the file whole, \
@@ -397,20 +446,14 @@ fn held_range(
             ),
         ));
     }
-    let file = dest
-        .open_final(&e.path)
-        .filter(|f| unchanged_since(f, &e))
-        .ok_or_else(|| {
-            refuse(
-                &e,
-                "the journal says the file was committed, but the file under its name is not the one committed: make a new plan",
-            )
-        })?;
+    let Some(file) = dest.open_final(&e.path).filter(|f| unchanged_since(f, e)) else {
+        return Ok(None);
+    };
     let stamp = Stamp::of(&file).map_err(|err| TransferError::Destination {
         path: e.path.to_string(),
         source: err,
     })?;
-    let mut inc = Incoming::fresh(e, mode, None, row.id);
+    let mut inc = Incoming::fresh(e.clone(), mode, None, row.id);
     let bs = u64::from(inc.entry.block_size);
     let size = inc.entry.size;
     if buf.len() < bs as usize {
@@ -439,7 +482,7 @@ fn held_range(
         row: row.id,
         file_id: (0, 0),
     });
-    Ok((inc, Holding::Blocks(list)))
+    Ok(Some((inc, Holding::Blocks(list))))
 }
 
 /// The range digest of the blocks `f` holds of its range (None: a block's
@@ -515,28 +558,24 @@ impl Session<'_> {
         // the first's confirmation and no claim.
         let decided = {
             let mut inner = split.lock();
-            let confirmed = self
+            let ranges = self
                 .journal
                 .confirm_range(range_in.row, &record, &f.unjournaled);
             claim.release(&mut inner);
-            let ranges =
-                confirmed.and_then(|()| self.journal.ranges(range_in.row, range_in.file_id));
-            match ranges {
-                Err(e) => Err(e),
-                Ok(ranges) => {
-                    let gap = gap(&ranges, n);
-                    let commit = gap.is_none() && inner.claims.is_empty() && !inner.committing;
-                    inner.committing |= commit;
-                    Ok((gap, commit, ranges))
-                }
-            }
+            ranges.map(|ranges| {
+                let gap = gap(&ranges, n);
+                let commit = gap.is_none() && inner.claims.is_empty() && !inner.committing;
+                inner.committing |= commit;
+                (gap, commit, ranges)
+            })
         };
         drop(claim);
-        f.unjournaled.clear();
         let (gap, commit, ranges) = match decided {
             Ok(d) => d,
             Err(e) => return self.range_failed(file, f, &e.to_string()),
         };
+        f.unjournaled.clear();
+        f.unjournaled_bytes = 0;
         let mut result = FileResult {
             split: FileResult::SPLIT_WAITING,
             ..verified(file, reached.level, "")
@@ -563,17 +602,37 @@ impl Session<'_> {
             self.out.put(Message::FileResult(result))?;
             return Ok(());
         }
-        let committed = {
-            let _working = self.opts.working.now();
-            self.commit_split(&mut f, &ranges)
+        // The file's level is the lowest of its ranges': what a shard's
+        // --require-level asks of it, and what the committing range says.
+        let level = ranges
+            .iter()
+            .map(|r| r.verified.level)
+            .min()
+            .unwrap_or(VerifyLevel::None);
+        let required = super::required_level(f.entry.flags).filter(|w| level < *w);
+        let committed = match required {
+            Some(want) => Err(format!(
+                "every range verified, but the file would be committed at level {level} \
+                 (its lowest range's), and --require-level {want} was asked for: not committed"
+            )),
+            None => {
+                let _working = self.opts.working.now();
+                self.commit_split(&mut f, range_in.row, range_in.file_id, n)
+            }
         };
         {
             let mut inner = split.lock();
             inner.committing = false;
             inner.committed = committed.is_ok();
+            if let (Err(why), None) = (&committed, required) {
+                // Renamed or not, its partial file is written no more by
+                // this record: the next range opens it afresh.
+                inner.open = Some(Err(why.clone()));
+            }
         }
         match committed {
             Ok(level) => {
+                result.level = level.wire_id();
                 result.split = FileResult::SPLIT_COMMITTED;
                 result.message = format!(
                     "range {}..{} verified; with it all {} ranges: the file is committed at level {level}",
@@ -599,8 +658,17 @@ impl Session<'_> {
     fn commit_split(
         &mut self,
         f: &mut Incoming,
-        ranges: &[RangeRecord],
+        row: i64,
+        file_id: (u64, u64),
+        n: u64,
     ) -> Result<VerifyLevel, String> {
+        let ranges = self
+            .journal
+            .ranges(row, file_id, true)
+            .map_err(|e| e.to_string())?;
+        if gap(&ranges, n).is_some() {
+            return Err("the confirmed ranges no longer cover the file: not committed".into());
+        }
         let bs = u64::from(f.entry.block_size);
         let cvs: Vec<[u8; 32]> = ranges
             .iter()
