@@ -4,7 +4,7 @@
 //! `split.rs`). A file is split only among the shards of one server,
 //! because the ranges meet in that server's partial file.
 
-use intact_transfer::{SourceEntry, SourceKind, MAX_RANGE_BLOCKS, MIN_SPLIT_BLOCK};
+use intact_transfer::{SourceEntry, SourceKind, MAX_RANGES, MAX_RANGE_BLOCKS, MIN_SPLIT_BLOCK};
 
 use crate::plan::ENTRY_COST;
 
@@ -58,8 +58,8 @@ pub fn place(
         .copied()
         .filter(|&i| entries[i].kind == SourceKind::File)
         .collect();
-    let total: u64 = files.iter().map(|&i| entries[i].size).sum();
-    let fair = total / shards as u64;
+    let total: u128 = files.iter().map(|&i| u128::from(entries[i].size)).sum();
+    let fair = u64::try_from(total / shards as u128).unwrap_or(u64::MAX);
     if shards < 2 || fair == 0 {
         return out;
     }
@@ -90,10 +90,18 @@ pub fn place(
         };
         let mut own = members(server);
         own.sort_by_key(|&m| (out.loads[m], m));
+        let least = blocks.div_ceil(MAX_RANGE_BLOCKS);
+        if least > MAX_RANGES {
+            out.whole.push((
+                i,
+                "it would take more ranges than a server accepts for one file",
+            ));
+            continue;
+        }
         let k = size
             .div_ceil(fair)
             .min(own.len() as u64)
-            .max(blocks.div_ceil(MAX_RANGE_BLOCKS))
+            .max(least)
             .clamp(2, blocks);
         // In u128: j × blocks may pass u64 for a (sparse) file of exabytes.
         let cut = |j: u64| (u128::from(j) * u128::from(blocks) / u128::from(k)) as u64;
@@ -155,6 +163,16 @@ mod tests {
         let p = place(&entries, &[0, 1, 2], 2, 2, 4 * MIB);
         assert!(p.pieces.is_empty());
         assert_eq!(p.whole.len(), 1);
+        // A (sparse) file too large for the ranges a server accepts stays
+        // whole, and sizes near u64::MAX neither overflow nor panic.
+        let p = place(
+            &[file(u64::MAX / 2), file(u64::MAX / 2)],
+            &[0, 1],
+            4,
+            1,
+            4096,
+        );
+        assert!(p.pieces.is_empty() && p.whole.len() == 2, "{p:?}");
         // A file of one block stays whole.
         let p = place(&[file(MIB), file(10)], &[0, 1], 2, 1, 4 * MIB);
         assert!(p.pieces.is_empty() && p.whole.len() == 1);

@@ -69,6 +69,8 @@ pub use profile::{Profile, Stage, StageTime};
 /// Most blocks one range of a split file may have (a range's Status
 /// lists them all when the file was committed already).
 pub const MAX_RANGE_BLOCKS: u64 = intact_proto::MAX_STATUS_BLOCKS as u64;
+/// Most ranges (claimed and confirmed) a server accepts for one split file.
+pub const MAX_RANGES: u64 = net::receiver::MAX_RANGES as u64;
 /// The smallest block size a split file may be cut at.
 pub const MIN_SPLIT_BLOCK: u64 = net::receiver::MIN_SPLIT_BLOCK as u64;
 pub use prune::{prune, prune_under, PruneReport};

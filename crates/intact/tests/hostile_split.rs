@@ -577,3 +577,89 @@ fn a_committed_split_file_removed_since_is_received_again() {
     alive(&mut server);
     honest_send_works(&server, dir.path(), &root, "honest");
 }
+
+/// /proc/PID/io's `rchar`: bytes the process read.
+fn rchar(pid: u32) -> u64 {
+    fs::read_to_string(format!("/proc/{pid}/io"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("rchar: "))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn refused_ranges_do_not_make_the_server_read_the_confirmed_ones_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let mut server = Server::start(&root);
+    let pid = server.child.id();
+    // 64 blocks of 64 KiB; blocks 0..63 confirmed (about 4 MiB).
+    let bs: u32 = 64 << 10;
+    let size = 64 * u64::from(bs);
+    let d = intact_sample::bytes(size as usize, 12);
+    let entry = |id: u64, first: u64, end: u64| Entry {
+        range: Some(EntryRange {
+            split: [6; 16],
+            first,
+            end,
+        }),
+        ..file_entry(id, "wide.bin", size, bs, VerifyMode::Block)
+    };
+    let mut a = fresh(&server);
+    a.send(&Message::Entry(entry(1, 0, 63))).unwrap();
+    status_of(&mut a, 1);
+    let mut t = Blake3Blocks::new(size, u64::from(bs)).unwrap();
+    for (i, b) in d.chunks(bs as usize).enumerate() {
+        t.set(i as u64, b);
+        if i < 63 {
+            a.send(&block_at(1, i as u64, b)).unwrap();
+        }
+    }
+    let cvs = t.range_cvs(0, 63).unwrap();
+    a.send(&range_end(
+        1,
+        0,
+        63,
+        range_digest(size, u64::from(bs), 0, 63, &cvs).to_vec(),
+    ))
+    .unwrap();
+    assert_verified(&result_of(&mut a, 1), FileResult::SPLIT_WAITING);
+    bye(a);
+    // 20 entries, each refused (it overlaps the confirmed range), each
+    // opening the file's record anew.
+    let before = rchar(pid);
+    let mut b = fresh(&server);
+    for id in 0..20 {
+        b.send(&Message::Entry(entry(id, 62, 64))).unwrap();
+        let r = result_of(&mut b, id);
+        assert_eq!(r.status, FileStatus::Failed);
+        assert!(
+            r.message.contains("confirmed as another range"),
+            "{}",
+            r.message
+        );
+    }
+    let read = rchar(pid) - before;
+    assert!(
+        read < 2 << 20,
+        "the server read {read} bytes for 20 refused entries"
+    );
+    // Still right: the last range commits the file.
+    b.send(&Message::Entry(entry(30, 63, 64))).unwrap();
+    status_of(&mut b, 30);
+    b.send(&block_at(30, 63, &d[63 * bs as usize..])).unwrap();
+    let cvs = t.range_cvs(63, 64).unwrap();
+    b.send(&range_end(
+        30,
+        63,
+        64,
+        range_digest(size, u64::from(bs), 63, 64, &cvs).to_vec(),
+    ))
+    .unwrap();
+    assert_verified(&result_of(&mut b, 30), FileResult::SPLIT_COMMITTED);
+    assert!(fs::read(root.join("wide.bin")).unwrap() == d);
+    alive(&mut server);
+}

@@ -107,12 +107,16 @@ impl Journal {
 
     /// Forgets the confirmed range of row `id` that starts at `first` (a
     /// session now claims it again: only one that finishes confirms it).
+    ///
+    /// Committed at once (with whatever [`Journal::start`] left open): a
+    /// later rollback must never bring a confirmation back.
     pub fn unconfirm_range(&self, id: i64, first: u64) -> Result<(), TransferError> {
-        self.db()
-            .prepare_cached("DELETE FROM split_ranges WHERE file = ?1 AND first = ?2")
-            .and_then(|mut st| st.execute(params![id, first as i64]))
-            .map_err(db_err)?;
-        Ok(())
+        self.commit_with(|tx| {
+            tx.prepare_cached("DELETE FROM split_ranges WHERE file = ?1 AND first = ?2")
+                .and_then(|mut st| st.execute(params![id, first as i64]))
+                .map_err(db_err)?;
+            Ok(())
+        })
     }
 }
 

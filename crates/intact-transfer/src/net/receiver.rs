@@ -69,7 +69,7 @@ mod session;
 mod split;
 mod verifier;
 
-pub use split::{Splits, MIN_SPLIT_BLOCK};
+pub use split::{Splits, MAX_RANGES, MIN_SPLIT_BLOCK};
 
 use incoming::Incoming;
 use session::Session;

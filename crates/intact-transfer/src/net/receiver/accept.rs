@@ -280,7 +280,9 @@ pub(super) fn end_file(
         // Held whole: every block was re-verified in place already.
         return Ok(missing);
     };
-    if !missing.is_empty() {
+    // A range's modes have no end-of-file re-read (split.rs refuses the
+    // others), and its slots start at its first block.
+    if !missing.is_empty() || f.range.is_some() {
         return Ok(missing);
     }
     let bs = u64::from(f.entry.block_size);

@@ -20,100 +20,32 @@
 //! chaining values the confirmations recorded, and its level is the
 //! lowest of theirs.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::Arc;
 
 use intact_digest::{defaults, hash, AlignedBuf, Blake3Blocks};
-use intact_proto::{
-    range_digest, Entry, EntryRange, FileResult, Holding, Message, MAX_STATUS_BLOCKS,
-};
+use intact_proto::{Entry, EntryRange, Holding, MAX_STATUS_BLOCKS};
 
 use super::begin::{open_stage, unchanged_since};
-use super::commit::{below_required, failed, still_held, verified};
 use super::resume::reverify_held;
-use super::{Incoming, ReceiveOptions, Session};
-use crate::dest::{Destination, Mtime, PartialFile};
-use crate::journal::{unix_now, DoneFile, Journal, RangeRecord, VerifiedAt};
+use super::{Incoming, ReceiveOptions};
+use crate::dest::{Destination, PartialFile};
+use crate::journal::Journal;
 use crate::net::whole_digest::{HeldWhole, Stamp};
 use crate::profile::Stage;
-use crate::verify::{VerifyLevel, VerifyMode};
+use crate::verify::VerifyMode;
 use crate::TransferError;
+
+mod finish;
+mod registry;
+
+pub use registry::Splits;
+use registry::{known_of, Claim, FileStamp, Known, Open, Quiet};
 
 /// Most claims and confirmed ranges one split file may have at once.
 pub const MAX_RANGES: usize = 4096;
 
 /// The smallest block size a split file may have.
 pub const MIN_SPLIT_BLOCK: u32 = 4096;
-
-/// The split files being received, per destination root and path (shared
-/// by the clones of one server's receive options).
-#[derive(Clone, Default)]
-pub struct Splits(Arc<Mutex<HashMap<SplitKey, Weak<SplitFile>>>>);
-
-/// (root device, root inode, path).
-type SplitKey = (u64, u64, Vec<u8>);
-
-/// One split file being received.
-pub(super) struct SplitFile {
-    id: [u8; 16],
-    size: u64,
-    mtime: (i64, u32),
-    block: u32,
-    inner: Mutex<Inner>,
-}
-
-#[derive(Default)]
-struct Inner {
-    /// Set by the first session to join: the locked partial file, its
-    /// journal row, its (device, inode); or why it could not be.
-    open: Option<Result<Open, String>>,
-    /// Live claims: first block → end.
-    claims: BTreeMap<u64, u64>,
-    committing: bool,
-    committed: bool,
-}
-
-struct Open {
-    template: PartialFile,
-    row: i64,
-    file_id: (u64, u64),
-}
-
-/// A session's claim on blocks `first..end` of a split file; dropped (the
-/// session's file ended, failed, or its connection went), the blocks are
-/// free to be claimed again.
-pub(super) struct Claim {
-    file: Arc<SplitFile>,
-    first: u64,
-    /// Still in the file's claims (a confirmed range's claim is released
-    /// inside the critical section that confirms it).
-    live: bool,
-}
-
-impl Claim {
-    fn release(&mut self, inner: &mut Inner) {
-        if std::mem::take(&mut self.live) {
-            inner.claims.remove(&self.first);
-        }
-    }
-}
-
-impl Drop for Claim {
-    fn drop(&mut self) {
-        if self.live {
-            let file = Arc::clone(&self.file);
-            self.release(&mut file.lock());
-        }
-    }
-}
-
-impl SplitFile {
-    fn lock(&self) -> MutexGuard<'_, Inner> {
-        // Every change under it is a plain field update: a panic leaves
-        // it consistent.
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
 
 /// The range of an incoming file that is one range of a split file.
 pub(super) struct RangeIn {
@@ -217,24 +149,9 @@ pub(super) fn begin_range(
         source: err,
     })?;
     let key = (root.0, root.1, e.path.as_bytes().to_vec());
-    let file = {
-        let mut map = opts.splits.0.lock().unwrap_or_else(|p| p.into_inner());
-        map.retain(|_, w| w.strong_count() > 0);
-        match map.get(&key).and_then(Weak::upgrade) {
-            Some(f) => f,
-            None => {
-                let f = Arc::new(SplitFile {
-                    id: r.split,
-                    size: e.size,
-                    mtime: (e.mtime_sec, e.mtime_nsec),
-                    block: e.block_size,
-                    inner: Mutex::new(Inner::default()),
-                });
-                map.insert(key, Arc::downgrade(&f));
-                f
-            }
-        }
-    };
+    let (file, quiet) = opts.splits.join(key, || {
+        (r.split, e.size, (e.mtime_sec, e.mtime_nsec), e.block_size)
+    });
     if (file.id, file.size, file.mtime, file.block)
         != (r.split, e.size, (e.mtime_sec, e.mtime_nsec), e.block_size)
     {
@@ -243,9 +160,22 @@ pub(super) fn begin_range(
             "being received as part of another split (another plan, or the file changed since this plan)",
         ));
     }
-    let mut inner = file.lock();
+    // The first session may be reading the confirmed ranges back: the
+    // others wait for it as for the server's own work.
+    let mut inner = {
+        let _working = opts.working.now();
+        file.lock()
+    };
     if inner.open.is_none() {
-        inner.open = Some(open_split(dest, journal, opts, &e, r.split).map_err(|e| e.to_string()));
+        let opened = open_split(dest, journal, opts, &e, r.split, quiet);
+        inner.open = Some(
+            opened
+                .map(|(open, known)| {
+                    inner.known = known;
+                    open
+                })
+                .map_err(|e| e.to_string()),
+        );
     }
     let open = match inner.open.as_ref().expect("set above") {
         Ok(open) => open,
@@ -293,10 +223,6 @@ pub(super) fn begin_range(
             path: e.path.to_string(),
             source: err,
         })?;
-    if again {
-        // Received again: only a session that finishes confirms it.
-        journal.unconfirm_range(open.row, r.first)?;
-    }
     let (row, file_id) = (open.row, open.file_id);
     inner.claims.insert(r.first, r.end);
     drop(inner);
@@ -315,6 +241,14 @@ pub(super) fn begin_range(
     inc.verify = open_stage(&inc, inc.partial.as_ref().map(|p| p.file()), opts)?;
     let records = journal.blocks_in(row, r.first, r.end)?;
     let list = reverify_held(&mut inc, records, buf)?;
+    if again {
+        // Received again: only a session that finishes confirms it. Last,
+        // after everything that may refuse the range (its claim, live
+        // since, keeps any commit out meanwhile).
+        let mut inner = file.lock();
+        journal.unconfirm_range(row, r.first)?;
+        inner.known.remove(&r.first);
+    }
     let holding = if list.is_empty() {
         Holding::Nothing
     } else {
@@ -325,14 +259,17 @@ pub(super) fn begin_range(
 
 /// The first session of a split file opens (and locks) its partial file
 /// and starts its journal row, or goes on with the row an earlier run of
-/// the same split left.
+/// the same split left: then the ranges confirmed are trusted only as far
+/// as they are known to be true (see [`recheck_confirmed`]). Returns the
+/// open file and the confirmed ranges known to be true of it.
 fn open_split(
     dest: &Destination,
     journal: &Journal,
     opts: &ReceiveOptions,
     e: &Entry,
     split: [u8; 16],
-) -> Result<Open, TransferError> {
+    quiet: Option<Quiet>,
+) -> Result<(Open, Known), TransferError> {
     let profile = &*opts.profile;
     let template = profile.time(Stage::Create, || dest.partial(&e.path, e.size))?;
     let file_id = template
@@ -349,12 +286,12 @@ fn open_split(
             && (row.mtime_sec, row.mtime_nsec) == (e.mtime_sec, e.mtime_nsec)
             && row.block_size == e.block_size
     });
-    let row = match row {
+    let (row, known) = match row {
         Some(row) => {
             journal.reopen_as(row.id, session, true)?;
             let _working = opts.working.now();
-            recheck_confirmed(journal, row.id, file_id, &template, e)?;
-            row.id
+            let known = recheck_confirmed(journal, row.id, file_id, &template, e, quiet)?;
+            (row.id, known)
         }
         None => {
             let id = journal.start(
@@ -367,32 +304,47 @@ fn open_split(
             )?;
             journal.set_split(id, split)?;
             journal.flush()?;
-            id
+            (id, Known::new())
         }
     };
-    Ok(Open {
-        template,
-        row,
-        file_id,
-    })
+    Ok((
+        Open {
+            template,
+            row,
+            file_id,
+        },
+        known,
+    ))
 }
 
 /// The ranges an earlier holder of the partial file confirmed are trusted
-/// only if the file still holds what they recorded: each is read back
-/// (through the cache) and its blocks' chaining values compared with the
-/// recorded ones; a range that differs (the partial file was made anew,
-/// even on the same inode, or written by another transfer since) is no
-/// longer confirmed, and its blocks are received again.
+/// only if the file still holds what they recorded. If the last record of
+/// this server knew them, and the partial file is the very version it
+/// left (same inode, size and ctime: nobody wrote it since), they are
+/// known still. Otherwise each is read back (through the cache) and its
+/// blocks' chaining values compared with the recorded ones; a range that
+/// differs (the partial file was made anew, even on the same inode, or
+/// written by another transfer since) is no longer confirmed, and its
+/// blocks are received again. Returns the ranges known to be true.
 fn recheck_confirmed(
     journal: &Journal,
     row: i64,
     file_id: (u64, u64),
     partial: &PartialFile,
     e: &Entry,
-) -> Result<(), TransferError> {
+    quiet: Option<Quiet>,
+) -> Result<Known, TransferError> {
+    let ranges = journal.ranges(row, file_id, true)?;
+    let recorded: Known = ranges.iter().map(known_of).collect();
+    if let Some(q) = quiet {
+        if q.row == row && Some(q.stamp) == FileStamp::of(partial) && q.known == recorded {
+            return Ok(recorded);
+        }
+    }
     let bs = u64::from(e.block_size);
     let mut buf = vec![0u8; bs as usize];
-    for c in journal.ranges(row, file_id, true)? {
+    let mut known = Known::new();
+    for c in ranges {
         let Some(mut tree) = Blake3Blocks::new_from(e.size, bs, c.first) else {
             journal.unconfirm_range(row, c.first)?;
             continue;
@@ -413,11 +365,14 @@ fn recheck_confirmed(
             && tree
                 .range_cvs(c.first, c.end)
                 .is_some_and(|cvs| cvs.concat() == c.cvs);
-        if !same {
+        if same {
+            let (first, v) = known_of(&c);
+            known.insert(first, v);
+        } else {
             journal.unconfirm_range(row, c.first)?;
         }
     }
-    Ok(())
+    Ok(known)
 }
 
 /// A range of a split file committed already: the range's blocks are read
@@ -435,6 +390,9 @@ fn held_range(
     row: &crate::journal::FileRow,
     buf: &mut AlignedBuf,
 ) -> Result<Option<(Incoming, Holding)>, TransferError> {
+    let Some(file) = dest.open_final(&e.path).filter(|f| unchanged_since(f, e)) else {
+        return Ok(None);
+    };
     if e.flags & Entry::REVERIFY != 0 || row.verified.level < mode.level() {
         return Err(refuse(
             e,
@@ -446,9 +404,6 @@ fn held_range(
             ),
         ));
     }
-    let Some(file) = dest.open_final(&e.path).filter(|f| unchanged_since(f, e)) else {
-        return Ok(None);
-    };
     let stamp = Stamp::of(&file).map_err(|err| TransferError::Destination {
         path: e.path.to_string(),
         source: err,
@@ -483,298 +438,4 @@ fn held_range(
         file_id: (0, 0),
     });
     Ok(Some((inc, Holding::Blocks(list))))
-}
-
-/// The range digest of the blocks `f` holds of its range (None: a block's
-/// part is missing, which never happens to a range whose blocks all
-/// verified).
-fn range_digest_of(f: &Incoming, r: &EntryRange) -> Option<([u8; 32], Vec<[u8; 32]>)> {
-    let cvs = f.whole.tree()?.range_cvs(r.first, r.end)?;
-    let d = range_digest(
-        f.entry.size,
-        u64::from(f.entry.block_size),
-        r.first,
-        r.end,
-        &cvs,
-    );
-    Some((d, cvs))
-}
-
-/// Whether confirmed ranges cover blocks `0..n` exactly; else the first
-/// blocks they leave out.
-fn gap(ranges: &[RangeRecord], n: u64) -> Option<(u64, u64)> {
-    let mut at = 0;
-    for r in ranges {
-        if r.first != at {
-            return Some((at, r.first.min(n)));
-        }
-        at = r.end;
-    }
-    (at != n).then_some((at, n))
-}
-
-impl Session<'_> {
-    /// FileEnd of a range whose every block verified: its range digest is
-    /// compared with the sender's, then it is confirmed, and the session
-    /// that completes the file commits it.
-    pub(super) fn end_range(&mut self, file: u64, mut f: Incoming) -> Result<(), TransferError> {
-        let path = f.entry.path.to_string();
-        let range_in = f.range.take().expect("a range");
-        let r = range_in.range;
-        let Some((ours, cvs)) = range_digest_of(&f, &r) else {
-            return self.range_failed(file, f, "a block's part of the range digest is missing");
-        };
-        if let Err(why) = f.whole.confirm(ours) {
-            return self.range_failed(file, f, &format!("range {}..{}: {why}", r.first, r.end));
-        }
-        let Some(mut claim) = range_in.claim else {
-            return self.end_held_range(file, f, &r);
-        };
-        let reached = f.reached();
-        if let Some(want) = super::required_level(f.entry.flags).filter(|w| reached.level < *w) {
-            let msg = below_required(&reached, want);
-            return self.range_failed(file, f, &msg);
-        }
-        let synced = f
-            .partial
-            .as_ref()
-            .expect("a claimed range has its partial file")
-            .file()
-            .sync_data();
-        if let Err(err) = synced {
-            return self.range_failed(file, f, &format!("{path}: {err}"));
-        }
-        let record = RangeRecord {
-            first: r.first,
-            end: r.end,
-            verified: f.verified_at(reached.level),
-            file_id: range_in.file_id,
-            cvs: cvs.concat(),
-        };
-        let n = blocks_of(&f.entry);
-        let split = Arc::clone(&claim.file);
-        // Confirmed, the claim dropped and the ranges read back in one
-        // critical section: of two ranges ending at once, the second sees
-        // the first's confirmation and no claim.
-        let decided = {
-            let mut inner = split.lock();
-            let ranges = self
-                .journal
-                .confirm_range(range_in.row, &record, &f.unjournaled);
-            claim.release(&mut inner);
-            ranges.map(|ranges| {
-                let gap = gap(&ranges, n);
-                let commit = gap.is_none() && inner.claims.is_empty() && !inner.committing;
-                inner.committing |= commit;
-                (gap, commit, ranges)
-            })
-        };
-        drop(claim);
-        let (gap, commit, ranges) = match decided {
-            Ok(d) => d,
-            Err(e) => return self.range_failed(file, f, &e.to_string()),
-        };
-        f.unjournaled.clear();
-        f.unjournaled_bytes = 0;
-        let mut result = FileResult {
-            split: FileResult::SPLIT_WAITING,
-            ..verified(file, reached.level, "")
-        };
-        let why_below = reached
-            .note
-            .as_deref()
-            .filter(|_| reached.level < f.mode.level())
-            .map(|n| format!(" (range at level {}: {n})", reached.level))
-            .unwrap_or_default();
-        if !commit {
-            result.message = match gap {
-                Some((a, b)) => format!(
-                    "range {}..{} verified; the file is committed when blocks {a}..{b} have verified too",
-                    r.first, r.end
-                ),
-                None => format!(
-                    "range {}..{} verified; another range is being received or committed",
-                    r.first, r.end
-                ),
-            };
-            result.message.push_str(&why_below);
-            self.summary.verified += 1;
-            self.out.put(Message::FileResult(result))?;
-            return Ok(());
-        }
-        // The file's level is the lowest of its ranges': what a shard's
-        // --require-level asks of it, and what the committing range says.
-        let level = ranges
-            .iter()
-            .map(|r| r.verified.level)
-            .min()
-            .unwrap_or(VerifyLevel::None);
-        let required = super::required_level(f.entry.flags).filter(|w| level < *w);
-        let committed = match required {
-            Some(want) => Err(format!(
-                "every range verified, but the file would be committed at level {level} \
-                 (its lowest range's), and --require-level {want} was asked for: not committed"
-            )),
-            None => {
-                let _working = self.opts.working.now();
-                self.commit_split(&mut f, range_in.row, range_in.file_id, n)
-            }
-        };
-        {
-            let mut inner = split.lock();
-            inner.committing = false;
-            inner.committed = committed.is_ok();
-            if let (Err(why), None) = (&committed, required) {
-                // Renamed or not, its partial file is written no more by
-                // this record: the next range opens it afresh.
-                inner.open = Some(Err(why.clone()));
-            }
-        }
-        match committed {
-            Ok(level) => {
-                result.level = level.wire_id();
-                result.split = FileResult::SPLIT_COMMITTED;
-                result.message = format!(
-                    "range {}..{} verified; with it all {} ranges: the file is committed at level {level}",
-                    r.first,
-                    r.end,
-                    ranges.len()
-                );
-                result.message.push_str(&why_below);
-                self.summary.verified += 1;
-                self.out.put(Message::FileResult(result))?;
-            }
-            Err(why) => {
-                self.summary.fail(&path, &why);
-                self.out.put(failed(file, &why))?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Commits a split file whose confirmed `ranges` cover it: its BLAKE3
-    /// composed from their chaining values, its level the lowest of
-    /// theirs. Returns that level, or why it was not committed.
-    fn commit_split(
-        &mut self,
-        f: &mut Incoming,
-        row: i64,
-        file_id: (u64, u64),
-        n: u64,
-    ) -> Result<VerifyLevel, String> {
-        let ranges = self
-            .journal
-            .ranges(row, file_id, true)
-            .map_err(|e| e.to_string())?;
-        if gap(&ranges, n).is_some() {
-            return Err("the confirmed ranges no longer cover the file: not committed".into());
-        }
-        let bs = u64::from(f.entry.block_size);
-        let cvs: Vec<[u8; 32]> = ranges
-            .iter()
-            .flat_map(|r| r.cvs.chunks_exact(32))
-            .map(|c| <[u8; 32]>::try_from(c).expect("chunks of 32"))
-            .collect();
-        let digest = Blake3Blocks::from_cvs(f.entry.size, bs, cvs)
-            .and_then(|t| t.finalize())
-            .ok_or("the confirmed ranges' chaining values do not make the file")?;
-        let level = ranges
-            .iter()
-            .map(|r| r.verified.level)
-            .min()
-            .unwrap_or(VerifyLevel::None);
-        let at = ranges.iter().map(|r| r.verified.at).min().unwrap_or(0);
-        let partial = f.partial.take().ok_or("no partial file")?;
-        let mtime = Mtime {
-            sec: f.entry.mtime_sec,
-            nsec: f.entry.mtime_nsec,
-        };
-        let profile = &self.opts.profile;
-        let results = profile.time(Stage::Commit, || {
-            self.dest.commit_batch(vec![(partial, f.entry.mode, mtime)])
-        });
-        for r in results {
-            r.map_err(|e| e.to_string())?;
-        }
-        let done = DoneFile {
-            row: f.row,
-            blocks: Vec::new(),
-            verified: VerifiedAt {
-                mode: f.mode,
-                level,
-                at: at.min(unix_now()),
-            },
-            digest: *digest.as_bytes(),
-        };
-        // The file is durable and verified under its name; a journal
-        // failure only means a later send may move it again.
-        let _ = profile.time(Stage::Journal, || self.journal.done_batch(&[done]));
-        Ok(level)
-    }
-
-    /// FileEnd of a range of a committed file that the sender sent no
-    /// block of, whose range digest matched the blocks read from it.
-    fn end_held_range(
-        &mut self,
-        file: u64,
-        f: Incoming,
-        r: &EntryRange,
-    ) -> Result<(), TransferError> {
-        let held = f.whole.held.expect("a held range");
-        if let Err(why) = still_held(self.dest, &f.entry.path, &held) {
-            return self.range_failed(file, f, &why);
-        }
-        let v = held.trusted.expect("trusted");
-        self.summary.verified += 1;
-        self.out.put(Message::FileResult(FileResult {
-            unchanged: true,
-            trusted: f.held.trusted_bytes(),
-            trusted_level: v.level.wire_id(),
-            trusted_at: v.at,
-            split: FileResult::SPLIT_HELD,
-            ..verified(
-                file,
-                v.level,
-                &format!(
-                    "range {}..{} of the committed file is unchanged",
-                    r.first, r.end
-                ),
-            )
-        }))?;
-        Ok(())
-    }
-
-    /// A range that does not confirm: what verified stays journaled.
-    fn range_failed(&mut self, file: u64, mut f: Incoming, why: &str) -> Result<(), TransferError> {
-        if f.partial.is_some() {
-            let _ = f.journal(self.journal, &self.opts.profile);
-        }
-        self.summary.fail(&f.entry.path.to_string(), why);
-        self.out.put(failed(file, why))?;
-        Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn rec(first: u64, end: u64) -> RangeRecord {
-        RangeRecord {
-            first,
-            end,
-            verified: VerifiedAt::now(VerifyMode::Riva, VerifyLevel::Device),
-            file_id: (0, 0),
-            cvs: Vec::new(),
-        }
-    }
-
-    #[test]
-    fn ranges_cover_a_file_only_without_gaps() {
-        assert_eq!(gap(&[], 4), Some((0, 4)));
-        assert_eq!(gap(&[rec(0, 2), rec(2, 4)], 4), None);
-        assert_eq!(gap(&[rec(0, 2)], 4), Some((2, 4)));
-        assert_eq!(gap(&[rec(2, 4)], 4), Some((0, 2)));
-        assert_eq!(gap(&[rec(0, 1), rec(2, 4)], 4), Some((1, 2)));
-    }
 }
