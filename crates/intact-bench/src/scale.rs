@@ -130,8 +130,47 @@ pub fn run(a: &ScaleArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Runs shards `0..n` of `plan` at once, shard I inside `host(I)` if it
+/// is a namespace; every shard ends before the verdict (a failed one is
+/// named), then a `sync`.
+pub(crate) fn send_shards<'a>(
+    intact: &Path,
+    key: &Path,
+    plan: &Path,
+    n: u32,
+    host: impl Fn(u32) -> Option<&'a Netns>,
+) -> anyhow::Result<()> {
+    let mut senders = Senders(Vec::new());
+    for i in 0..n {
+        let mut cmd = match host(i) {
+            Some(ns) => ns.command(intact),
+            None => Command::new(intact),
+        };
+        senders.0.push(
+            cmd.args(["send", "-q", "--key-file"])
+                .arg(key)
+                .arg("--plan")
+                .arg(plan)
+                .args(["--shard", &i.to_string()])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()?,
+        );
+    }
+    let mut failed = Vec::new();
+    for (i, s) in senders.0.iter_mut().enumerate() {
+        if !s.wait()?.success() {
+            failed.push(i);
+        }
+    }
+    if !failed.is_empty() {
+        bail!("shard(s) {failed:?} failed (run one by hand with the same plan to see why)");
+    }
+    run_cmd(&mut Command::new("sync"))
+}
+
 /// Senders still running when a run ends early are killed and reaped.
-pub(crate) struct Senders(pub(crate) Vec<Child>);
+struct Senders(Vec<Child>);
 
 impl Drop for Senders {
     fn drop(&mut self) {
@@ -213,34 +252,9 @@ fn once(
         )?;
         drop_caches();
         meter.go();
-        let mut senders = Senders(Vec::new());
-        for i in 0..n {
-            let mut cmd = match nets.get(i as usize) {
-                Some((sender, _)) => sender.command(intact),
-                None => Command::new(intact),
-            };
-            senders.0.push(
-                cmd.args(["send", "-q", "--key-file"])
-                    .arg(&key)
-                    .arg("--plan")
-                    .arg(&plan)
-                    .args(["--shard", &i.to_string()])
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn()?,
-            );
-        }
-        // Every shard ends before the verdict; a failed one is named.
-        let mut failed = Vec::new();
-        for (i, s) in senders.0.iter_mut().enumerate() {
-            if !s.wait()?.success() {
-                failed.push(i);
-            }
-        }
-        if !failed.is_empty() {
-            bail!("shard(s) {failed:?} failed (run one by hand with the same plan to see why)");
-        }
-        run_cmd(&mut Command::new("sync"))?;
+        send_shards(intact, &key, &plan, n, |i| {
+            nets.get(i as usize).map(|(sender, _)| sender)
+        })?;
         meter.stop();
         Ok(())
     });

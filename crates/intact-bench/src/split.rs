@@ -8,7 +8,7 @@
 //! file's shard is limited by its link and the split one by N links.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use anyhow::{bail, Context};
 
@@ -17,7 +17,7 @@ use crate::ramdisk::RamExt4;
 use crate::runner::{
     command_line, intact_binary, interleaved, stop_on_signals, Meter, Sample, Spread,
 };
-use crate::scale::Senders;
+use crate::scale::send_shards;
 use crate::transfer::{drop_caches, fresh, run_cmd, start_server};
 
 const MIB: u64 = 1 << 20;
@@ -230,33 +230,7 @@ fn once(
         run_cmd(&mut cmd)?;
         drop_caches();
         meter.go();
-        let mut senders = Senders(Vec::new());
-        for i in 0..n {
-            let mut cmd = match h.nets.get(i as usize) {
-                Some(ns) => ns.command(intact),
-                None => Command::new(intact),
-            };
-            senders.0.push(
-                cmd.args(["send", "-q", "--key-file"])
-                    .arg(&key)
-                    .arg("--plan")
-                    .arg(&plan)
-                    .args(["--shard", &i.to_string()])
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn()?,
-            );
-        }
-        let mut failed = Vec::new();
-        for (i, s) in senders.0.iter_mut().enumerate() {
-            if !s.wait()?.success() {
-                failed.push(i);
-            }
-        }
-        if !failed.is_empty() {
-            bail!("shard(s) {failed:?} failed (run one by hand with the same plan to see why)");
-        }
-        run_cmd(&mut Command::new("sync"))?;
+        send_shards(intact, &key, &plan, n, |i| h.nets.get(i as usize))?;
         meter.stop();
         if !dst.join("root/data/big.dat").exists() {
             bail!("the large file is not under its name after every shard ended");

@@ -140,22 +140,7 @@ impl Setup {
 
     /// `report merge --json` of every report written.
     fn merged(&self) -> (Option<i32>, Value) {
-        let mut args = vec![
-            "report".to_string(),
-            "merge".into(),
-            "--json".into(),
-            "--plan".into(),
-            s(&self.plan).into(),
-        ];
-        for e in fs::read_dir(&self.reports).unwrap() {
-            args.push(e.unwrap().path().display().to_string());
-        }
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let out = intact(&args);
-        (
-            out.status.code(),
-            serde_json::from_slice(&out.stdout).unwrap_or(Value::Null),
-        )
+        common::merged(&self.plan, &self.reports)
     }
 
     /// The checks every engine's run must pass (`how`: the run's command,

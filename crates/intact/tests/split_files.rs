@@ -12,7 +12,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{intact, s, stderr, Server};
+use common::{intact, merged, s, stderr, Server};
 use serde_json::Value;
 
 const MIB: usize = 1 << 20;
@@ -23,25 +23,6 @@ fn send_shard(plan: &Path, i: u32, reports: &Path) -> Command {
         .arg("--report")
         .arg(reports.join("shard-{shard}.json"));
     c
-}
-
-fn merged(plan: &Path, reports: &Path) -> (Option<i32>, Value) {
-    let mut args = vec![
-        "report".to_string(),
-        "merge".into(),
-        "--json".into(),
-        "--plan".into(),
-        s(plan).into(),
-    ];
-    for e in fs::read_dir(reports).unwrap() {
-        args.push(e.unwrap().path().display().to_string());
-    }
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let out = intact(&args);
-    (
-        out.status.code(),
-        serde_json::from_slice(&out.stdout).unwrap_or(Value::Null),
-    )
 }
 
 /// Partial files left under `root` (outside intact's state).

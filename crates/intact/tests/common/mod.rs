@@ -297,3 +297,24 @@ pub fn same_data(src: &Path, dst: &Path) {
         );
     }
 }
+
+/// `intact report merge --json --plan PLAN` of every report in `reports`:
+/// its exit status and its JSON.
+pub fn merged(plan: &Path, reports: &Path) -> (Option<i32>, serde_json::Value) {
+    let mut args = vec![
+        "report".to_string(),
+        "merge".into(),
+        "--json".into(),
+        "--plan".into(),
+        s(plan).into(),
+    ];
+    for e in fs::read_dir(reports).unwrap() {
+        args.push(e.unwrap().path().display().to_string());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = intact(&args);
+    (
+        out.status.code(),
+        serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null),
+    )
+}
