@@ -89,7 +89,14 @@ impl Journal {
                 ])
             })
             .map_err(db_err)?;
-            ranges_in(tx, id, range.file_id, false)
+            // Not confirmed unless read back with the others: the
+            // transaction commits what succeeded, so undo the insert.
+            ranges_in(tx, id, range.file_id, false).inspect_err(|_| {
+                let _ = tx.execute(
+                    "DELETE FROM split_ranges WHERE file = ?1 AND first = ?2",
+                    params![id, range.first as i64],
+                );
+            })
         })
     }
 

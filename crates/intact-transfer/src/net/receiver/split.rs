@@ -91,7 +91,10 @@ fn check(e: &Entry, r: &EntryRange, mode: VerifyMode) -> Result<(), TransferErro
             ),
         ));
     }
-    if !e.block_size.is_power_of_two() || e.block_size < MIN_SPLIT_BLOCK {
+    if !e.block_size.is_power_of_two()
+        || e.block_size < MIN_SPLIT_BLOCK
+        || e.block_size as usize > intact_proto::MAX_BLOCK
+    {
         return Err(refuse(
             e,
             format!(
@@ -149,7 +152,7 @@ pub(super) fn begin_range(
         source: err,
     })?;
     let key = (root.0, root.1, e.path.as_bytes().to_vec());
-    let (file, quiet) = opts.splits.join(key, || {
+    let file = opts.splits.join(key, || {
         (r.split, e.size, (e.mtime_sec, e.mtime_nsec), e.block_size)
     });
     if (file.id, file.size, file.mtime, file.block)
@@ -167,6 +170,7 @@ pub(super) fn begin_range(
         file.lock()
     };
     if inner.open.is_none() {
+        let quiet = inner.quiet.take();
         let opened = open_split(dest, journal, opts, &e, r.split, quiet);
         inner.open = Some(
             opened
@@ -342,9 +346,10 @@ fn recheck_confirmed(
         }
     }
     let bs = u64::from(e.block_size);
-    let mut buf = vec![0u8; bs as usize];
+    let mut buf = Vec::new();
     let mut known = Known::new();
     for c in ranges {
+        buf.resize(bs as usize, 0);
         let Some(mut tree) = Blake3Blocks::new_from(e.size, bs, c.first) else {
             journal.unconfirm_range(row, c.first)?;
             continue;

@@ -49,7 +49,14 @@ pub(super) fn known_of(r: &RangeRecord) -> (u64, (u64, [u8; 32])) {
 }
 
 /// One version of a partial file: any write, truncation, or a file made
-/// anew (even on the same inode) gives another.
+/// anew (even on the same inode) gives another, where the file system
+/// keeps a change time it tells truly. None where it cannot be relied on:
+/// a network or FUSE file system (attributes may be cached), or a change
+/// time too recent to be told from the next write's on a file system
+/// with coarse times (ext4 with 128-byte inodes keeps seconds, FAT two;
+/// git's "racily clean" rule): such a file's confirmed ranges are read
+/// back. Writes through a shared mapping of a page already dirty change no
+/// time at all: nothing but a read can see them.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(super) struct FileStamp {
     dev: u64,
@@ -58,9 +65,26 @@ pub(super) struct FileStamp {
     ctime: (i64, i64),
 }
 
+/// How old a change time must be to be told from a later write's.
+const SETTLED: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// File systems whose attributes may be cached (NFS, CIFS, SMB2, FUSE).
+const UNTOLD: [i64; 4] = [0x6969, 0xFF53_4D42, 0xFE53_4D42, 0x6573_5546];
+
 impl FileStamp {
+    /// The stamp of `p` now, if it can be relied on (see [`FileStamp`]).
     pub fn of(p: &PartialFile) -> Option<FileStamp> {
+        let fs = rustix::fs::fstatfs(p.file()).ok()?;
+        #[allow(clippy::unnecessary_cast)]
+        if UNTOLD.contains(&(fs.f_type as i64)) {
+            return None;
+        }
         let st = rustix::fs::fstat(p.file()).ok()?;
+        let ctime = std::time::UNIX_EPOCH
+            + std::time::Duration::new(st.st_ctime.max(0) as u64, st.st_ctime_nsec as u32);
+        if ctime + SETTLED > std::time::SystemTime::now() {
+            return None;
+        }
         Some(FileStamp {
             dev: st.st_dev,
             ino: st.st_ino,
@@ -93,6 +117,9 @@ pub(super) struct Inner {
     pub known: Known,
     pub committing: bool,
     pub committed: bool,
+    /// What the last record of the file knew (taken by the first session
+    /// to open the file, whichever session made this record).
+    pub quiet: Option<Quiet>,
 }
 
 pub(super) struct Open {
@@ -102,33 +129,44 @@ pub(super) struct Open {
 }
 
 impl Splits {
-    /// The record of `key`, joined or made (with `make`), and what the
-    /// last record of it knew.
+    /// The record of `key`, joined or made (with `make`, holding what the
+    /// last record of it knew).
     pub(super) fn join(
         &self,
         key: SplitKey,
         make: impl FnOnce() -> ([u8; 16], u64, (i64, u32), u32),
-    ) -> (Arc<SplitFile>, Option<Quiet>) {
+    ) -> Arc<SplitFile> {
         let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(f) = map.get(&key).and_then(|s| s.live.upgrade()) {
-            return (f, None);
+            return f;
         }
         if map.len() > MAX_QUIET {
-            map.retain(|_, s| s.live.strong_count() > 0);
+            // One quiet file forgotten (its ranges are read back when it
+            // is next opened), not all of them.
+            let idle = map
+                .iter()
+                .find(|(k, s)| s.live.strong_count() == 0 && **k != key)
+                .map(|(k, _)| k.clone());
+            if let Some(k) = idle {
+                map.remove(&k);
+            }
         }
         let (id, size, mtime, block) = make();
+        let slot = map.entry(key.clone()).or_default();
         let f = Arc::new(SplitFile {
             id,
             size,
             mtime,
             block,
-            inner: Mutex::new(Inner::default()),
+            inner: Mutex::new(Inner {
+                quiet: slot.quiet.take(),
+                ..Inner::default()
+            }),
             registry: self.clone(),
-            key: key.clone(),
+            key,
         });
-        let slot = map.entry(key).or_default();
         slot.live = Arc::downgrade(&f);
-        (f, slot.quiet.take())
+        f
     }
 }
 
@@ -155,6 +193,14 @@ impl Drop for SplitFile {
             _ => None,
         };
         let mut map = self.registry.0.lock().unwrap_or_else(|p| p.into_inner());
+        // Only into this record's own slot: a newer record made meanwhile
+        // has its own knowledge.
+        let ours = map
+            .get(&self.key)
+            .is_some_and(|s| std::ptr::eq(s.live.as_ptr(), self));
+        if !ours {
+            return;
+        }
         match quiet {
             Some(q) => {
                 if let Some(slot) = map.get_mut(&self.key) {
@@ -162,12 +208,7 @@ impl Drop for SplitFile {
                 }
             }
             None => {
-                if map
-                    .get(&self.key)
-                    .is_some_and(|s| s.live.strong_count() == 0)
-                {
-                    map.remove(&self.key);
-                }
+                map.remove(&self.key);
             }
         }
     }
