@@ -614,10 +614,7 @@ impl PlannedEntry {
     pub fn bytes(&self, block: u64) -> u64 {
         match &self.range {
             None => self.size,
-            Some(r) => {
-                (r.end.saturating_mul(block)).min(self.size)
-                    - (r.first.saturating_mul(block)).min(self.size)
-            }
+            Some(r) => intact_transfer::range_bytes(self.size, block, r.first, r.end),
         }
     }
 }

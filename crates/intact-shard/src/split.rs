@@ -108,8 +108,7 @@ pub fn place(
         for j in 0..k {
             let (first, end) = (cut(j), cut(j + 1));
             let shard = own[(j as usize) % own.len()];
-            let at = |b: u64| b.saturating_mul(block).min(size);
-            let bytes = at(end) - at(first);
+            let bytes = intact_transfer::range_bytes(size, block, first, end);
             out.loads[shard] += bytes + ENTRY_COST;
             out.pieces.push(Piece {
                 entry: i,

@@ -83,8 +83,8 @@ pub use scrub::{
 };
 pub use select::{Filter, Rule, RuleKind};
 pub use source::{
-    origin, restat, scan, scan_with, Placement, Scan, ScanOptions, SourceEntry, SourceKind,
-    SourceRange, SourceSpec,
+    origin, range_bytes, restat, scan, scan_with, Placement, Scan, ScanOptions, SourceEntry,
+    SourceKind, SourceRange, SourceSpec,
 };
 pub use source_cache::{SourceCache, SourceCacheSetting, SourceDigest, SourceKey};
 pub use verify::{DeviceStats, Reached, VerifyLevel, VerifyMode};

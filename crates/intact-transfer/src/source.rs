@@ -56,15 +56,19 @@ pub struct SourceRange {
     pub block_size: u64,
 }
 
+/// The bytes of blocks `first..end` of a file of `size` bytes cut at
+/// `block` (0 past its end; no overflow for any numbers).
+pub fn range_bytes(size: u64, block: u64, first: u64, end: u64) -> u64 {
+    let at = |b: u64| b.saturating_mul(block).min(size);
+    at(end).saturating_sub(at(first))
+}
+
 impl SourceEntry {
     /// The bytes this entry sends: its range's, or the whole file's.
     pub fn bytes(&self) -> u64 {
         match &self.range {
             None => self.size,
-            Some(r) => {
-                let start = r.first.saturating_mul(r.block_size).min(self.size);
-                r.end.saturating_mul(r.block_size).min(self.size) - start
-            }
+            Some(r) => range_bytes(self.size, r.block_size, r.first, r.end),
         }
     }
 }

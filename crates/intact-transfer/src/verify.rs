@@ -124,6 +124,17 @@ impl VerifyMode {
         }
     }
 
+    /// Whether the mode can verify one range of a split file alone:
+    /// `sequential` and `file` re-read the whole file at its end, and
+    /// `flash` waits for the device's write cache to turn over after the
+    /// file's last write, which one range cannot know.
+    pub fn verifies_ranges(self) -> bool {
+        matches!(
+            self,
+            VerifyMode::None | VerifyMode::Block | VerifyMode::Fiver | VerifyMode::Riva
+        )
+    }
+
     /// Whether the mode's verification reads must reach the device.
     pub fn reads_device(self) -> bool {
         matches!(self, VerifyMode::Riva | VerifyMode::Flash)

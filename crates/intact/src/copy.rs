@@ -111,7 +111,6 @@ fn shard_block_size(
     p: &crate::args::PipelineArgs,
     matches: Option<&clap::ArgMatches>,
 ) -> anyhow::Result<usize> {
-    use intact_transfer::VerifyMode;
     let given = matches.and_then(|m| m.value_source("block_size"))
         == Some(clap::parser::ValueSource::CommandLine);
     if given && p.block_size as u64 != plan.block_size {
@@ -120,13 +119,7 @@ fn shard_block_size(
             plan.block_size
         )));
     }
-    let splits = plan.has_ranges();
-    if splits
-        && !matches!(
-            p.verify,
-            VerifyMode::None | VerifyMode::Block | VerifyMode::Fiver | VerifyMode::Riva
-        )
-    {
+    if plan.has_ranges() && !p.verify.verifies_ranges() {
         return Err(usage(format!(
             "the plan splits files into ranges, which --verify {} cannot verify one by one; use riva, block, fiver or none",
             p.verify

@@ -283,11 +283,10 @@ pub(crate) fn blocks_of(e: &Entry, limits: &ReceiveLimits) -> Result<u64, String
 /// of its file: one range's, or the whole file's.
 pub(crate) fn range_share(e: &Entry, blocks: u64) -> (u64, u64) {
     match e.range {
-        Some(r) if r.first < r.end && r.end <= blocks => {
-            let bs = u64::from(e.block_size);
-            let at = |b: u64| b.saturating_mul(bs).min(e.size);
-            (r.end - r.first, at(r.end) - at(r.first))
-        }
+        Some(r) if r.first < r.end && r.end <= blocks => (
+            r.end - r.first,
+            crate::source::range_bytes(e.size, u64::from(e.block_size), r.first, r.end),
+        ),
         _ => (blocks, e.size),
     }
 }

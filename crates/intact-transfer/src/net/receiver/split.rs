@@ -39,7 +39,7 @@ mod finish;
 mod registry;
 
 pub use registry::Splits;
-use registry::{known_of, Claim, FileStamp, Known, Open, Quiet};
+use registry::{digest_of, known_of, Claim, FileStamp, Known, Open, Quiet};
 
 /// Most claims and confirmed ranges one split file may have at once.
 pub const MAX_RANGES: usize = 4096;
@@ -53,7 +53,6 @@ pub(super) struct RangeIn {
     /// None: the file was committed already, and the range is answered
     /// from the final file.
     claim: Option<Claim>,
-    row: i64,
     file_id: (u64, u64),
 }
 
@@ -80,10 +79,7 @@ fn blocks_of(e: &Entry) -> u64 {
 
 /// Checks a range entry before anything is looked up or allocated.
 fn check(e: &Entry, r: &EntryRange, mode: VerifyMode) -> Result<(), TransferError> {
-    if !matches!(
-        mode,
-        VerifyMode::None | VerifyMode::Block | VerifyMode::Fiver | VerifyMode::Riva
-    ) {
+    if !mode.verifies_ranges() {
         return Err(refuse(
             e,
             format!(
@@ -239,7 +235,6 @@ pub(super) fn begin_range(
     inc.range = Some(RangeIn {
         range: r,
         claim: Some(claim),
-        row,
         file_id,
     });
     inc.verify = open_stage(&inc, inc.partial.as_ref().map(|p| p.file()), opts)?;
@@ -341,7 +336,8 @@ fn recheck_confirmed(
     let ranges = journal.ranges(row, file_id, true)?;
     let recorded: Known = ranges.iter().map(known_of).collect();
     if let Some(q) = quiet {
-        if q.row == row && Some(q.stamp) == FileStamp::of(partial) && q.known == recorded {
+        let same = q.row == row && q.known == digest_of(&recorded);
+        if same && Some(q.stamp) == FileStamp::of(partial) {
             return Ok(recorded);
         }
     }
@@ -439,7 +435,6 @@ fn held_range(
     inc.range = Some(RangeIn {
         range: r,
         claim: None,
-        row: row.id,
         file_id: (0, 0),
     });
     Ok(Some((inc, Holding::Blocks(list))))

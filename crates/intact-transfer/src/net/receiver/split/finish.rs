@@ -32,6 +32,14 @@ fn range_digest_of(f: &Incoming, r: &EntryRange) -> Option<([u8; 32], Vec<[u8; 3
     Some((d, cvs))
 }
 
+/// The lowest level of confirmed ranges, and when the oldest verified
+/// (not after now).
+fn lowest(ranges: &[RangeRecord]) -> (VerifyLevel, i64) {
+    let level = ranges.iter().map(|r| r.verified.level).min();
+    let at = ranges.iter().map(|r| r.verified.at).min().unwrap_or(0);
+    (level.unwrap_or(VerifyLevel::None), at.min(unix_now()))
+}
+
 /// Whether confirmed ranges cover blocks `0..n` exactly; else the first
 /// blocks they leave out.
 fn gap(ranges: &[RangeRecord], n: u64) -> Option<(u64, u64)> {
@@ -96,9 +104,7 @@ impl Session<'_> {
         // the first's confirmation and no claim.
         let decided = {
             let mut inner = split.lock();
-            let ranges = self
-                .journal
-                .confirm_range(range_in.row, &record, &f.unjournaled);
+            let ranges = self.journal.confirm_range(f.row, &record, &f.unjournaled);
             claim.release(&mut inner);
             ranges.map(|ranges| {
                 let (first, v) = known_of(&record);
@@ -144,11 +150,7 @@ impl Session<'_> {
         }
         // The file's level is the lowest of its ranges': what a shard's
         // --require-level asks of it, and what the committing range says.
-        let level = ranges
-            .iter()
-            .map(|r| r.verified.level)
-            .min()
-            .unwrap_or(VerifyLevel::None);
+        let (level, at) = lowest(&ranges);
         let required = super::super::required_level(f.entry.flags).filter(|w| level < *w);
         let committed = match required {
             Some(want) => Err(format!(
@@ -157,7 +159,9 @@ impl Session<'_> {
             )),
             None => {
                 let _working = self.opts.working.now();
-                self.commit_split(&mut f, range_in.row, range_in.file_id, &known)
+                let mode = f.mode;
+                let verified = VerifiedAt { mode, level, at };
+                self.commit_split(&mut f, range_in.file_id, &known, verified)
             }
         };
         {
@@ -192,19 +196,20 @@ impl Session<'_> {
         Ok(())
     }
 
-    /// Commits a split file whose confirmed `ranges` cover it: its BLAKE3
-    /// composed from their chaining values, its level the lowest of
-    /// theirs. Returns that level, or why it was not committed.
+    /// Commits a split file whose confirmed ranges (exactly those
+    /// `known`) cover it: its BLAKE3 composed from their chaining values,
+    /// recorded as `verified` (the lowest of theirs). Returns its level,
+    /// or why it was not committed.
     fn commit_split(
         &mut self,
         f: &mut Incoming,
-        row: i64,
         file_id: (u64, u64),
         known: &Known,
+        verified: VerifiedAt,
     ) -> Result<VerifyLevel, String> {
         let ranges = self
             .journal
-            .ranges(row, file_id, true)
+            .ranges(f.row, file_id, true)
             .map_err(|e| e.to_string())?;
         // The journal's confirmations must be exactly those this server
         // verified or read back (and they cover the file: the caller saw
@@ -225,12 +230,6 @@ impl Session<'_> {
         let digest = Blake3Blocks::from_cvs(f.entry.size, bs, cvs)
             .and_then(|t| t.finalize())
             .ok_or("the confirmed ranges' chaining values do not make the file")?;
-        let level = ranges
-            .iter()
-            .map(|r| r.verified.level)
-            .min()
-            .unwrap_or(VerifyLevel::None);
-        let at = ranges.iter().map(|r| r.verified.at).min().unwrap_or(0);
         let partial = f.partial.take().ok_or("no partial file")?;
         let mtime = Mtime {
             sec: f.entry.mtime_sec,
@@ -246,17 +245,13 @@ impl Session<'_> {
         let done = DoneFile {
             row: f.row,
             blocks: Vec::new(),
-            verified: VerifiedAt {
-                mode: f.mode,
-                level,
-                at: at.min(unix_now()),
-            },
+            verified,
             digest: *digest.as_bytes(),
         };
         // The file is durable and verified under its name; a journal
         // failure only means a later send may move it again.
         let _ = profile.time(Stage::Journal, || self.journal.done_batch(&[done]));
-        Ok(level)
+        Ok(verified.level)
     }
 
     /// FileEnd of a range of a committed file that the sender sent no

@@ -31,12 +31,24 @@ struct Slot {
     quiet: Option<Quiet>,
 }
 
-/// What the last record of a file knew when its last claim dropped.
-#[derive(Clone)]
+/// What the last record of a file knew when its last claim dropped: a
+/// digest of its known ranges (32 bytes, whatever their number: a next
+/// record compares it with the journal's, which it reads anyway).
 pub(super) struct Quiet {
     pub row: i64,
     pub stamp: FileStamp,
-    pub known: Known,
+    pub known: [u8; 32],
+}
+
+/// The digest of a set of known ranges.
+pub(super) fn digest_of(known: &Known) -> [u8; 32] {
+    let mut h = blake3::Hasher::new();
+    for (first, (end, cvs)) in known {
+        h.update(&first.to_be_bytes());
+        h.update(&end.to_be_bytes());
+        h.update(cvs);
+    }
+    *h.finalize().as_bytes()
 }
 
 /// Confirmed ranges this server verified or read back: first block →
@@ -188,7 +200,7 @@ impl Drop for SplitFile {
             (Some(Ok(open)), false) => FileStamp::of(&open.template).map(|stamp| Quiet {
                 row: open.row,
                 stamp,
-                known: std::mem::take(&mut inner.known),
+                known: digest_of(&inner.known),
             }),
             _ => None,
         };
