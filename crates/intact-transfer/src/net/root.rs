@@ -168,16 +168,29 @@ pub fn lock_holder(state: &Path) -> Option<Option<u32>> {
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(state.join(LOCK_FILE))
         .ok()?;
-    match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockShared) {
-        Ok(()) => {
-            let _ = rustix::fs::flock(&file, rustix::fs::FlockOperation::Unlock);
-            None
+    // As when the lock is taken: a holder recorded as this very process
+    // may be a child another thread is spawning, holding a copy of a
+    // descriptor this process already closed until its exec; wait for
+    // that, briefly, before saying the lock is held.
+    let deadline = std::time::Instant::now() + OWN_LOCK_GRACE;
+    loop {
+        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockShared) {
+            Ok(()) => {
+                let _ = rustix::fs::flock(&file, rustix::fs::FlockOperation::Unlock);
+                return None;
+            }
+            Err(rustix::io::Errno::WOULDBLOCK) => {
+                let mut text = String::new();
+                let _ = file.rewind();
+                let _ = file.read_to_string(&mut text);
+                let pid: Option<u32> = text.trim().parse().ok();
+                if pid == Some(std::process::id()) && std::time::Instant::now() < deadline {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    continue;
+                }
+                return Some(pid);
+            }
+            Err(_) => return None,
         }
-        Err(rustix::io::Errno::WOULDBLOCK) => {
-            let mut text = String::new();
-            let _ = file.read_to_string(&mut text);
-            Some(text.trim().parse().ok())
-        }
-        Err(_) => None,
     }
 }
