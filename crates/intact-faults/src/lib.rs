@@ -20,11 +20,16 @@
 //! - [`loop_devices_of`] and [`mounts_under`] list loop devices still
 //!   attached to files under a directory and file systems still mounted
 //!   there, so that a run can prove it left none behind.
+//! - [`Netbed`]: the recovery-cache paper's testbed in network namespaces
+//!   (source, switch shaping the source's link and mirroring its traffic
+//!   with the destination onto the cache's link, destination, cache).
 
 mod loopfs;
+mod netbed;
 mod proxy;
 mod ssd;
 
 pub use loopfs::{loop_devices_of, mounts_under, usable, LoopFs};
+pub use netbed::{netbed_usable, Host, Netbed};
 pub use proxy::{FlipProxy, ProxyFault, Victim};
 pub use ssd::{ssd_usable, EmulatedSsd, SsdEvent, SsdLayer, SsdModel, SsdStats, SSD_PAGE};

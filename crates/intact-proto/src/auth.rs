@@ -54,8 +54,9 @@ use crate::{ClientKey, Connection, Key, Message, ProtoError, SessionId, SessionS
 /// by a session secret sent in a Join, Hello carrying only its tag; 8:
 /// the pull exchange, Fetch and Fetched; 9: an Entry names its origin;
 /// 10: page CRCs on every Block and page-level resend; 11: split files,
-/// an Entry carrying a block range).
-pub const VERSION: u16 = 11;
+/// an Entry carrying a block range; 12: a Block's BLAKE3 for a recovery
+/// cache, asked for in the Status).
+pub const VERSION: u16 = 12;
 
 /// The reason a server gives a client whose proof is wrong.
 pub const AUTH_FAILED: &str = "authentication failed";

@@ -44,7 +44,7 @@ pub use message::{
     decoded_extra, frame_len, range_digest, Block, Entry, EntryKind, EntryRange, FileEnd,
     FileResult, FileStatus, Holding, Message, DELETE_CHUNK_BYTES, HEADER_LEN, LIST_ITEM_COST,
     MAX_BLOCK, MAX_DELETE_RULES, MAX_DELETE_SCOPES, MAX_DIGEST, MAX_FRAME, MAX_JOIN, MAX_ORIGIN,
-    MAX_PAGES, MAX_STATUS_BLOCKS, MAX_TEXT, WIRE_PAGE,
+    MAX_PAGES, MAX_STATUS_BLOCKS, MAX_TEXT, STRONG_LEN, WIRE_PAGE,
 };
 pub use path::{WirePath, MAX_PATH_LEN};
 pub use seal::{Cipher, Security, TAG_LEN};

@@ -211,9 +211,18 @@ pub struct Block {
     /// them with the block's other pages as it holds them and checks the
     /// whole against `digest`.
     pub patch: Vec<u32>,
+    /// Version 12: the BLAKE3 of the whole block (32 bytes), sent when the
+    /// receiver asked for it in its Status (it has a recovery cache) and
+    /// the file may be cached; else empty. A recovery cache keeps a block
+    /// under this digest, and the receiver takes a block back from a cache
+    /// only if its BLAKE3 equals the one that came over this channel.
+    pub strong: Vec<u8>,
     /// The bytes: the whole block, or the pages `patch` lists.
     pub data: Vec<u8>,
 }
+
+/// Bytes of [`Block::strong`] when present.
+pub const STRONG_LEN: usize = 32;
 
 impl Block {
     /// The number of [`WIRE_PAGE`] pages of a block of `len` bytes.
@@ -270,6 +279,11 @@ pub struct FileResult {
     /// [`FileResult::SPLIT_COMMITTED`] or [`FileResult::SPLIT_HELD`]; 0
     /// otherwise.
     pub split: u8,
+    /// Version 12: blocks of this file that failed a check and were
+    /// repaired from a recovery cache (not asked of the sender again).
+    pub cache_repairs: u64,
+    /// Microseconds spent asking recovery caches for this file's blocks.
+    pub cache_micros: u64,
 }
 
 impl FileResult {
@@ -433,6 +447,9 @@ pub enum Message {
         file: u64,
         /// What it holds.
         holding: Holding,
+        /// Version 12: the receiver has a recovery cache and asks for each
+        /// block's BLAKE3 ([`Block::strong`]) of this file.
+        strong: bool,
     },
 }
 
@@ -566,6 +583,7 @@ impl Message {
                 w.bytes(&b.digest);
                 w.bytes(&b.crcs[..b.crcs.len().min(4 * MAX_PAGES)]);
                 w.pages(&b.patch);
+                w.bytes(&b.strong[..b.strong.len().min(STRONG_LEN)]);
                 w.bytes(&b.data);
             }
             Message::BlockResult {
@@ -610,6 +628,8 @@ impl Message {
                 w.u8(r.trusted_level);
                 w.u64(r.trusted_at as u64);
                 w.u8(r.split);
+                w.u64(r.cache_repairs);
+                w.u64(r.cache_micros);
             }
             Message::Bye => w.u8(BYE),
             Message::Waiting => w.u8(WAITING),
@@ -676,9 +696,14 @@ impl Message {
                     }
                 }
             }
-            Message::Status { file, holding } => {
+            Message::Status {
+                file,
+                holding,
+                strong,
+            } => {
                 w.u8(STATUS);
                 w.u64(*file);
+                w.u8(u8::from(*strong));
                 match holding {
                     Holding::Nothing => w.u8(0),
                     Holding::Whole { digest } => {
@@ -866,9 +891,12 @@ impl Message {
                 trusted_level: r.u8()?,
                 trusted_at: r.u64()? as i64,
                 split: r.u8()?,
+                cache_repairs: r.u64()?,
+                cache_micros: r.u64()?,
             }),
             STATUS => {
                 let file = r.u64()?;
+                let strong = r.flag()?;
                 let holding = match r.u8()? {
                     0 => Holding::Nothing,
                     2 => Holding::Whole {
@@ -887,7 +915,11 @@ impl Message {
                     }
                     _ => return Err(r.bad("unknown holding")),
                 };
-                Message::Status { file, holding }
+                Message::Status {
+                    file,
+                    holding,
+                    strong,
+                }
             }
             WAITING => Message::Waiting,
             DELETE_START => {
@@ -1134,6 +1166,13 @@ impl<'a> Reader<'a> {
                 c.to_vec()
             },
             patch: self.pages()?,
+            strong: {
+                let s = self.bytes(STRONG_LEN)?;
+                if !s.is_empty() && s.len() != STRONG_LEN {
+                    return Err(self.bad("a block's BLAKE3 is not 32 bytes"));
+                }
+                s.to_vec()
+            },
             data: Vec::new(),
         };
         Ok((b, self.bytes(MAX_BLOCK)?))

@@ -49,6 +49,7 @@ fn block_frame(len: usize) -> (Message, Vec<u8>) {
         digest: vec![9; 16],
         crcs: Vec::new(),
         patch: Vec::new(),
+        strong: Vec::new(),
         data: (0..len).map(|i| i as u8).collect(),
     });
     let mut out = Vec::new();

@@ -20,6 +20,7 @@ fn block_frame(len: usize) -> Vec<u8> {
         digest: vec![9; 16],
         crcs: Vec::new(),
         patch: Vec::new(),
+        strong: Vec::new(),
         data: vec![1; len],
     });
     let mut out = Vec::new();

@@ -114,6 +114,7 @@ fn arb_message() -> impl Strategy<Value = Message> {
                     digest,
                     crcs: crcs.iter().flat_map(|c| c.to_le_bytes()).collect(),
                     patch: patch.into_iter().collect(),
+                    strong: Vec::new(),
                     data,
                 })
             }),
@@ -176,6 +177,8 @@ fn arb_message() -> impl Strategy<Value = Message> {
                         trusted_level,
                         trusted_at,
                         split,
+                        cache_repairs: resident ^ 5,
+                        cache_micros: check ^ 3,
                     })
                 }
             ),
@@ -231,6 +234,7 @@ fn arb_message() -> impl Strategy<Value = Message> {
                         digest: b.first().map(|(_, d)| d.clone()).unwrap_or_default(),
                     },
                 },
+                strong: whole,
             }),
     ]
 }
@@ -362,6 +366,7 @@ fn messages_survive_byte_at_a_time_delivery_and_eof_is_told_apart() {
             digest: vec![1; 16],
             crcs: Vec::new(),
             patch: Vec::new(),
+            strong: Vec::new(),
             data: vec![0xAB; 200_000],
         }),
         Message::Refused { reason: "x".into() },

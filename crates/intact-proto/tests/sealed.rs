@@ -74,6 +74,7 @@ fn block(i: u64, marker: &[u8]) -> Message {
         digest: vec![i as u8; 16],
         crcs: Vec::new(),
         patch: Vec::new(),
+        strong: Vec::new(),
         data: marker.repeat(100),
     })
 }

@@ -120,6 +120,7 @@ impl CopyOptions {
             read_path: self.read_path,
             require_level: self.require_level,
             source_cache: self.source_cache.clone(),
+            cache_filter: Default::default(),
         }
     }
 

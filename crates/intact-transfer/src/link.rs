@@ -215,6 +215,7 @@ mod tests {
                 digest: Vec::new(),
                 crcs: Vec::new(),
                 patch: Vec::new(),
+                strong: Vec::new(),
                 data: vec![0; BATCH_BYTES / 2],
             })
         };

@@ -37,6 +37,11 @@ pub struct FileReport {
     /// the bad pages of a block, only they crossed the wire again. A block
     /// resent whole counts none here.
     pub pages_resent: u64,
+    /// Blocks that failed a check at the receiver and were repaired from
+    /// its recovery cache (`intact serve --recovery-cache`), not sent again.
+    pub blocks_from_cache: u64,
+    /// Seconds the receiver spent asking its recovery caches for them.
+    pub cache_seconds: f64,
     /// Blocks not sent because the receiver already held them verified
     /// (resume after an interruption).
     pub blocks_skipped: u64,
@@ -241,6 +246,8 @@ pub(crate) fn simple_report(
         blocks: 0,
         blocks_resent: 0,
         pages_resent: 0,
+        blocks_from_cache: 0,
+        cache_seconds: 0.0,
         blocks_skipped: 0,
         bytes_skipped: 0,
         unchanged: false,

@@ -611,6 +611,7 @@ fn block_frame(id: u64, mode: VerifyMode) -> Message {
         digest,
         crcs,
         patch: Vec::new(),
+        strong: Vec::new(),
         data,
     })
 }

@@ -379,6 +379,7 @@ fn hand_send(addr: &str, mode: VerifyMode, bs: u32, data: &[u8], digest: Vec<u8>
             digest: hash(defaults::BLOCK_ALGORITHM, c).as_bytes().to_vec(),
             crcs: Vec::new(),
             patch: Vec::new(),
+            strong: Vec::new(),
             data: c.to_vec(),
         }))
         .unwrap();

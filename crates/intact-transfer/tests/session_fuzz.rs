@@ -67,6 +67,7 @@ fn describe(msgs: &[Message]) -> String {
                 crcs,
                 patch,
                 data,
+                ..
             }) => format!(
                 "Block {{ file: {file}, index: {index}, source_level: {source_level}, digest: {}, crcs: {} bytes, patch: {patch:?}, data: {} bytes {:02x?}.. }}",
                 if *digest == gen::block_digest(data) {

@@ -60,6 +60,9 @@ pub enum Command {
     /// Merge the JSON reports of a plan's shards (`report merge`).
     #[command(long_about = crate::shard::REPORT_ABOUT)]
     Report(crate::shard::ReportArgs),
+    /// A recovery cache near a destination: keeps blocks seen on mirrored packets or a relay, serves repairs.
+    #[command(long_about = crate::cache::CACHE_ABOUT)]
+    Cache(crate::cache::CacheArgs),
 }
 
 const RELIABILITY_ABOUT: &str = "\
@@ -369,6 +372,16 @@ pub struct ServeArgs {
     #[arg(long, value_name = "RATE", requires = "scrub_every", value_parser = crate::tree_args::parse_rate)]
     pub scrub_rate: Option<u64>,
 
+    /// Recovery caches near this server (`intact cache`, fed by mirrored
+    /// packets or relaying the senders): a block that fails its check is
+    /// asked of them, by the BLAKE3 its sender adds to each block when
+    /// this is set, before the sender is asked again. A cache's block is
+    /// taken only if it hashes to that BLAKE3; a cache that is down only
+    /// makes repairs come from the sender. Mirror capture needs senders to
+    /// use --no-encrypt (this server then needs it too), or the relay.
+    #[arg(long, value_name = "HOST:PORT[,HOST:PORT...]", value_delimiter = ',', value_parser = parse_cache_addr)]
+    pub recovery_cache: Vec<String>,
+
     /// Log a line per stream and per refused connection, not only one per
     /// client session (with its totals) and one per failure.
     #[arg(short, long)]
@@ -416,6 +429,19 @@ pub struct SendArgs {
     /// never followed). With --dry-run, only list it (nothing is sent).
     #[arg(long)]
     pub delete: bool,
+
+    /// Keep files matching PATTERN out of recovery caches (the server's
+    /// `--recovery-cache`): their blocks go without the BLAKE3 a cache
+    /// keeps them by, so their repairs come from this sender. Patterns as
+    /// --exclude; default: every file may be cached.
+    #[arg(long, value_name = "PATTERN")]
+    pub cache_exclude: Vec<String>,
+
+    /// Let files matching PATTERN be cached even if a later
+    /// --cache-exclude matches them (e.g. --cache-include '*.h5'
+    /// --cache-exclude '*').
+    #[arg(long, value_name = "PATTERN")]
+    pub cache_include: Vec<String>,
 
     #[command(flatten)]
     pub tree: crate::tree_args::TreeArgs,
@@ -720,6 +746,16 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
         return Err("size must be greater than 0".into());
     }
     Ok(size)
+}
+
+/// A recovery cache's address: HOST:PORT.
+fn parse_cache_addr(s: &str) -> Result<String, String> {
+    match s.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0) => {
+            Ok(s.to_string())
+        }
+        _ => Err(format!("'{s}' is not HOST:PORT")),
+    }
 }
 
 #[cfg(test)]

@@ -206,6 +206,11 @@ pub fn run_send(args: &SendArgs) -> anyhow::Result<ExitCode> {
         read_path: p.read_path,
         require_level: p.require_level,
         source_cache: source_cache(p),
+        cache_filter: crate::tree_args::ordered_filter(
+            matches.as_ref(),
+            ("cache_include", &args.cache_include),
+            ("cache_exclude", &args.cache_exclude),
+        ),
     };
     if args.tree.dry_run {
         // Nothing is sent; the server says what it would delete against

@@ -6,6 +6,7 @@
 
 mod args;
 mod block_size;
+mod cache;
 mod catalog;
 mod check;
 mod copy;
@@ -91,6 +92,7 @@ fn run(command: &Command) -> anyhow::Result<ExitCode> {
         Command::Mount(a) => mount::run(a),
         Command::Plan(a) => shard::run_plan(a),
         Command::Report(a) => shard::run_report(a),
+        Command::Cache(a) => cache::run(a),
     }
 }
 

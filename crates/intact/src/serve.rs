@@ -79,6 +79,8 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
             max_delete_paths: Some(args.max_delete_paths),
             keep_special_bits: args.keep_special_bits,
             allow_fetch: args.allow_fetch,
+            recovery: (!args.recovery_cache.is_empty())
+                .then(|| intact_netcache::RecoveryCaches::new(args.recovery_cache.clone())),
             flash: args.flash.settings(),
             verifiers: args.flash.verifiers(),
             limits: intact_transfer::ReceiveLimits {
@@ -122,8 +124,16 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
         ),
         None => String::new(),
     };
+    let caches = if args.recovery_cache.is_empty() {
+        String::new()
+    } else {
+        format!(
+            ", repairs asked first of {}",
+            args.recovery_cache.join(", ")
+        )
+    };
     println!(
-        "intact serve: listening on {addr}, root {}, {described}{scrubbing}",
+        "intact serve: listening on {addr}, root {}, {described}{scrubbing}{caches}",
         args.root.display(),
     );
     std::io::stdout().flush()?;

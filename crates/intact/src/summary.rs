@@ -207,6 +207,7 @@ fn print_summary(report: &CopyReport, p: &PipelineArgs) -> std::io::Result<()> {
         .map_or("-".to_string(), |l| l.to_string());
     let resent: u64 = report.files.iter().map(|f| f.blocks_resent).sum();
     let pages: u64 = report.files.iter().map(|f| f.pages_resent).sum();
+    let cached: u64 = report.files.iter().map(|f| f.blocks_from_cache).sum();
     let mib = report.bytes as f64 / (1 << 20) as f64;
     outln!(
         "{ok} of {} entries ({mib:.1} MiB) in {:.2} s{}; verify {}: level {}; {resent} blocks resent{}; {} failed",
@@ -218,6 +219,10 @@ fn print_summary(report: &CopyReport, p: &PipelineArgs) -> std::io::Result<()> {
         pages_alone(pages),
         report.failed
     )?;
+    if cached > 0 {
+        let secs: f64 = report.files.iter().map(|f| f.cache_seconds).sum();
+        outln!("{cached} blocks repaired from the server's recovery cache ({secs:.3} s), not sent again")?;
+    }
     if let Some(line) = resumed(report) {
         outln!("{line}")?;
     }

@@ -55,30 +55,44 @@ impl SelectArgs {
     /// rules keep the order they were typed in, taken from `matches` (the
     /// subcommand's), since the first rule that matches decides.
     pub fn scan_options(&self, matches: Option<&ArgMatches>) -> ScanOptions {
-        let mut rules: Vec<(usize, Rule)> = Vec::new();
-        for (id, kind, values) in [
-            ("include", RuleKind::Include, &self.include),
-            ("exclude", RuleKind::Exclude, &self.exclude),
-        ] {
-            let at: Vec<usize> = matches
-                .and_then(|m| m.indices_of(id))
-                .map(|i| i.collect())
-                .unwrap_or_default();
-            for (n, p) in values.iter().enumerate() {
-                // Without positions, includes go first (rsync's common idiom).
-                let pos = at.get(n).copied().unwrap_or(match kind {
-                    RuleKind::Include => n,
-                    RuleKind::Exclude => usize::MAX / 2 + n,
-                });
-                rules.push((pos, Rule::new(kind, p)));
-            }
-        }
-        rules.sort_by_key(|(pos, _)| *pos);
         ScanOptions {
             copy_links: self.copy_links,
-            filter: Filter::new(rules.into_iter().map(|(_, r)| r).collect()),
+            filter: ordered_filter(
+                matches,
+                ("include", &self.include),
+                ("exclude", &self.exclude),
+            ),
         }
     }
+}
+
+/// Include and exclude rules (the flags with ids `include.0` and
+/// `exclude.0`) in the order they were typed, taken from `matches`.
+pub fn ordered_filter(
+    matches: Option<&ArgMatches>,
+    include: (&str, &[String]),
+    exclude: (&str, &[String]),
+) -> Filter {
+    let mut rules: Vec<(usize, Rule)> = Vec::new();
+    for (id, kind, values) in [
+        (include.0, RuleKind::Include, include.1),
+        (exclude.0, RuleKind::Exclude, exclude.1),
+    ] {
+        let at: Vec<usize> = matches
+            .and_then(|m| m.indices_of(id))
+            .map(|i| i.collect())
+            .unwrap_or_default();
+        for (n, p) in values.iter().enumerate() {
+            // Without positions, includes go first (rsync's common idiom).
+            let pos = at.get(n).copied().unwrap_or(match kind {
+                RuleKind::Include => n,
+                RuleKind::Exclude => usize::MAX / 2 + n,
+            });
+            rules.push((pos, Rule::new(kind, p)));
+        }
+    }
+    rules.sort_by_key(|(pos, _)| *pos);
+    Filter::new(rules.into_iter().map(|(_, r)| r).collect())
 }
 
 /// The matches of the subcommand being run, parsed again from the command

@@ -351,7 +351,9 @@ fn a_range_of_a_committed_file_is_unchanged_only_by_its_digest() {
     .unwrap();
     let holding = loop {
         match next(&mut a) {
-            Some(Message::Status { file: 3, holding }) => break holding,
+            Some(Message::Status {
+                file: 3, holding, ..
+            }) => break holding,
             Some(Message::FileResult(r)) if r.file == 3 => panic!("{}", r.message),
             Some(_) => {}
             None => panic!("closed"),

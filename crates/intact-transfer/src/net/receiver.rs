@@ -64,6 +64,7 @@ mod digests;
 mod fetch;
 mod hooks;
 mod incoming;
+mod repair;
 mod resume;
 mod session;
 mod split;
@@ -116,6 +117,16 @@ pub struct SessionSummary {
     pub failures: Vec<(String, String)>,
     /// Entries a `send --delete` removed.
     pub deleted: u64,
+    /// Blocks that failed a check and were repaired from a recovery cache.
+    pub cache_repairs: u64,
+    /// Blocks no recovery cache could repair (asked of the sender).
+    pub cache_misses: u64,
+    /// Microseconds spent asking recovery caches.
+    pub cache_micros: u64,
+    /// With recovery caches: blocks the sender sent again after a failure.
+    pub source_repairs: u64,
+    /// Microseconds from asking the sender for a block to its arrival.
+    pub source_micros: u64,
 }
 
 /// Failed entries a session keeps by name for the log at most.
@@ -183,6 +194,10 @@ pub struct ReceiveOptions {
     ///
     /// [`MAX_KEEP_PATHS`]: crate::net::MAX_KEEP_PATHS
     pub max_delete_paths: Option<usize>,
+    /// Recovery caches to ask for a failed block before the sender
+    /// (`intact serve --recovery-cache`); with them, each file's Status
+    /// asks the sender for every block's BLAKE3.
+    pub recovery: Option<intact_netcache::RecoveryCaches>,
     /// What the server allows one file, one stream and all its sessions
     /// (see [`ReceiveLimits`]); clones share its counts of what is open.
     pub limits: ReceiveLimits,

@@ -84,6 +84,10 @@ pub struct SendOptions {
     /// Where the digests of sources are cached, for the quick check of
     /// files the server holds whole (off: each such source is read).
     pub source_cache: SourceCacheSetting,
+    /// Which files a recovery cache may keep (`--cache-include`,
+    /// `--cache-exclude`; empty: all). For the others no block BLAKE3 is
+    /// sent, so no cache keeps them and their repairs come from here.
+    pub cache_filter: crate::select::Filter,
 }
 
 impl Default for SendOptions {
@@ -100,6 +104,7 @@ impl Default for SendOptions {
             read_path: ReadPath::default(),
             require_level: None,
             source_cache: SourceCacheSetting::Off,
+            cache_filter: crate::select::Filter::default(),
         }
     }
 }

@@ -429,8 +429,15 @@ pub struct LocalServer {
 impl LocalServer {
     /// Binds 127.0.0.1:0 and serves `cfg` on a thread.
     pub fn start(cfg: ServerConfig) -> Result<LocalServer, TransferError> {
+        LocalServer::start_on(cfg, "127.0.0.1:0")
+    }
+
+    /// Binds `listen` (a test host's address, in the network namespace of
+    /// the calling thread) and serves `cfg` on a thread. Stop it from a
+    /// thread in the same namespace: stopping connects to it.
+    pub fn start_on(cfg: ServerConfig, listen: &str) -> Result<LocalServer, TransferError> {
         let io = |e: std::io::Error| TransferError::Path(e.into());
-        let listener = TcpListener::bind("127.0.0.1:0").map_err(io)?;
+        let listener = TcpListener::bind(listen).map_err(io)?;
         let addr = listener.local_addr().map_err(io)?;
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {

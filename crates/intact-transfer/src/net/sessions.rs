@@ -207,6 +207,11 @@ impl Sessions {
                 s.total.failed += sum.failed;
                 s.total.blocks_rejected += sum.blocks_rejected;
                 s.total.bytes += sum.bytes;
+                s.total.cache_repairs += sum.cache_repairs;
+                s.total.cache_misses += sum.cache_misses;
+                s.total.cache_micros += sum.cache_micros;
+                s.total.source_repairs += sum.source_repairs;
+                s.total.source_micros += sum.source_micros;
             }
             Err(why) => {
                 s.streams_failed += 1;
@@ -235,6 +240,18 @@ impl Sessions {
             s.streams_seen,
             if s.streams_seen == 1 { "" } else { "s" },
         ));
+        if t.cache_repairs + t.cache_misses > 0 {
+            self.log(format!(
+                "{} session {id}: repairs: {} blocks from a recovery cache ({:.3} s asking), \
+                 {} not found there; {} blocks sent again by the sender ({:.3} s waiting)",
+                s.peer,
+                t.cache_repairs,
+                t.cache_micros as f64 / 1e6,
+                t.cache_misses,
+                t.source_repairs,
+                t.source_micros as f64 / 1e6,
+            ));
+        }
         if self.verbose {
             self.log(format!(
                 "{} session {id}: receiver stages (thread-seconds): {}",

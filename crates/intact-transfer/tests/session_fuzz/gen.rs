@@ -203,6 +203,7 @@ pub fn block(file: u64, index: u64, data: &[u8]) -> Message {
         digest: block_digest(data),
         crcs: intact_digest::page_crc_blob(data, intact_proto::WIRE_PAGE),
         patch: Vec::new(),
+        strong: Vec::new(),
         data: data.to_vec(),
     })
 }
@@ -481,6 +482,7 @@ fn file_messages(src: &mut Source, plan: &Plan, ids: &[u64]) -> Vec<Message> {
             digest: Vec::new(),
             crcs: Vec::new(),
             patch: Vec::new(),
+            strong: Vec::new(),
             data: Vec::new(),
         };
         if src.chance(10) {
@@ -529,6 +531,7 @@ fn file_messages(src: &mut Source, plan: &Plan, ids: &[u64]) -> Vec<Message> {
                         digest: digest.clone(),
                         crcs: crcs.clone(),
                         patch: vec![named],
+                        strong: Vec::new(),
                         data: good,
                     });
                 }
@@ -594,6 +597,8 @@ fn out_of_place(src: &mut Source, id: u64) -> Message {
         trusted_level: 0,
         trusted_at: 0,
         split: 0,
+        cache_repairs: 0,
+        cache_micros: 0,
     };
     match src.below(9) {
         0 if src.below(2) == 0 => Message::Join {
@@ -611,6 +616,7 @@ fn out_of_place(src: &mut Source, id: u64) -> Message {
         2 => Message::Status {
             file: id,
             holding: Holding::Blocks(vec![(0, vec![0; 16])]),
+            strong: false,
         },
         3 => Message::FileResult(fr),
         4 => Message::BlockResult {
@@ -631,6 +637,7 @@ fn out_of_place(src: &mut Source, id: u64) -> Message {
         _ => Message::Status {
             file: id,
             holding: Holding::Whole { digest: Vec::new() },
+            strong: true,
         },
     }
 }

@@ -88,6 +88,7 @@ pub fn block(file: u64, index: u64, data: &[u8]) -> Message {
         digest: hash(defaults::BLOCK_ALGORITHM, data).as_bytes().to_vec(),
         crcs: intact_digest::page_crc_blob(data, intact_proto::WIRE_PAGE),
         patch: Vec::new(),
+        strong: Vec::new(),
         data: data.to_vec(),
     })
 }

@@ -153,10 +153,15 @@ impl Session<'_> {
         if let Some(f) = self.files.get_mut(&id) {
             f.slot = slot;
         }
-        let reply = match begun {
+        let mut reply = match begun {
             Begun::Reply(m) => m,
             Begun::Dir(e) => self.dir(e),
         };
+        if let Message::Status { strong, .. } = &mut reply {
+            // Each block's BLAKE3, by which a recovery cache's copy is
+            // taken back, comes only over this channel.
+            *strong = self.opts.recovery.is_some();
+        }
         if let Message::FileResult(r) = &reply {
             match r.status {
                 FileStatus::Failed => self.summary.fail(&path, &r.message),

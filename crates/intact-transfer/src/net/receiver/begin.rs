@@ -79,7 +79,11 @@ fn begin_file(
     if let Some(range) = e.range {
         let (inc, holding) = super::split::begin_range(dest, journal, opts, e, range, mode, buf)?;
         files.insert(id, inc);
-        return Ok(Message::Status { file: id, holding });
+        return Ok(Message::Status {
+            file: id,
+            holding,
+            strong: false,
+        });
     }
     let required = super::required_level(e.flags);
     let same = |r: &crate::journal::FileRow| {
@@ -130,6 +134,7 @@ fn begin_file(
                     holding: Holding::Whole {
                         digest: digest.to_vec(),
                     },
+                    strong: false,
                 });
             }
             if mode != VerifyMode::None {
@@ -141,6 +146,7 @@ fn begin_file(
                         holding: Holding::Whole {
                             digest: digest.to_vec(),
                         },
+                        strong: false,
                     });
                 }
             }
@@ -182,7 +188,11 @@ fn begin_file(
         profile.time(Stage::Journal, || journal.reopen(row_id, session))?;
     }
     files.insert(id, inc);
-    Ok(Message::Status { file: id, holding })
+    Ok(Message::Status {
+        file: id,
+        holding,
+        strong: false,
+    })
 }
 
 /// Whether the final file still has the size and mtime the entry announces.

@@ -135,6 +135,8 @@ pub(super) fn commit_ready(
             trusted: f.held.trusted_bytes(),
             trusted_level: f.held.trusted_level().map_or(0, VerifyLevel::wire_id),
             trusted_at: f.held.trusted_at().unwrap_or(0),
+            cache_repairs: f.repairs.from_cache,
+            cache_micros: f.repairs.cache_micros,
             ..verified(id, reached.level, reached.note.as_deref().unwrap_or(""))
         };
         if let Some(r) = f.verify.block_reread() {
@@ -240,6 +242,8 @@ pub(super) fn verified(file: u64, level: VerifyLevel, note: &str) -> FileResult 
         trusted_level: 0,
         trusted_at: 0,
         split: 0,
+        cache_repairs: 0,
+        cache_micros: 0,
     }
 }
 

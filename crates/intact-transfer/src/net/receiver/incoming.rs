@@ -48,6 +48,8 @@ pub(super) struct Incoming {
     /// Blocks whose bad pages this receiver named (a BlockResult with
     /// pages): only they may be answered with a patch of pages.
     pub(super) awaiting_pages: HashSet<u64>,
+    /// Blocks a recovery cache may repair, and what it did.
+    pub(super) repairs: super::repair::Repairs,
     /// One range of a split file (see `split.rs`); None: the whole file.
     pub(super) range: Option<super::split::RangeIn>,
 }
@@ -212,6 +214,7 @@ impl Incoming {
             source_level: None,
             slot: None,
             awaiting_pages: HashSet::new(),
+            repairs: Default::default(),
             range: None,
         }
     }

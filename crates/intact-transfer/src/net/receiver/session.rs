@@ -281,11 +281,27 @@ impl Session<'_> {
         Ok(())
     }
 
-    fn block(&mut self, mut b: intact_proto::Block) -> Result<(), TransferError> {
+    fn block(&mut self, b: intact_proto::Block) -> Result<(), TransferError> {
+        self.take_block(b, false)
+    }
+
+    /// A block from the sender, or (`from_cache`) a recovery cache's copy
+    /// of one that failed.
+    pub(super) fn take_block(
+        &mut self,
+        mut b: intact_proto::Block,
+        from_cache: bool,
+    ) -> Result<(), TransferError> {
         let Some(f) = self.files.get_mut(&b.file) else {
             // A file that already failed: drop its blocks.
             return Ok(());
         };
+        if self.opts.recovery.is_some() {
+            if let Some(waited) = f.repairs.arrived(&b) {
+                self.summary.source_repairs += 1;
+                self.summary.source_micros += waited.as_micros() as u64;
+            }
+        }
         if f.partial.is_none() && f.range.is_some() {
             let why = format!(
                 "the file held (committed from its ranges) differs from the source in block {}: \
@@ -302,7 +318,7 @@ impl Session<'_> {
             }
         }
         // The bytes that came (a patch grows to its whole block).
-        let came = b.data.len() as u64;
+        let came = if from_cache { 0 } else { b.data.len() as u64 };
         let accepted = accept_block(f, &mut b, self.opts, self.journal.page_size());
         let verdict = match accepted {
             Ok(v) => v,
@@ -362,6 +378,17 @@ impl Session<'_> {
             }
         }
         self.summary.blocks_rejected += u64::from(!ok);
+        if ok {
+            f.repairs.settled(index);
+        } else if self.repair_from_cache(file, index)? {
+            return Ok(());
+        }
+        let Some(f) = self.files.get_mut(&file) else {
+            return Ok(());
+        };
+        if !ok {
+            f.repairs.asked_source(index);
+        }
         let pages = if ok { Vec::new() } else { bad };
         if !pages.is_empty() {
             f.awaiting_pages.insert(index);

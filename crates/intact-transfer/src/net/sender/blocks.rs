@@ -213,6 +213,12 @@ impl Stream<'_> {
         if let Some(t) = o.tree.as_mut() {
             t.set(index, &read.data);
         }
+        // For a recovery cache: the whole block's BLAKE3, also on a patch.
+        let strong = if o.strong {
+            blake3::hash(&read.data).as_bytes().to_vec()
+        } else {
+            Vec::new()
+        };
         let hashed = t.elapsed() + read.hashing;
         o.report.checksum_seconds += hashed.as_secs_f64();
         profile.add(Stage::Digest, hashed);
@@ -239,6 +245,7 @@ impl Stream<'_> {
             digest: read.digest,
             crcs: read.crcs,
             patch: pages.to_vec(),
+            strong,
             data,
         });
         let put = Instant::now();

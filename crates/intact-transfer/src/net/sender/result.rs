@@ -38,6 +38,8 @@ impl Stream<'_> {
         o.report.verify_stage_seconds = r.check_micros as f64 / 1e6;
         o.report.evict_seconds += r.evict_micros as f64 / 1e6;
         o.report.pages_resident += r.resident;
+        o.report.blocks_from_cache += r.cache_repairs;
+        o.report.cache_seconds += r.cache_micros as f64 / 1e6;
         if self.tcp.is_some() {
             // The server's stages as its result reports them (in process,
             // the receiver half adds them to the shared profile itself).

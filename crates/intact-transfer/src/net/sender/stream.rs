@@ -53,6 +53,9 @@ pub(super) struct Outgoing {
     /// recorded), looked up when the file was begun.
     pub(super) cached: Option<([u8; 32], i64)>,
     pub(super) opened_at: SystemTime,
+    /// The receiver asked for each block's BLAKE3 (it has a recovery
+    /// cache) and `--cache-exclude` does not keep this file out.
+    pub(super) strong: bool,
 }
 
 pub(super) struct Stream<'a> {
@@ -298,6 +301,7 @@ impl<'a> Stream<'a> {
             source,
             tree: None,
             stale_digest: false,
+            strong: false,
         };
         if o.source.is_some() {
             o.report.blocks = match e.range {
@@ -365,10 +369,16 @@ impl<'a> Stream<'a> {
                 }
                 self.out.insert(file, o);
             }
-            Message::Status { file, holding } => {
+            Message::Status {
+                file,
+                holding,
+                strong,
+            } => {
                 let Some(mut o) = self.out.remove(&file) else {
                     return;
                 };
+                let rel = self.ctx.entries[file as usize].rel.as_bytes();
+                o.strong = strong && self.ctx.opts.cache_filter.takes(rel, false);
                 if o.source.is_none() {
                     self.out.insert(file, o);
                     self.broken = Some(format!(

@@ -124,6 +124,8 @@ impl Session<'_> {
         f.unjournaled_bytes = 0;
         let mut result = FileResult {
             split: FileResult::SPLIT_WAITING,
+            cache_repairs: f.repairs.from_cache,
+            cache_micros: f.repairs.cache_micros,
             ..verified(file, reached.level, "")
         };
         let why_below = reached

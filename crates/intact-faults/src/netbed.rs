@@ -1,0 +1,220 @@
+//! A network testbed of the recovery-cache paper (Nazarov & Arslan,
+//! Fig. 4), made of network namespaces joined by veth pairs and deleted
+//! on drop: a source host, a switch, a destination host and a cache host.
+//!
+//! ```text
+//!  source 10.91.1.1 ── 1 Gbit/s (tbf) ── switch ── destination 10.91.2.1
+//!                                           │
+//!                                           └──── cache 10.91.3.1
+//! ```
+//!
+//! The switch routes between the three links. On its destination link,
+//! tc's `mirred egress mirror` copies every packet between the source's
+//! subnet and the destination, both directions (data towards the
+//! destination, results back), onto the cache link, as the paper's P4
+//! switch mirrors the transfer. Traffic between the destination and the
+//! cache (repairs) is not mirrored. This kernel has no `netem`: the links
+//! have no added delay (the wide-area delay line is not built yet).
+//!
+//! Root only. [`Host::spawn`] runs a closure on a thread that has entered
+//! a host's namespace: sockets it (and the threads it starts) makes live
+//! there.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// One host (network namespace) of the testbed.
+#[derive(Debug)]
+pub struct Host {
+    /// The namespace's name (`ip netns exec NAME …`).
+    pub name: String,
+    /// Its address.
+    pub ip: &'static str,
+}
+
+impl Host {
+    /// Runs `f` on a new thread inside this namespace.
+    pub fn spawn<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> io::Result<std::thread::JoinHandle<T>> {
+        let ns = File::open(format!("/run/netns/{}", self.name))?;
+        std::thread::Builder::new().spawn(move || {
+            // SAFETY: setns on a descriptor this thread owns; it moves only
+            // this thread into the namespace.
+            let r = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
+            assert_eq!(r, 0, "setns: {}", io::Error::last_os_error());
+            drop(ns);
+            f()
+        })
+    }
+
+    /// `program` run inside this namespace.
+    pub fn command(&self, program: &str) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.name, program]);
+        c
+    }
+}
+
+/// The four hosts; the namespaces are deleted on drop.
+#[derive(Debug)]
+pub struct Netbed {
+    /// The sender's host.
+    pub source: Host,
+    /// The switch (routes, shapes, mirrors).
+    pub switch: Host,
+    /// The receiver's host.
+    pub destination: Host,
+    /// The cache's host; its interface [`Netbed::MIRROR_IFACE`] gets the
+    /// mirrored packets.
+    pub cache: Host,
+}
+
+fn run(cmd: &mut Command) -> io::Result<()> {
+    let out = cmd.output()?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!(
+            "{cmd:?}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )))
+    }
+}
+
+fn ip(ns: &str, args: &[&str]) -> io::Result<()> {
+    run(Command::new("ip").args(["-n", ns]).args(args))
+}
+
+fn tc(ns: &str, args: &[&str]) -> io::Result<()> {
+    run(Command::new("tc").args(["-n", ns]).args(args))
+}
+
+/// Whether a testbed can be made here (root, `ip`, `tc`, namespaces).
+pub fn netbed_usable() -> Result<(), String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("network namespaces need root".into());
+    }
+    for tool in ["ip", "tc"] {
+        if Command::new(tool).arg("-V").output().is_err() {
+            return Err(format!("`{tool}` (iproute2) is not installed"));
+        }
+    }
+    Ok(())
+}
+
+impl Netbed {
+    /// The cache host's interface towards the switch.
+    pub const MIRROR_IFACE: &'static str = "cache0";
+
+    /// Makes the four hosts and their links.
+    pub fn new() -> io::Result<Netbed> {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, Ordering::SeqCst);
+        let tag = format!("intact-bed-{}-{n}", std::process::id());
+        let host = |role: &str, ip: &'static str| Host {
+            name: format!("{tag}-{role}"),
+            ip,
+        };
+        let bed = Netbed {
+            source: host("src", "10.91.1.1"),
+            switch: host("sw", ""),
+            destination: host("dst", "10.91.2.1"),
+            cache: host("cache", "10.91.3.1"),
+        };
+        // From here on Drop deletes what exists.
+        for h in [&bed.source, &bed.switch, &bed.destination, &bed.cache] {
+            run(Command::new("ip").args(["netns", "add", &h.name]))?;
+            ip(&h.name, &["link", "set", "lo", "up"])?;
+        }
+        let sw = bed.switch.name.clone();
+        for (h, subnet, dev, swdev) in [
+            (&bed.source, 1, "src0", "sw1"),
+            (&bed.destination, 2, "dst0", "sw2"),
+            (&bed.cache, 3, Self::MIRROR_IFACE, "sw3"),
+        ] {
+            ip(
+                &h.name,
+                &[
+                    "link", "add", dev, "type", "veth", "peer", "name", swdev, "netns", &sw,
+                ],
+            )?;
+            ip(
+                &h.name,
+                &["addr", "add", &format!("{}/24", h.ip), "dev", dev],
+            )?;
+            ip(&h.name, &["link", "set", dev, "up"])?;
+            ip(
+                &sw,
+                &["addr", "add", &format!("10.91.{subnet}.2/24"), "dev", swdev],
+            )?;
+            ip(&sw, &["link", "set", swdev, "up"])?;
+            ip(
+                &h.name,
+                &[
+                    "route",
+                    "add",
+                    "default",
+                    "via",
+                    &format!("10.91.{subnet}.2"),
+                ],
+            )?;
+        }
+        run(bed
+            .switch
+            .command("sysctl")
+            .args(["-qw", "net.ipv4.ip_forward=1"]))?;
+        // The slow link: 1 Gbit/s each way between source and switch.
+        for (ns, dev) in [(&bed.source.name, "src0"), (&sw, "sw1")] {
+            tc(
+                ns,
+                &[
+                    "qdisc", "add", "dev", dev, "root", "tbf", "rate", "1gbit", "burst", "256kb",
+                    "latency", "10ms",
+                ],
+            )?;
+        }
+        // The mirror, both directions of the source's traffic with the
+        // destination.
+        tc(&sw, &["qdisc", "add", "dev", "sw2", "clsact"])?;
+        for (hook, field) in [("egress", "src"), ("ingress", "dst")] {
+            tc(
+                &sw,
+                &[
+                    "filter",
+                    "add",
+                    "dev",
+                    "sw2",
+                    hook,
+                    "protocol",
+                    "ip",
+                    "u32",
+                    "match",
+                    "ip",
+                    field,
+                    "10.91.1.0/24",
+                    "action",
+                    "mirred",
+                    "egress",
+                    "mirror",
+                    "dev",
+                    "sw3",
+                ],
+            )?;
+        }
+        Ok(bed)
+    }
+}
+
+impl Drop for Netbed {
+    fn drop(&mut self) {
+        for h in [&self.source, &self.switch, &self.destination, &self.cache] {
+            let _ = Command::new("ip").args(["netns", "del", &h.name]).output();
+        }
+    }
+}
