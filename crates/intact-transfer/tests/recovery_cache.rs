@@ -347,3 +347,56 @@ fn files_kept_out_of_the_cache_carry_no_blake3_and_are_not_kept() {
         (0, 2)
     );
 }
+
+#[test]
+fn a_cache_that_answers_wrong_bytes_is_not_believed() {
+    if !usable("a_cache_that_answers_wrong_bytes_is_not_believed") {
+        return;
+    }
+    use std::io::{Read, Write};
+    // A hostile cache: it says it holds every block, and answers bytes of
+    // the right length that are not the block.
+    let liar = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let liar_addr = liar.local_addr().unwrap();
+    let asked = Arc::new(AtomicU64::new(0));
+    {
+        let asked = Arc::clone(&asked);
+        std::thread::spawn(move || {
+            for s in liar.incoming() {
+                let Ok(mut s) = s else { break };
+                let asked = Arc::clone(&asked);
+                std::thread::spawn(move || {
+                    let mut magic = [0u8; 8];
+                    s.write_all(intact_netcache::service::MAGIC).unwrap();
+                    if s.read_exact(&mut magic).is_err() {
+                        return;
+                    }
+                    let mut key = [0u8; 32];
+                    while s.read_exact(&mut key).is_ok() {
+                        asked.fetch_add(1, Ordering::SeqCst);
+                        let mut answer = vec![1u8];
+                        answer.extend_from_slice(&(BS as u32).to_be_bytes());
+                        answer.extend(std::iter::repeat_n(0xA5u8, BS));
+                        if s.write_all(&answer).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+    }
+    let lfs =
+        Arc::new(intact_faults::LoopFs::new(Path::new(env!("CARGO_TARGET_TMPDIR")), 64).unwrap());
+    let src = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (file, data) = source(src.path(), 4 * BS);
+    let (hook, fired) = flip_block(&lfs, 3);
+    let root = lfs.mnt().join("recv");
+    let srv = server(&root, Some(hook), Some(vec![liar_addr.to_string()]));
+    let r = send(&[file], &srv.addr(), &opts(), &|_| {}).unwrap();
+    srv.stop().unwrap();
+    assert!(fired.load(Ordering::SeqCst));
+    assert_eq!(asked.load(Ordering::SeqCst), 1, "the cache was asked");
+    let f = only_file(&r);
+    assert_eq!((f.blocks_from_cache, f.blocks_resent), (0, 1), "{f:?}");
+    assert_eq!(read_after_remount(&lfs, &root.join("data.bin")), data);
+}
