@@ -486,7 +486,16 @@ fn file_messages(src: &mut Source, plan: &Plan, ids: &[u64]) -> Vec<Message> {
             data: Vec::new(),
         };
         if src.chance(10) {
-            match src.below(12) {
+            match src.below(13) {
+                12 => {
+                    // A BLAKE3 the server never asked for: right, wrong,
+                    // or of a length no block has.
+                    b.strong = match src.below(3) {
+                        0 => blake3::hash(&data).as_bytes().to_vec(),
+                        1 => vec![7; 32],
+                        _ => vec![7; 31],
+                    };
+                }
                 0 if !data.is_empty() => {
                     // Corrupted on the way: the digest is the original's.
                     let i = src.below(data.len() as u64) as usize;

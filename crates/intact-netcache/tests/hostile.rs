@@ -1,0 +1,160 @@
+//! Hostile bytes at every layer the cache reads: random Ethernet frames,
+//! TCP segments with arbitrary sequence numbers and flags, and connection
+//! byte streams that start as intact's and then lie. Nothing panics,
+//! nothing is kept that does not hash to its BLAKE3, and what waits
+//! behind holes stays within its budget.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use intact_netcache::follow::{Conn, Side};
+use intact_netcache::tcp::{Reassembly, Segment};
+use intact_netcache::{Counters, Store};
+use intact_proto::{Block, Message};
+use proptest::prelude::*;
+
+fn fresh(bound: u64) -> (Arc<Store>, Arc<Counters>) {
+    (Arc::new(Store::new(bound)), Arc::new(Counters::default()))
+}
+
+/// A keyless session's opening, then `blocks`.
+fn session(blocks: &[Block]) -> (Vec<u8>, Vec<u8>) {
+    let mut c = Vec::new();
+    Message::Hello {
+        version: intact_proto::VERSION,
+        keyed: false,
+        nonce: [1; 32],
+        session: [0; 16],
+        suite: 0,
+        share: [0; 32],
+    }
+    .encode(&mut c);
+    Message::Join {
+        payload: vec![5; 32],
+    }
+    .encode(&mut c);
+    for b in blocks {
+        Message::Block(b.clone()).encode(&mut c);
+    }
+    let mut s = Vec::new();
+    Message::Hello {
+        version: intact_proto::VERSION,
+        keyed: false,
+        nonce: [2; 32],
+        session: [0; 16],
+        suite: 0,
+        share: [0; 32],
+    }
+    .encode(&mut s);
+    (c, s)
+}
+
+fn block(data: Vec<u8>, honest: bool) -> Block {
+    let mut strong = blake3::hash(&data).as_bytes().to_vec();
+    if !honest {
+        strong[0] ^= 1;
+    }
+    Block {
+        file: 1,
+        index: 0,
+        source_level: 0,
+        digest: vec![0; 16],
+        crcs: Vec::new(),
+        patch: Vec::new(),
+        strong,
+        data,
+    }
+}
+
+#[test]
+fn honest_blocks_are_kept_and_lying_ones_rejected_whatever_the_chunking() {
+    let blocks = vec![
+        block(vec![1; 5000], true),
+        block(vec![2; 7000], false),
+        block(vec![3; 100], true),
+    ];
+    let (c, s) = session(&blocks);
+    for chunk in [1, 3, 64, 4096, c.len()] {
+        let (store, counters) = fresh(1 << 20);
+        let mut conn = Conn::new(Arc::clone(&store), Arc::clone(&counters));
+        // The server's Hello first, as a capture may deliver it.
+        conn.feed(Side::Server, &s);
+        for piece in c.chunks(chunk) {
+            conn.feed(Side::Client, piece);
+        }
+        assert_eq!(counters.cached.load(Ordering::SeqCst), 2, "chunk {chunk}");
+        assert_eq!(counters.rejected.load(Ordering::SeqCst), 1, "chunk {chunk}");
+        assert!(store.get(blake3::hash(&[1; 5000]).as_bytes()).is_some());
+        assert!(store.get(blake3::hash(&[2; 7000]).as_bytes()).is_none());
+        assert!(conn.stopped().is_none());
+    }
+}
+
+fn addr(p: u16) -> SocketAddr {
+    SocketAddr::from(([10, 0, 0, (p % 3) as u8 + 1], 7000 + p % 5))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn random_frames_never_panic(frames in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..2000), 0..60)) {
+        let (store, counters) = fresh(1 << 20);
+        let mut tcp = Reassembly::new(1 << 16, store, counters);
+        for f in &frames {
+            intact_netcache::capture::handle(f, &mut tcp);
+        }
+        prop_assert!(tcp.waiting() <= 1 << 16);
+    }
+
+    #[test]
+    fn arbitrary_segments_stay_within_the_budget(
+        segs in proptest::collection::vec(
+            (any::<u16>(), any::<u16>(), any::<u32>(), any::<u8>(), proptest::collection::vec(any::<u8>(), 0..3000)),
+            0..200,
+        )
+    ) {
+        let (store, counters) = fresh(1 << 20);
+        let budget = 20_000;
+        let mut tcp = Reassembly::new(budget, store, counters);
+        for (a, b, seq, flags, payload) in &segs {
+            tcp.segment(Segment {
+                from: addr(*a),
+                to: addr(*b),
+                seq: *seq,
+                syn: flags & 1 != 0,
+                ack: flags & 2 != 0,
+                fin: flags & 4 != 0,
+                rst: flags & 8 != 0,
+                payload,
+            });
+            prop_assert!(tcp.waiting() <= budget);
+        }
+        tcp.sweep(std::time::Instant::now() + std::time::Duration::from_secs(3600));
+        prop_assert_eq!(tcp.waiting(), 0);
+        prop_assert_eq!(tcp.flows(), 0);
+    }
+
+    #[test]
+    fn a_session_that_goes_on_with_junk_never_panics_nor_keeps_a_lie(
+        junk in proptest::collection::vec(any::<u8>(), 0..20_000),
+        cut in 0usize..5000,
+        server_junk in proptest::collection::vec(any::<u8>(), 0..300),
+    ) {
+        let (c, s) = session(&[block(vec![9; 3000], true)]);
+        let (store, counters) = fresh(1 << 20);
+        let mut conn = Conn::new(Arc::clone(&store), Arc::clone(&counters));
+        let mut bytes = c[..cut.min(c.len())].to_vec();
+        bytes.extend_from_slice(&junk);
+        conn.feed(Side::Client, &bytes);
+        conn.feed(Side::Server, &s);
+        conn.feed(Side::Server, &server_junk);
+        // Whatever was kept hashes to its key.
+        let st = store.stats();
+        prop_assert!(st.blocks <= 1 + counters.cached.load(Ordering::SeqCst));
+        if let Some(d) = store.get(blake3::hash(&[9; 3000]).as_bytes()) {
+            prop_assert_eq!(&d[..], &[9u8; 3000][..]);
+        }
+    }
+}
