@@ -442,7 +442,7 @@ impl DeviceReader {
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
             }
-            if done < len && done as u64 % PAGE != 0 {
+            if done < len && !(done as u64).is_multiple_of(PAGE) {
                 return Err(std::io::ErrorKind::UnexpectedEof.into());
             }
         }
@@ -469,5 +469,7 @@ pub fn prefetch(file: &File, offset: u64, len: u64) {
 /// and room for the length rounded up to a page.
 fn direct_fits(offset: u64, len: usize, buf: &[u8]) -> bool {
     let alen = (len as u64).div_ceil(PAGE) as usize * PAGE as usize;
-    offset % PAGE == 0 && buf.as_ptr() as usize % PAGE as usize == 0 && buf.len() >= alen
+    offset.is_multiple_of(PAGE)
+        && (buf.as_ptr() as usize).is_multiple_of(PAGE as usize)
+        && buf.len() >= alen
 }

@@ -132,7 +132,7 @@ fn session_state_machine_survives_fuzzed_message_sequences() {
             );
         }
         seed += 1;
-        if (seed - first) % SANITY_EVERY == 0 {
+        if (seed - first).is_multiple_of(SANITY_EVERY) {
             if let Err(why) = h.sanity() {
                 panic!("after seed {seed}: {why}");
             }

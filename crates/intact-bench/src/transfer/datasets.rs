@@ -215,7 +215,7 @@ pub fn walk_files(
 /// Bytes in the largest unit that divides them: "1 MiB", "16 KiB", "1 B".
 fn size_words(b: u64) -> String {
     for (unit, name) in [(GIB, "GiB"), (MIB, "MiB"), (KIB, "KiB")] {
-        if b >= unit && b % unit == 0 {
+        if b >= unit && b.is_multiple_of(unit) {
             return format!("{} {name}", b / unit);
         }
     }

@@ -114,7 +114,7 @@ impl SsdModel {
     /// `nand` (made `size` bytes long, sparse) and whose write buffer holds
     /// `buffer` bytes (at least one page).
     pub fn new(nand: File, size: u64, buffer: u64) -> io::Result<SsdModel> {
-        if size == 0 || size % SSD_PAGE as u64 != 0 {
+        if size == 0 || !size.is_multiple_of(SSD_PAGE as u64) {
             return Err(io::Error::other("the device's size must be whole pages"));
         }
         nand.set_len(size)?;

@@ -363,7 +363,8 @@ pub fn scrub_catalog(
                 p.bytes += fs.bytes;
                 // Committed often enough that a killed scrub reads again at
                 // most a second's or MARK_BATCH files' worth.
-                if p.files % MARK_BATCH == 0 || flushed.elapsed() >= Duration::from_secs(1) {
+                if p.files.is_multiple_of(MARK_BATCH) || flushed.elapsed() >= Duration::from_secs(1)
+                {
                     journal.flush()?;
                     flushed = Instant::now();
                 }

@@ -229,7 +229,8 @@ fn check_pages(
     let page = page.max(1) as u64;
     match &rec.pages {
         Some(p) if p.len() as u64 == (b_end - b0).div_ceil(page) * 4 => {
-            if (at - b0) % page != 0 || (end != b_end && (end - b0) % page != 0) {
+            if !(at - b0).is_multiple_of(page) || (end != b_end && !(end - b0).is_multiple_of(page))
+            {
                 return Err(format!("{at}..{end} is not a range of whole pages"));
             }
             let first = ((at - b0) / page) as usize * 4;

@@ -113,7 +113,7 @@ impl<'a> Stream<'a> {
                     None => exhausted = true,
                 }
                 begun += 1;
-                if begun % FLUSH_EVERY == 0 {
+                if begun.is_multiple_of(FLUSH_EVERY) {
                     if let Err(e) = self.ctx.profile.time(Stage::Handoff, || self.conn.flush()) {
                         self.broken = Some(e.to_string());
                     }
