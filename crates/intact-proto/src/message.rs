@@ -282,8 +282,13 @@ pub struct FileResult {
     /// Version 12: blocks of this file that failed a check and were
     /// repaired from a recovery cache (not asked of the sender again).
     pub cache_repairs: u64,
-    /// Microseconds spent asking recovery caches for this file's blocks.
+    /// Microseconds from those blocks' failures to their verified repairs.
     pub cache_micros: u64,
+    /// Version 12: blocks of this file that failed a check and were
+    /// repaired by the sender.
+    pub source_repairs: u64,
+    /// Microseconds from those blocks' failures to their verified repairs.
+    pub source_micros: u64,
 }
 
 impl FileResult {
@@ -630,6 +635,8 @@ impl Message {
                 w.u8(r.split);
                 w.u64(r.cache_repairs);
                 w.u64(r.cache_micros);
+                w.u64(r.source_repairs);
+                w.u64(r.source_micros);
             }
             Message::Bye => w.u8(BYE),
             Message::Waiting => w.u8(WAITING),
@@ -893,6 +900,8 @@ impl Message {
                 split: r.u8()?,
                 cache_repairs: r.u64()?,
                 cache_micros: r.u64()?,
+                source_repairs: r.u64()?,
+                source_micros: r.u64()?,
             }),
             STATUS => {
                 let file = r.u64()?;

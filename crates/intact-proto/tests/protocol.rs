@@ -179,6 +179,8 @@ fn arb_message() -> impl Strategy<Value = Message> {
                         split,
                         cache_repairs: resident ^ 5,
                         cache_micros: check ^ 3,
+                        source_repairs: trusted ^ 9,
+                        source_micros: reverified ^ 11,
                     })
                 }
             ),

@@ -40,8 +40,14 @@ pub struct FileReport {
     /// Blocks that failed a check at the receiver and were repaired from
     /// its recovery cache (`intact serve --recovery-cache`), not sent again.
     pub blocks_from_cache: u64,
-    /// Seconds the receiver spent asking its recovery caches for them.
+    /// Seconds from those blocks' failures to their verified repairs.
     pub cache_seconds: f64,
+    /// Blocks that failed a check at the receiver and were repaired by
+    /// this sender (whole or only their bad pages).
+    pub blocks_from_source: u64,
+    /// Seconds from those blocks' failures to their verified repairs, as
+    /// the receiver measured them.
+    pub source_repair_seconds: f64,
     /// Blocks not sent because the receiver already held them verified
     /// (resume after an interruption).
     pub blocks_skipped: u64,
@@ -248,6 +254,8 @@ pub(crate) fn simple_report(
         pages_resent: 0,
         blocks_from_cache: 0,
         cache_seconds: 0.0,
+        blocks_from_source: 0,
+        source_repair_seconds: 0.0,
         blocks_skipped: 0,
         bytes_skipped: 0,
         unchanged: false,

@@ -221,7 +221,12 @@ fn print_summary(report: &CopyReport, p: &PipelineArgs) -> std::io::Result<()> {
     )?;
     if cached > 0 {
         let secs: f64 = report.files.iter().map(|f| f.cache_seconds).sum();
-        outln!("{cached} blocks repaired from the server's recovery cache ({secs:.3} s), not sent again")?;
+        let by_us: u64 = report.files.iter().map(|f| f.blocks_from_source).sum();
+        let ours: f64 = report.files.iter().map(|f| f.source_repair_seconds).sum();
+        outln!(
+            "repairs: {cached} blocks from the server's recovery cache ({secs:.3} s from failure \
+             to verified), not sent again; {by_us} sent again from here ({ours:.3} s)"
+        )?;
     }
     if let Some(line) = resumed(report) {
         outln!("{line}")?;

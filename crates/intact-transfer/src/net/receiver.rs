@@ -121,11 +121,14 @@ pub struct SessionSummary {
     pub cache_repairs: u64,
     /// Blocks no recovery cache could repair (asked of the sender).
     pub cache_misses: u64,
-    /// Microseconds spent asking recovery caches.
+    /// Microseconds spent asking recovery caches (found or not).
+    pub cache_ask_micros: u64,
+    /// Microseconds from a block's failure to its verified repair, for
+    /// the blocks repaired from a cache.
     pub cache_micros: u64,
-    /// With recovery caches: blocks the sender sent again after a failure.
+    /// Blocks that failed a check and were repaired by the sender.
     pub source_repairs: u64,
-    /// Microseconds from asking the sender for a block to its arrival.
+    /// Microseconds from their failure to their verified repair.
     pub source_micros: u64,
 }
 

@@ -210,6 +210,7 @@ impl Sessions {
                 s.total.cache_repairs += sum.cache_repairs;
                 s.total.cache_misses += sum.cache_misses;
                 s.total.cache_micros += sum.cache_micros;
+                s.total.cache_ask_micros += sum.cache_ask_micros;
                 s.total.source_repairs += sum.source_repairs;
                 s.total.source_micros += sum.source_micros;
             }
@@ -242,11 +243,13 @@ impl Sessions {
         ));
         if t.cache_repairs + t.cache_misses > 0 {
             self.log(format!(
-                "{} session {id}: repairs: {} blocks from a recovery cache ({:.3} s asking), \
-                 {} not found there; {} blocks sent again by the sender ({:.3} s waiting)",
+                "{} session {id}: repairs: {} blocks from a recovery cache ({:.3} s from failure \
+                 to verified; {:.3} s asking caches), {} not found there; {} blocks from the \
+                 sender ({:.3} s from failure to verified)",
                 s.peer,
                 t.cache_repairs,
                 t.cache_micros as f64 / 1e6,
+                t.cache_ask_micros as f64 / 1e6,
                 t.cache_misses,
                 t.source_repairs,
                 t.source_micros as f64 / 1e6,

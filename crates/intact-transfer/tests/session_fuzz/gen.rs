@@ -608,6 +608,8 @@ fn out_of_place(src: &mut Source, id: u64) -> Message {
         split: 0,
         cache_repairs: 0,
         cache_micros: 0,
+        source_repairs: 0,
+        source_micros: 0,
     };
     match src.below(9) {
         0 if src.below(2) == 0 => Message::Join {

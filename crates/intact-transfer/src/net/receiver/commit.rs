@@ -137,6 +137,8 @@ pub(super) fn commit_ready(
             trusted_at: f.held.trusted_at().unwrap_or(0),
             cache_repairs: f.repairs.from_cache,
             cache_micros: f.repairs.cache_micros,
+            source_repairs: f.repairs.from_source,
+            source_micros: f.repairs.source_micros,
             ..verified(id, reached.level, reached.note.as_deref().unwrap_or(""))
         };
         if let Some(r) = f.verify.block_reread() {
@@ -244,6 +246,8 @@ pub(super) fn verified(file: u64, level: VerifyLevel, note: &str) -> FileResult 
         split: 0,
         cache_repairs: 0,
         cache_micros: 0,
+        source_repairs: 0,
+        source_micros: 0,
     }
 }
 

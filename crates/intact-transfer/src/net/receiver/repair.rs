@@ -32,58 +32,77 @@ pub(super) struct Repairable {
     source_level: u8,
     /// The caches were asked already.
     tried: bool,
-    /// When the sender was asked for it again.
-    asked_source: Option<Instant>,
 }
 
 /// One file's repairs.
 #[derive(Default)]
 pub(super) struct Repairs {
     open: HashMap<u64, Repairable>,
-    /// Blocks repaired from a cache.
+    /// Blocks that failed and are not yet verified: when they first
+    /// failed, and whether the copy now on its way came from a cache.
+    failed: HashMap<u64, (Instant, bool)>,
+    /// Blocks repaired from a cache, and microseconds from their failure
+    /// to their verified repair.
     pub(super) from_cache: u64,
-    /// Microseconds spent asking caches.
     pub(super) cache_micros: u64,
+    /// The same for blocks repaired by the sender.
+    pub(super) from_source: u64,
+    pub(super) source_micros: u64,
 }
 
 impl Repairs {
-    /// A block came (from the sender or a cache): remember what a repair
-    /// needs, and time a resend the sender was asked for.
-    pub(super) fn arrived(&mut self, b: &Block) -> Option<std::time::Duration> {
-        let waited = self
-            .open
-            .get_mut(&b.index)
-            .and_then(|r| r.asked_source.take())
-            .map(|t| t.elapsed());
-        if b.patch.is_empty() {
-            if let Ok(strong) = <[u8; STRONG_LEN]>::try_from(&b.strong[..]) {
-                let tried = self.open.get(&b.index).is_some_and(|r| r.tried);
-                self.open.insert(
-                    b.index,
-                    Repairable {
-                        strong,
-                        digest: b.digest.clone(),
-                        crcs: b.crcs.clone(),
-                        source_level: b.source_level,
-                        tried,
-                        asked_source: None,
-                    },
-                );
-            }
+    /// A block came (from the sender or a cache): remember what a cache
+    /// repair of it needs (with a recovery cache only).
+    pub(super) fn arrived(&mut self, b: &Block) {
+        if !b.patch.is_empty() {
+            return;
         }
-        waited
+        if let Ok(strong) = <[u8; STRONG_LEN]>::try_from(&b.strong[..]) {
+            let tried = self.open.get(&b.index).is_some_and(|r| r.tried);
+            self.open.insert(
+                b.index,
+                Repairable {
+                    strong,
+                    digest: b.digest.clone(),
+                    crcs: b.crcs.clone(),
+                    source_level: b.source_level,
+                    tried,
+                },
+            );
+        }
     }
 
-    /// The block verified: nothing more to remember.
+    /// The block verified: nothing more to remember; a repair is timed
+    /// from its failure and counted by where it came from.
     pub(super) fn settled(&mut self, index: u64) {
         self.open.remove(&index);
+        if let Some((at, cache)) = self.failed.remove(&index) {
+            let took = at.elapsed().as_micros() as u64;
+            if cache {
+                self.from_cache += 1;
+                self.cache_micros += took;
+            } else {
+                self.from_source += 1;
+                self.source_micros += took;
+            }
+        }
+    }
+
+    /// The block failed a check: its repair is timed from the first failure.
+    pub(super) fn failed(&mut self, index: u64) {
+        self.failed.entry(index).or_insert((Instant::now(), false));
+    }
+
+    /// Where the copy of the block now on its way comes from.
+    fn coming_from_cache(&mut self, index: u64, cache: bool) {
+        if let Some((_, c)) = self.failed.get_mut(&index) {
+            *c = cache;
+        }
     }
 
     /// The sender is asked for the block again.
     pub(super) fn asked_source(&mut self, index: u64) {
-        if let Some(r) = self.open.get_mut(&index) {
-            r.asked_source = Some(Instant::now());
-        }
+        self.coming_from_cache(index, false);
     }
 }
 
@@ -112,13 +131,9 @@ impl Session<'_> {
             let _working = self.opts.working.now();
             caches.fetch(&r.strong, len)
         };
-        let took = t.elapsed().as_micros() as u64;
-        f.repairs.cache_micros += took;
-        self.summary.cache_micros += took;
+        self.summary.cache_ask_micros += t.elapsed().as_micros() as u64;
         match got {
             Ok(rec) => {
-                f.repairs.from_cache += 1;
-                self.summary.cache_repairs += 1;
                 let b = Block {
                     file,
                     index,
@@ -129,6 +144,7 @@ impl Session<'_> {
                     strong: r.strong.to_vec(),
                     data: rec.data,
                 };
+                f.repairs.coming_from_cache(index, true);
                 self.take_block(b, true)?;
                 Ok(true)
             }

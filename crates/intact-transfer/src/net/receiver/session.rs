@@ -297,10 +297,7 @@ impl Session<'_> {
             return Ok(());
         };
         if self.opts.recovery.is_some() {
-            if let Some(waited) = f.repairs.arrived(&b) {
-                self.summary.source_repairs += 1;
-                self.summary.source_micros += waited.as_micros() as u64;
-            }
+            f.repairs.arrived(&b);
         }
         if f.partial.is_none() && f.range.is_some() {
             let why = format!(
@@ -379,9 +376,19 @@ impl Session<'_> {
         }
         self.summary.blocks_rejected += u64::from(!ok);
         if ok {
+            let r = &f.repairs;
+            let before = (r.from_cache, r.cache_micros, r.from_source, r.source_micros);
             f.repairs.settled(index);
-        } else if self.repair_from_cache(file, index)? {
-            return Ok(());
+            let (r, s) = (&f.repairs, &mut self.summary);
+            s.cache_repairs += r.from_cache - before.0;
+            s.cache_micros += r.cache_micros - before.1;
+            s.source_repairs += r.from_source - before.2;
+            s.source_micros += r.source_micros - before.3;
+        } else {
+            f.repairs.failed(index);
+            if self.repair_from_cache(file, index)? {
+                return Ok(());
+            }
         }
         let Some(f) = self.files.get_mut(&file) else {
             return Ok(());

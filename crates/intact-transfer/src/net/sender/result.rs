@@ -40,6 +40,8 @@ impl Stream<'_> {
         o.report.pages_resident += r.resident;
         o.report.blocks_from_cache += r.cache_repairs;
         o.report.cache_seconds += r.cache_micros as f64 / 1e6;
+        o.report.blocks_from_source += r.source_repairs;
+        o.report.source_repair_seconds += r.source_micros as f64 / 1e6;
         if self.tcp.is_some() {
             // The server's stages as its result reports them (in process,
             // the receiver half adds them to the shared profile itself).

@@ -126,6 +126,8 @@ impl Session<'_> {
             split: FileResult::SPLIT_WAITING,
             cache_repairs: f.repairs.from_cache,
             cache_micros: f.repairs.cache_micros,
+            source_repairs: f.repairs.from_source,
+            source_micros: f.repairs.source_micros,
             ..verified(file, reached.level, "")
         };
         let why_below = reached
