@@ -153,7 +153,8 @@ fn a_device_write_error_is_repaired_from_the_cache_and_the_source_sends_nothing_
     );
     let f = only_file(&r);
     assert_eq!(f.blocks_from_cache, 1, "{f:?}");
-    assert_eq!(f.blocks_resent, 0, "{f:?}");
+    assert_eq!((f.blocks_resent, f.blocks_from_source), (0, 0), "{f:?}");
+    assert!(f.cache_seconds > 0.0, "the repair was timed: {f:?}");
     assert_eq!(
         f.bytes_sent,
         data.len() as u64,
@@ -202,6 +203,8 @@ fn with_the_cache_down_or_empty_the_source_repairs_as_before() {
             (0, 1),
             "{name}: {f:?}"
         );
+        assert_eq!(f.blocks_from_source, 1, "{name}: {f:?}");
+        assert!(f.source_repair_seconds > 0.0, "{name}: {f:?}");
         // The receiver named the bad page: only it came again.
         assert_eq!(f.pages_resent, 1, "{name}: {f:?}");
         assert_eq!(
