@@ -3,6 +3,7 @@
 //! Never timed assertions: this machine is shared and noisy, so only
 //! ratios measured side by side mean anything.
 
+mod cache;
 mod flash;
 mod hash;
 mod model;
@@ -44,6 +45,8 @@ enum Bench {
     Scale(scale::ScaleArgs),
     /// One large file and a few small ones in N shards to one server, the plan split or --no-split: what splitting buys.
     Split(split::SplitArgs),
+    /// The recovery cache: the paper's Tables I and II on its testbed in namespaces.
+    Cache(cache::CacheArgs),
     /// The RIVA model (Eq. 1) fed with stage times from separate runs, against riva's own run.
     Model(model::ModelArgs),
     /// The raw pipe's receiving end (run by `transfer`).
@@ -65,6 +68,7 @@ fn main() -> anyhow::Result<()> {
         Bench::Mount(a) => mount::run(&a),
         Bench::Scale(a) => scale::run(&a),
         Bench::Split(a) => split::run(&a),
+        Bench::Cache(a) => cache::run(&a),
         Bench::PipeRecv(a) => pipe::recv(&a),
         Bench::PipeSend(a) => pipe::send(&a),
     }

@@ -3,7 +3,9 @@
 //! through `etherparse`) and handed to [`crate::tcp::Reassembly`].
 //!
 //! The interface is put in promiscuous mode: mirrored packets carry the
-//! addresses of the hosts they were meant for. Every packet the kernel
+//! addresses of the hosts they were meant for, and only those packets
+//! (addressed to another host) are followed; the cache host's own traffic
+//! on the interface (receivers asking it for blocks) is not. Every packet the kernel
 //! dropped because the ring was full is counted (PACKET_STATISTICS), as
 //! is every packet cut short, and how far behind the kernel's timestamps
 //! the capture runs.
@@ -46,7 +48,8 @@ pub struct CaptureOptions {
     pub iface: String,
     /// Bytes of the kernel's ring (a power of two of 1 MiB blocks).
     pub ring: usize,
-    /// Bytes that may wait behind holes in all connections together.
+    /// Memory for following connections, all together: bytes waiting
+    /// behind holes and frames not yet complete.
     pub reassembly: usize,
 }
 
@@ -88,7 +91,9 @@ pub fn run(
     stop: &AtomicBool,
 ) -> Result<(), CaptureError> {
     let Capturing { mut cap, opts } = capturing;
-    let mut tcp = Reassembly::new(opts.reassembly, store, Arc::clone(&counters));
+    let base = iface_rx_dropped(&opts.iface);
+    let budget = crate::follow::Budget::new(opts.reassembly);
+    let mut tcp = Reassembly::new(budget, store, Arc::clone(&counters));
     let mut polled = Instant::now();
     while !stop.load(Ordering::SeqCst) {
         let mut last = None;
@@ -100,6 +105,13 @@ pub fn run(
             })?
         {
             for pkt in &batch {
+                // Mirrored packets are addressed to other hosts; the
+                // cache's own traffic (its service, anything else this
+                // host sends or receives) is not the transfer's.
+                if pkt.direction() != netring::PacketDirection::OtherHost {
+                    counters.own_packets.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
                 counters.packets.fetch_add(1, Ordering::Relaxed);
                 if pkt.len() < pkt.original_len() {
                     counters.truncated.fetch_add(1, Ordering::Relaxed);
@@ -119,20 +131,70 @@ pub fn run(
         }
         if polled.elapsed() > Duration::from_millis(250) {
             polled = Instant::now();
-            account_drops(&cap, &counters);
+            account_drops(&cap, &counters, &opts.iface, base);
             tcp.sweep(polled);
         }
     }
-    account_drops(&cap, &counters);
+    account_drops(&cap, &counters, &opts.iface, base);
     Ok(())
 }
 
-fn account_drops(cap: &netring::Capture, counters: &Counters) {
+fn account_drops(cap: &netring::Capture, counters: &Counters, iface: &str, base: Option<u64>) {
     // `stats` reads and resets the kernel's counters: add what it says.
     if let Ok(s) = cap.stats() {
         counters
             .kernel_drops
             .fetch_add(u64::from(s.drops), Ordering::Relaxed);
+    }
+    if let (Some(base), Some(now)) = (base, iface_rx_dropped(iface)) {
+        counters
+            .iface_drops
+            .store(now.saturating_sub(base), Ordering::Relaxed);
+    }
+}
+
+/// The first fields of the kernel's `struct rtnl_link_stats` (all
+/// `__u32`), which `getifaddrs` points an AF_PACKET entry's data at.
+#[repr(C)]
+struct LinkStatsHead {
+    rx_packets: u32,
+    tx_packets: u32,
+    rx_bytes: u32,
+    tx_bytes: u32,
+    rx_errors: u32,
+    tx_errors: u32,
+    rx_dropped: u32,
+}
+
+/// The interface's count of received packets it dropped before any
+/// socket saw them (a full backlog: a mirror faster than the cache's
+/// CPU), from the kernel's link statistics in this thread's network
+/// namespace.
+pub fn iface_rx_dropped(iface: &str) -> Option<u64> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `head` with a list freed below; each entry's
+    // fields are valid until then, and `ifa_data` of an AF_PACKET entry
+    // points to the link's `rtnl_link_stats`.
+    unsafe {
+        if libc::getifaddrs(&mut head) != 0 {
+            return None;
+        }
+        let mut found = None;
+        let mut p = head;
+        while !p.is_null() {
+            let a = &*p;
+            if !a.ifa_addr.is_null()
+                && i32::from((*a.ifa_addr).sa_family) == libc::AF_PACKET
+                && !a.ifa_data.is_null()
+                && std::ffi::CStr::from_ptr(a.ifa_name).to_bytes() == iface.as_bytes()
+            {
+                let stats = &*(a.ifa_data as *const LinkStatsHead);
+                found = Some(u64::from(stats.rx_dropped));
+            }
+            p = a.ifa_next;
+        }
+        libc::freeifaddrs(head);
+        found
     }
 }
 

@@ -18,8 +18,8 @@
 //! buffered; a frame that does not decode ends the following of that
 //! connection (its framing can no longer be trusted), never the cache.
 
-use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use intact_proto::{
@@ -41,6 +41,48 @@ pub enum Side {
 /// Block digests tracked per connection to drop a file's blocks when its
 /// result comes (beyond this, blocks are left to the store's eviction).
 pub const MAX_TRACKED: usize = 1 << 16;
+
+/// What one tracked digest costs against the [`Budget`].
+const TRACKED_COST: usize = 64;
+
+/// The memory all followed connections together may hold besides the
+/// store: bytes of frames not yet complete, digests tracked, and (in TCP
+/// reassembly) bytes waiting behind holes. A connection that would go
+/// past it is no longer followed ([`Stop::Memory`]).
+#[derive(Debug)]
+pub struct Budget {
+    limit: usize,
+    used: AtomicUsize,
+}
+
+impl Budget {
+    /// A budget of `limit` bytes.
+    pub fn new(limit: usize) -> Arc<Budget> {
+        Arc::new(Budget {
+            limit,
+            used: AtomicUsize::new(0),
+        })
+    }
+
+    /// Takes `n` bytes, or none if that would pass the limit.
+    pub fn take(&self, n: usize) -> bool {
+        self.used
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |u| {
+                u.checked_add(n).filter(|&t| t <= self.limit)
+            })
+            .is_ok()
+    }
+
+    /// Gives `n` bytes back.
+    pub fn give(&self, n: usize) {
+        self.used.fetch_sub(n, Ordering::SeqCst);
+    }
+
+    /// Bytes taken now.
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::SeqCst)
+    }
+}
 
 /// The most one direction holds while it waits for the server's Hello to
 /// say how frames are sealed, or for the rest of a frame.
@@ -78,6 +120,8 @@ pub enum Stop {
     /// Not an intact connection (its first frame is not a Hello): not
     /// counted as a connection the cache failed to follow.
     NotIntact,
+    /// Following it would take more memory than the budget has left.
+    Memory,
 }
 
 impl Stop {
@@ -90,6 +134,7 @@ impl Stop {
             Stop::Gap => "bytes missing from the capture",
             Stop::Joined => "seen only after its start",
             Stop::NotIntact => "not an intact connection",
+            Stop::Memory => "over the memory for following connections",
         }
     }
 }
@@ -101,15 +146,20 @@ pub struct Conn {
     keyed: Option<bool>,
     sealing: Sealing,
     files: HashMap<u64, Vec<Key>>,
-    tracked: usize,
+    /// Blocks this connection holds in the store (each held once).
+    holds: HashSet<Key>,
     stopped: Option<Stop>,
     store: Arc<Store>,
     counters: Arc<Counters>,
+    budget: Arc<Budget>,
+    /// What this connection has taken of the budget.
+    taken: usize,
 }
 
 impl Conn {
-    /// A connection whose first bytes come next, keeping blocks in `store`.
-    pub fn new(store: Arc<Store>, counters: Arc<Counters>) -> Conn {
+    /// A connection whose first bytes come next, keeping blocks in
+    /// `store`, its memory taken from `budget`.
+    pub fn new(store: Arc<Store>, counters: Arc<Counters>, budget: Arc<Budget>) -> Conn {
         counters.streams.fetch_add(1, Ordering::Relaxed);
         Conn {
             client: Direction::default(),
@@ -117,11 +167,29 @@ impl Conn {
             keyed: None,
             sealing: Sealing::Unknown,
             files: HashMap::new(),
-            tracked: 0,
+            holds: HashSet::new(),
             stopped: None,
             store,
             counters,
+            budget,
+            taken: 0,
         }
+    }
+
+    fn take(&mut self, n: usize) -> bool {
+        if self.budget.take(n) {
+            self.taken += n;
+            true
+        } else {
+            self.stop(Stop::Memory);
+            false
+        }
+    }
+
+    fn give(&mut self, n: usize) {
+        let n = n.min(self.taken);
+        self.taken -= n;
+        self.budget.give(n);
     }
 
     /// Why it is no longer followed (None: it is).
@@ -137,27 +205,52 @@ impl Conn {
             self.client = Direction::default();
             self.server = Direction::default();
             self.files.clear();
+            let taken = self.taken;
+            self.give(taken);
         }
     }
 
-    /// The next bytes `side` sent, in order.
-    pub fn feed(&mut self, side: Side, bytes: &[u8]) {
-        if self.stopped.is_some() || bytes.is_empty() {
-            return;
-        }
-        let dir = match side {
-            Side::Client => &mut self.client,
-            Side::Server => &mut self.server,
+    /// Bytes `side` may add before its buffer holds the rest of its
+    /// current frame (at least 1): input is taken a frame at a time, so a
+    /// direction holds at most about one frame whatever the reads' sizes.
+    fn wanted(&self, side: Side) -> usize {
+        let buf = match side {
+            Side::Client => &self.client.buf,
+            Side::Server => &self.server.buf,
         };
-        if dir.buf.len() + bytes.len() > MAX_BUFFERED {
-            return self.bad();
+        if buf.len() < HEADER_LEN {
+            return HEADER_LEN - buf.len();
         }
-        dir.buf.extend_from_slice(bytes);
-        self.drain(side);
-        // The server's Hello may have said how the client's frames held
-        // back are sealed.
-        if side == Side::Server && self.stopped.is_none() {
-            self.drain(Side::Client);
+        let len = u32::from_be_bytes(buf[..HEADER_LEN].try_into().expect("4 bytes")) as usize;
+        (HEADER_LEN + len).saturating_sub(buf.len()).max(1)
+    }
+
+    /// The next bytes `side` sent, in order.
+    pub fn feed(&mut self, side: Side, mut bytes: &[u8]) {
+        while self.stopped.is_none() && !bytes.is_empty() {
+            let n = self.wanted(side).min(bytes.len());
+            let dir = match side {
+                Side::Client => &self.client,
+                Side::Server => &self.server,
+            };
+            if dir.buf.len() + n > MAX_BUFFERED {
+                return self.bad();
+            }
+            if !self.take(n) {
+                return;
+            }
+            let dir = match side {
+                Side::Client => &mut self.client,
+                Side::Server => &mut self.server,
+            };
+            dir.buf.extend_from_slice(&bytes[..n]);
+            bytes = &bytes[n..];
+            self.drain(side);
+            // The server's Hello may have said how the client's frames
+            // held back are sealed.
+            if side == Side::Server && self.stopped.is_none() {
+                self.drain(Side::Client);
+            }
         }
     }
 
@@ -216,6 +309,9 @@ impl Conn {
         };
         if at > 0 && self.stopped.is_none() {
             dir.buf.drain(..at);
+            // Frames taken a piece at a time: the buffer stays small.
+            dir.buf.shrink_to(HEADER_LEN.max(dir.buf.len()) + 64 * 1024);
+            self.give(at);
         }
     }
 
@@ -242,10 +338,14 @@ impl Conn {
             (Side::Client, false, Message::Block(b)) => self.block(b),
             (Side::Server, false, Message::FileResult(r)) => {
                 if let Some(keys) = self.files.remove(&r.file) {
-                    self.tracked -= keys.len();
+                    self.give(keys.len() * TRACKED_COST);
                     if r.status == FileStatus::Verified {
                         for k in &keys {
-                            self.store.drop_block(k);
+                            // Only this connection's hold: a block another
+                            // connection also carried stays for it.
+                            if self.holds.remove(k) {
+                                self.store.release(k);
+                            }
                         }
                     }
                 }
@@ -280,15 +380,30 @@ impl Conn {
             return;
         }
         let len = b.data.len() as u64;
-        if !self.store.insert(key, b.data.into()) {
+        let track = !self.holds.contains(&key) && self.holds.len() < MAX_TRACKED;
+        if track && !self.take(TRACKED_COST) {
+            return;
+        }
+        let c = &self.counters;
+        if !self.store.insert(key, b.data.into(), track) {
             c.too_large.fetch_add(1, Ordering::Relaxed);
+            if track {
+                self.give(TRACKED_COST);
+            }
             return;
         }
         c.cached.fetch_add(1, Ordering::Relaxed);
         c.cached_bytes.fetch_add(len, Ordering::Relaxed);
-        if self.tracked < MAX_TRACKED {
+        if track {
+            self.holds.insert(key);
             self.files.entry(b.file).or_default().push(key);
-            self.tracked += 1;
         }
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        let taken = self.taken;
+        self.give(taken);
     }
 }

@@ -14,12 +14,15 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::follow::{Conn, Side};
+use crate::follow::{Budget, Conn, Side};
 use crate::stats::Counters;
 use crate::store::Store;
 
 /// Connections relayed at once; more are closed at once.
 pub const MAX_RELAYED: usize = 256;
+
+/// A relayed connection with no byte either way for this long is closed.
+pub const RELAY_IDLE: Duration = Duration::from_secs(300);
 
 /// A running relay.
 pub struct Relay {
@@ -29,12 +32,14 @@ pub struct Relay {
 }
 
 impl Relay {
-    /// Listens on `listen` and relays each connection to `upstream`.
+    /// Listens on `listen` and relays each connection to `upstream`,
+    /// following them within `budget`.
     pub fn start(
         listen: &str,
         upstream: String,
         store: Arc<Store>,
         counters: Arc<Counters>,
+        budget: Arc<Budget>,
     ) -> io::Result<Relay> {
         let listener = TcpListener::bind(listen)?;
         let addr = listener.local_addr()?;
@@ -52,18 +57,23 @@ impl Relay {
                                 open.fetch_sub(1, Ordering::SeqCst);
                                 continue;
                             }
-                            let (up, store, c, open) = (
+                            let (up, store, c, b, left) = (
                                 upstream.clone(),
                                 Arc::clone(&store),
                                 Arc::clone(&counters),
+                                Arc::clone(&budget),
                                 Arc::clone(&open),
                             );
-                            let _ = std::thread::Builder::new()
+                            let spawned = std::thread::Builder::new()
                                 .name("cache-relayed".into())
                                 .spawn(move || {
-                                    let _ = relay(client, &up, store, c);
-                                    open.fetch_sub(1, Ordering::SeqCst);
+                                    let _ = relay(client, &up, store, c, b);
+                                    left.fetch_sub(1, Ordering::SeqCst);
                                 });
+                            if spawned.is_err() {
+                                // Its closure never ran: give the place back.
+                                open.fetch_sub(1, Ordering::SeqCst);
+                            }
                         }
                         Err(_) => std::thread::sleep(Duration::from_millis(20)),
                     }
@@ -91,12 +101,21 @@ impl Drop for Relay {
     }
 }
 
-fn relay(client: TcpStream, upstream: &str, store: Arc<Store>, c: Arc<Counters>) -> io::Result<()> {
+fn relay(
+    client: TcpStream,
+    upstream: &str,
+    store: Arc<Store>,
+    c: Arc<Counters>,
+    budget: Arc<Budget>,
+) -> io::Result<()> {
     client.set_nonblocking(false)?;
     let server = TcpStream::connect(upstream)?;
-    client.set_nodelay(true)?;
-    server.set_nodelay(true)?;
-    let conn = Arc::new(Mutex::new(Conn::new(store, c)));
+    for s in [&client, &server] {
+        s.set_nodelay(true)?;
+        s.set_read_timeout(Some(RELAY_IDLE))?;
+        s.set_write_timeout(Some(RELAY_IDLE))?;
+    }
+    let conn = Arc::new(Mutex::new(Conn::new(store, c, budget)));
     let back = {
         let (from, to, conn) = (server.try_clone()?, client.try_clone()?, Arc::clone(&conn));
         std::thread::Builder::new()
@@ -108,7 +127,9 @@ fn relay(client: TcpStream, upstream: &str, store: Arc<Store>, c: Arc<Counters>)
     Ok(())
 }
 
-/// Copies `from` to `to` until either ends, following what passes.
+/// Copies `from` to `to` until either ends (or stays silent for
+/// [`RELAY_IDLE`]), following what passes; then closes both, so that the
+/// other direction's pump ends too.
 fn pump(mut from: TcpStream, mut to: TcpStream, conn: &Mutex<Conn>, side: Side) {
     let mut buf = vec![0u8; 256 * 1024];
     loop {
@@ -123,6 +144,6 @@ fn pump(mut from: TcpStream, mut to: TcpStream, conn: &Mutex<Conn>, side: Side) 
             .unwrap_or_else(|p| p.into_inner())
             .feed(side, &buf[..n]);
     }
-    let _ = to.shutdown(Shutdown::Write);
-    let _ = from.shutdown(Shutdown::Read);
+    let _ = to.shutdown(Shutdown::Both);
+    let _ = from.shutdown(Shutdown::Both);
 }

@@ -5,15 +5,17 @@
 //! cache answers `0` (not held) or `1`, a 4-byte big-endian length and
 //! the block. A request is a fixed 32 bytes, so nothing a client sends
 //! makes the cache allocate; at most [`MAX_CLIENTS`] connections are
-//! served at once (others are closed at once), and one idle for
-//! [`IDLE`] is closed. No key protects this: what the cache serves was
+//! served at once, [`PER_PEER`] from one address (others are closed at
+//! once); one idle for [`IDLE`] is closed, as is one whose request is not
+//! whole [`REQUEST_TIME`] after its first byte. No key protects this: what the cache serves was
 //! seen on the wire, and the receiver takes a block only if it hashes to
 //! the BLAKE3 its sender sent it over their authenticated channel.
 
+use std::collections::HashMap;
 use std::io::{self, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::{IpAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -28,6 +30,12 @@ pub const MAX_CLIENTS: usize = 64;
 
 /// A connection with no request for this long is closed.
 pub const IDLE: Duration = Duration::from_secs(60);
+
+/// A request begun must be whole within this long.
+pub const REQUEST_TIME: Duration = Duration::from_secs(5);
+
+/// Connections one peer address may hold at once.
+pub const PER_PEER: usize = 8;
 
 /// A running service.
 pub struct Service {
@@ -71,28 +79,47 @@ impl Drop for Service {
 
 fn accept_loop(listener: TcpListener, store: Arc<Store>, c: Arc<Counters>, stop: Arc<AtomicBool>) {
     let open = Arc::new(AtomicUsize::new(0));
+    let peers: Arc<Mutex<HashMap<IpAddr, usize>>> = Arc::default();
     while !stop.load(Ordering::SeqCst) {
         match listener.accept() {
-            Ok((s, _)) => {
+            Ok((s, peer)) => {
                 if open.fetch_add(1, Ordering::SeqCst) >= MAX_CLIENTS {
                     open.fetch_sub(1, Ordering::SeqCst);
                     continue;
                 }
-                let (store, c, open, stop) = (
-                    Arc::clone(&store),
-                    Arc::clone(&c),
-                    Arc::clone(&open),
-                    Arc::clone(&stop),
-                );
+                {
+                    let mut p = peers.lock().unwrap_or_else(|e| e.into_inner());
+                    let n = p.entry(peer.ip()).or_insert(0);
+                    if *n >= PER_PEER {
+                        open.fetch_sub(1, Ordering::SeqCst);
+                        continue;
+                    }
+                    *n += 1;
+                }
+                let leave = {
+                    let (open, peers) = (Arc::clone(&open), Arc::clone(&peers));
+                    move || {
+                        open.fetch_sub(1, Ordering::SeqCst);
+                        let mut p = peers.lock().unwrap_or_else(|e| e.into_inner());
+                        if let Some(n) = p.get_mut(&peer.ip()) {
+                            *n -= 1;
+                            if *n == 0 {
+                                p.remove(&peer.ip());
+                            }
+                        }
+                    }
+                };
+                let (store, c, stop) = (Arc::clone(&store), Arc::clone(&c), Arc::clone(&stop));
+                let on_failure = leave.clone();
                 let spawned = std::thread::Builder::new()
                     .name("cache-client".into())
                     .spawn(move || {
                         let _ = serve(s, &store, &c, &stop);
-                        open.fetch_sub(1, Ordering::SeqCst);
+                        leave();
                     });
                 if spawned.is_err() {
-                    // The thread never ran: give its place back here.
-                    // (Its closure, with the stream, was dropped.)
+                    // The thread never ran: give its places back here.
+                    on_failure();
                 }
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -135,13 +162,15 @@ fn serve(mut s: TcpStream, store: &Store, c: &Counters, stop: &AtomicBool) -> io
     }
 }
 
-/// Reads exactly `buf`, giving up after [`IDLE`] without a byte or when
-/// the service stops.
+/// Reads exactly `buf`, giving up after [`IDLE`] without its first byte,
+/// [`REQUEST_TIME`] after it without the rest, or when the service stops.
 fn read_full(s: &mut TcpStream, buf: &mut [u8], stop: &AtomicBool) -> io::Result<()> {
     let mut at = 0;
     let mut quiet = Duration::ZERO;
+    let mut begun: Option<std::time::Instant> = None;
     while at < buf.len() {
-        if stop.load(Ordering::SeqCst) || quiet > IDLE {
+        let late = begun.is_some_and(|t| t.elapsed() > REQUEST_TIME);
+        if stop.load(Ordering::SeqCst) || quiet > IDLE || late {
             return Err(io::ErrorKind::TimedOut.into());
         }
         match s.read(&mut buf[at..]) {
@@ -149,6 +178,7 @@ fn read_full(s: &mut TcpStream, buf: &mut [u8], stop: &AtomicBool) -> io::Result
             Ok(n) => {
                 at += n;
                 quiet = Duration::ZERO;
+                begun.get_or_insert_with(std::time::Instant::now);
             }
             Err(e)
                 if matches!(

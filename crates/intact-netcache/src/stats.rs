@@ -9,11 +9,17 @@ use crate::store::StoreStats;
 /// service; read for the report at any time.
 #[derive(Default, Debug)]
 pub struct Counters {
-    /// Packets the capture handed to the cache.
+    /// Mirrored packets the capture handed to the cache (addressed to
+    /// other hosts).
     pub packets: AtomicU64,
+    /// Packets to or from the cache's own host, not followed.
+    pub own_packets: AtomicU64,
     /// Packets the kernel dropped before the cache read them
     /// (PACKET_STATISTICS): each may be a block the cache never saw.
     pub kernel_drops: AtomicU64,
+    /// Packets the capture interface dropped before any socket saw them
+    /// (its backlog was full), since the capture began.
+    pub iface_drops: AtomicU64,
     /// Packets cut short by the capture's snapshot length.
     pub truncated: AtomicU64,
     /// TCP segments that belong to no followed connection.
@@ -30,6 +36,8 @@ pub struct Counters {
     pub gaps: AtomicU64,
     /// ... seen only after their start.
     pub joined: AtomicU64,
+    /// ... following them would have passed the memory budget.
+    pub memory: AtomicU64,
     /// Connections that were not intact's (not counted as missed).
     pub not_intact: AtomicU64,
     /// ... more connections than the cache follows at once.
@@ -70,6 +78,7 @@ impl Counters {
             Stop::Gap => &self.gaps,
             Stop::Joined => &self.joined,
             Stop::NotIntact => &self.not_intact,
+            Stop::Memory => &self.memory,
         };
         c.fetch_add(1, Ordering::Relaxed);
     }
@@ -78,13 +87,16 @@ impl Counters {
     pub fn report(&self, store: StoreStats) -> Report {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let not_followed = g(&self.encrypted)
+            + g(&self.memory)
             + g(&self.malformed)
             + g(&self.gaps)
             + g(&self.joined)
             + g(&self.table_full);
         Report {
             packets: g(&self.packets),
+            own_packets: g(&self.own_packets),
             kernel_drops: g(&self.kernel_drops),
+            iface_drops: g(&self.iface_drops),
             truncated: g(&self.truncated),
             unfollowed_segments: g(&self.unfollowed_segments),
             streams: g(&self.streams),
@@ -96,6 +108,7 @@ impl Counters {
             joined: g(&self.joined),
             table_full: g(&self.table_full),
             not_intact: g(&self.not_intact),
+            memory: g(&self.memory),
             cached: g(&self.cached),
             cached_bytes: g(&self.cached_bytes),
             rejected: g(&self.rejected),
@@ -107,7 +120,10 @@ impl Counters {
             missed: g(&self.missed),
             lag_ms: g(&self.lag_micros) as f64 / 1000.0,
             max_lag_ms: g(&self.max_lag_micros) as f64 / 1000.0,
-            complete: g(&self.kernel_drops) == 0 && g(&self.truncated) == 0 && not_followed == 0,
+            complete: g(&self.kernel_drops) == 0
+                && g(&self.iface_drops) == 0
+                && g(&self.truncated) == 0
+                && not_followed == 0,
             store,
         }
     }
@@ -116,10 +132,14 @@ impl Counters {
 /// The cache's report (`intact cache --json`, and its status lines).
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Report {
-    /// Packets handled.
+    /// Mirrored packets handled (addressed to other hosts).
     pub packets: u64,
+    /// Packets of the cache's own host (or broadcast), not followed.
+    pub own_packets: u64,
     /// Packets the kernel dropped before the cache read them.
     pub kernel_drops: u64,
+    /// Packets the capture interface dropped (full backlog).
+    pub iface_drops: u64,
     /// Packets cut short by the snapshot length.
     pub truncated: u64,
     /// TCP segments of no followed connection.
@@ -142,6 +162,8 @@ pub struct Report {
     pub table_full: u64,
     /// Connections of other protocols (ignored).
     pub not_intact: u64,
+    /// ... over the memory budget for following connections.
+    pub memory: u64,
     /// Whole blocks kept.
     pub cached: u64,
     /// Their bytes.
@@ -188,11 +210,32 @@ impl std::fmt::Display for Report {
             self.streams,
             self.not_followed,
         )?;
+        let why: Vec<String> = [
+            (self.encrypted, "encrypted"),
+            (self.malformed, "a frame did not decode"),
+            (self.gaps, "bytes missing"),
+            (self.joined, "seen only after their start"),
+            (self.table_full, "too many at once"),
+            (self.memory, "over the memory for following"),
+        ]
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, w)| format!("{n} {w}"))
+        .collect();
+        if !why.is_empty() {
+            write!(f, " ({})", why.join(", "))?;
+        }
         if self.packets > 0 || self.kernel_drops > 0 {
             write!(
                 f,
-                "; {} packets, {} dropped by the kernel, {} truncated, {:.1} ms behind (at most {:.1})",
-                self.packets, self.kernel_drops, self.truncated, self.lag_ms, self.max_lag_ms
+                "; {} packets, {} dropped by the kernel's ring and {} by the interface, {} truncated, \
+                 {:.1} ms behind (at most {:.1})",
+                self.packets,
+                self.kernel_drops,
+                self.iface_drops,
+                self.truncated,
+                self.lag_ms,
+                self.max_lag_ms
             )?;
         }
         if !self.complete {

@@ -2,7 +2,11 @@
 //! the least recently used evicted first.
 //!
 //! A block enters only after its bytes were hashed and found equal to the
-//! digest that came with them, so a key always names its bytes. The bound
+//! digest that came with them, so a key always names its bytes. Blocks of
+//! the same bytes carried by several connections are one entry, held by
+//! each of them: a connection whose receiver verified the file lets go of
+//! its hold, and the block goes only when no connection holds it (or the
+//! bound evicts it). The bound
 //! counts block bytes (plus a fixed cost per entry, [`ENTRY_COST`]); a
 //! block larger than the whole bound is refused rather than emptying the
 //! store for it.
@@ -20,7 +24,8 @@ pub type Key = [u8; 32];
 
 #[derive(Default)]
 struct Inner {
-    blocks: HashMap<Key, (Arc<[u8]>, u64)>,
+    /// Key → (bytes, last use, connections holding it).
+    blocks: HashMap<Key, (Arc<[u8]>, u64, u32)>,
     /// Use order: tick → key.
     order: BTreeMap<u64, Key>,
     tick: u64,
@@ -65,8 +70,8 @@ impl Store {
     }
 
     /// Keeps `data` under `key` (the caller checked that `key` is its
-    /// BLAKE3). False if it can never fit.
-    pub fn insert(&self, key: Key, data: Arc<[u8]>) -> bool {
+    /// BLAKE3), with one more hold if `hold`. False if it can never fit.
+    pub fn insert(&self, key: Key, data: Arc<[u8]>, hold: bool) -> bool {
         let cost = data.len() as u64 + ENTRY_COST;
         if cost > self.bound {
             return false;
@@ -75,7 +80,8 @@ impl Store {
         let g = &mut *g;
         g.tick += 1;
         let tick = g.tick;
-        if let Some((_, old)) = g.blocks.get_mut(&key) {
+        if let Some((_, old, holders)) = g.blocks.get_mut(&key) {
+            *holders += u32::from(hold);
             let was = std::mem::replace(old, tick);
             g.order.remove(&was);
             g.order.insert(tick, key);
@@ -85,12 +91,12 @@ impl Store {
             let Some((_, oldest)) = g.order.pop_first() else {
                 break;
             };
-            if let Some((d, _)) = g.blocks.remove(&oldest) {
+            if let Some((d, _, _)) = g.blocks.remove(&oldest) {
                 g.bytes -= d.len() as u64 + ENTRY_COST;
                 g.evicted += 1;
             }
         }
-        g.blocks.insert(key, (data, tick));
+        g.blocks.insert(key, (data, tick, u32::from(hold)));
         g.order.insert(tick, key);
         g.bytes += cost;
         true
@@ -102,7 +108,7 @@ impl Store {
         let g = &mut *g;
         g.tick += 1;
         let tick = g.tick;
-        let (data, used) = g.blocks.get_mut(key)?;
+        let (data, used, _) = g.blocks.get_mut(key)?;
         let was = std::mem::replace(used, tick);
         let data = Arc::clone(data);
         g.order.remove(&was);
@@ -110,13 +116,21 @@ impl Store {
         Some(data)
     }
 
-    /// Drops the block under `key` (its file was verified at the receiver).
-    pub fn drop_block(&self, key: &Key) {
+    /// Lets go of one hold on the block under `key` (a connection's
+    /// receiver verified its file); the block goes with the last hold.
+    pub fn release(&self, key: &Key) {
         let mut g = self.lock();
-        if let Some((d, tick)) = g.blocks.remove(key) {
-            g.order.remove(&tick);
-            g.bytes -= d.len() as u64 + ENTRY_COST;
-            g.dropped += 1;
+        let g = &mut *g;
+        let Some((_, _, holders)) = g.blocks.get_mut(key) else {
+            return;
+        };
+        *holders = holders.saturating_sub(1);
+        if *holders == 0 {
+            if let Some((d, tick, _)) = g.blocks.remove(key) {
+                g.order.remove(&tick);
+                g.bytes -= d.len() as u64 + ENTRY_COST;
+                g.dropped += 1;
+            }
         }
     }
 
@@ -147,10 +161,10 @@ mod tests {
         let s = Store::new(3 * (1000 + ENTRY_COST));
         let b: Vec<_> = (0..4).map(|n| block(n, 1000)).collect();
         for (k, d) in &b[..3] {
-            assert!(s.insert(*k, d.clone()));
+            assert!(s.insert(*k, d.clone(), true));
         }
         assert!(s.get(&b[0].0).is_some());
-        assert!(s.insert(b[3].0, b[3].1.clone()));
+        assert!(s.insert(b[3].0, b[3].1.clone(), true));
         assert!(
             s.get(&b[1].0).is_none(),
             "the least recently used was evicted"
@@ -159,7 +173,11 @@ mod tests {
         let st = s.stats();
         assert_eq!((st.blocks, st.evicted), (3, 1));
         assert!(st.bytes <= st.bound);
-        s.drop_block(&b[0].0);
+        // Held twice: the first release keeps it.
+        assert!(s.insert(b[0].0, b[0].1.clone(), true));
+        s.release(&b[0].0);
+        assert!(s.get(&b[0].0).is_some());
+        s.release(&b[0].0);
         assert_eq!(s.stats().dropped, 1);
         assert!(s.get(&b[0].0).is_none());
     }
@@ -168,9 +186,9 @@ mod tests {
     fn a_block_larger_than_the_bound_is_refused_and_evicts_nothing() {
         let s = Store::new(2000);
         let (k, d) = block(1, 500);
-        assert!(s.insert(k, d));
+        assert!(s.insert(k, d, true));
         let (k2, d2) = block(2, 5000);
-        assert!(!s.insert(k2, d2));
+        assert!(!s.insert(k2, d2, true));
         assert!(s.get(&k).is_some());
     }
 }

@@ -5,7 +5,7 @@
 //! client's direction are the Hello the follower starts from); segments of
 //! any other connection are counted and dropped. Out-of-order bytes wait
 //! within a bound shared by all connections ([`Reassembly::new`]'s
-//! `budget`); a hole that is still open after [`GAP_TIMEOUT`], or that
+//! `budget`); a hole with no byte delivered for [`GAP_TIMEOUT`], or that
 //! would take more than the budget, means the capture lost bytes (TCP
 //! retransmits what the receiver lost, so a hole the mirror saw filled
 //! fills here too): that connection is no longer followed and the report
@@ -17,7 +17,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::follow::{Conn, Side, Stop};
+use crate::follow::{Budget, Conn, Side, Stop};
 use crate::stats::Counters;
 use crate::store::Store;
 
@@ -29,6 +29,10 @@ pub const IDLE: Duration = Duration::from_secs(300);
 
 /// The most connections followed at once.
 pub const MAX_FLOWS: usize = 4096;
+
+/// What a segment waiting behind a hole costs against the budget besides
+/// its bytes (its place in the map), so that tiny segments cannot outgrow it.
+pub const SEG_COST: usize = 64;
 
 /// One TCP segment, as parsed from a packet.
 #[derive(Debug, Clone, Copy)]
@@ -60,7 +64,10 @@ struct Half {
     /// Bytes past a hole: offset → bytes.
     waiting: BTreeMap<u64, Vec<u8>>,
     waiting_bytes: usize,
-    /// When the oldest hole opened.
+    /// Since when bytes wait behind a hole with no byte delivered: the
+    /// hole is given up after [`GAP_TIMEOUT`] without progress (holes on
+    /// a congested link open and fill all the time; one the capture
+    /// missed never fills).
     hole_since: Option<Instant>,
     fin: bool,
 }
@@ -90,7 +97,7 @@ pub struct Reassembly {
     flows: HashMap<(SocketAddr, SocketAddr), Flow>,
     /// Connections already counted as not followed (bounded).
     unknown: HashSet<(SocketAddr, SocketAddr)>,
-    budget: usize,
+    budget: Arc<Budget>,
     waiting: usize,
     store: Arc<Store>,
     counters: Arc<Counters>,
@@ -106,8 +113,9 @@ fn key(a: SocketAddr, b: SocketAddr) -> (SocketAddr, SocketAddr) {
 }
 
 impl Reassembly {
-    /// Reassembly keeping at most `budget` bytes waiting behind holes.
-    pub fn new(budget: usize, store: Arc<Store>, counters: Arc<Counters>) -> Reassembly {
+    /// Reassembly whose waiting bytes, and its connections' followers,
+    /// take their memory from `budget`.
+    pub fn new(budget: Arc<Budget>, store: Arc<Store>, counters: Arc<Counters>) -> Reassembly {
         Reassembly {
             flows: HashMap::new(),
             unknown: HashSet::new(),
@@ -124,7 +132,7 @@ impl Reassembly {
         self.flows.len()
     }
 
-    /// Bytes waiting behind holes now.
+    /// Bytes waiting behind holes now (with [`SEG_COST`] per segment).
     pub fn waiting(&self) -> usize {
         self.waiting
     }
@@ -142,7 +150,11 @@ impl Reassembly {
                     self.counters.table_full.fetch_add(1, Ordering::Relaxed);
                     return;
                 }
-                let conn = Conn::new(Arc::clone(&self.store), Arc::clone(&self.counters));
+                let conn = Conn::new(
+                    Arc::clone(&self.store),
+                    Arc::clone(&self.counters),
+                    Arc::clone(&self.budget),
+                );
                 let mut halves = [Half::default(), Half::default()];
                 halves[0].base = Some(s.seq.wrapping_add(1));
                 self.flows.insert(
@@ -199,6 +211,11 @@ impl Reassembly {
         if s.fin {
             half.fin = true;
         }
+        // A segment without bytes (an ACK; the one after a FIN sits one
+        // past the last byte, the FIN's own number) delivers nothing.
+        if s.payload.is_empty() {
+            return;
+        }
         let mut data = s.payload;
         if off + data.len() as u64 <= half.next {
             return;
@@ -212,20 +229,25 @@ impl Reassembly {
             return;
         }
         if off > half.next {
-            if self.waiting + data.len() > self.budget {
+            let had = half.waiting.get(&off).map(|v| v.len() + SEG_COST);
+            let grow = match had {
+                Some(n) => (data.len() + SEG_COST).saturating_sub(n),
+                None => data.len() + SEG_COST,
+            };
+            if !self.budget.take(grow) {
+                self.budget.give(half.waiting_bytes);
                 self.waiting -= half.waiting_bytes;
                 half.waiting.clear();
                 half.waiting_bytes = 0;
-                flow.conn.stop(Stop::Gap);
+                half.hole_since = None;
+                flow.conn.stop(Stop::Memory);
                 return;
             }
-            let slot = half.waiting.entry(off).or_default();
-            if slot.len() < data.len() {
-                let grow = data.len() - slot.len();
-                *slot = data.to_vec();
-                half.waiting_bytes += grow;
-                self.waiting += grow;
+            if grow > 0 {
+                half.waiting.insert(off, data.to_vec());
             }
+            half.waiting_bytes += grow;
+            self.waiting += grow;
             half.hole_since.get_or_insert(now);
             return;
         }
@@ -238,19 +260,18 @@ impl Reassembly {
                 break;
             }
             let bytes = entry.remove();
-            half.waiting_bytes -= bytes.len();
-            self.waiting -= bytes.len();
+            let cost = bytes.len() + SEG_COST;
+            half.waiting_bytes -= cost;
+            self.waiting -= cost;
+            self.budget.give(cost);
             let end = at + bytes.len() as u64;
             if end > half.next {
                 flow.conn.feed(side, &bytes[(half.next - at) as usize..]);
                 half.next = end;
             }
         }
-        half.hole_since = if half.waiting.is_empty() {
-            None
-        } else {
-            Some(half.hole_since.unwrap_or(now))
-        };
+        // Bytes were delivered: progress, whatever still waits.
+        half.hole_since = (!half.waiting.is_empty()).then_some(now);
     }
 
     /// Gives up holes open too long and forgets idle or closed connections.
@@ -283,6 +304,7 @@ impl Reassembly {
             true
         });
         self.waiting -= freed;
+        self.budget.give(freed);
     }
 }
 
@@ -304,7 +326,7 @@ mod tests {
             let c = Arc::new(Counters::default());
             let s = Arc::new(Store::new(1 << 20));
             Tap {
-                r: Reassembly::new(budget, s, Arc::clone(&c)),
+                r: Reassembly::new(Budget::new(budget), s, Arc::clone(&c)),
                 c,
             }
         }
@@ -325,6 +347,48 @@ mod tests {
                 payload,
             });
         }
+    }
+
+    #[test]
+    fn holes_that_keep_filling_are_not_given_up_however_long_the_congestion() {
+        let mut t = Tap::new(1 << 20);
+        t.seg(true, 0, true, b"");
+        // Segment k+1 always comes before segment k (a loss, then its
+        // retransmission), for longer than the gap timeout.
+        let start = Instant::now();
+        let mut k = 0u32;
+        while start.elapsed() < GAP_TIMEOUT + Duration::from_millis(500) {
+            t.seg(true, 1 + 100 * (k + 1), false, &[1; 100]);
+            t.seg(true, 1 + 100 * k, false, &[1; 100]);
+            k += 2;
+            t.r.sweep(Instant::now());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(t.c.gaps.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn an_empty_segment_after_a_fin_is_no_hole() {
+        let mut t = Tap::new(1 << 20);
+        t.seg(true, 0, true, b"");
+        t.seg(true, 1, false, &[1; 100]);
+        // FIN at 101, then an ACK numbered 102.
+        t.seg(true, 102, false, b"");
+        assert_eq!(t.r.waiting(), 0);
+        t.r.sweep(Instant::now() + GAP_TIMEOUT + Duration::from_secs(1));
+        assert_eq!(t.c.gaps.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn a_hole_that_never_fills_is_given_up_after_the_timeout() {
+        let mut t = Tap::new(1 << 20);
+        t.seg(true, 0, true, b"");
+        t.seg(true, 1 + 100, false, &[1; 100]);
+        t.r.sweep(Instant::now() + GAP_TIMEOUT / 2);
+        assert_eq!(t.c.gaps.load(Ordering::Relaxed), 0);
+        t.r.sweep(Instant::now() + GAP_TIMEOUT + Duration::from_secs(1));
+        assert_eq!(t.c.gaps.load(Ordering::Relaxed), 1);
+        assert_eq!(t.r.waiting(), 0);
     }
 
     #[test]
@@ -349,12 +413,13 @@ mod tests {
 
     #[test]
     fn a_hole_larger_than_the_budget_stops_the_connection_and_frees_its_bytes() {
-        let mut t = Tap::new(100);
+        let mut t = Tap::new(200);
         t.seg(true, 5000, true, b"");
         t.seg(true, 5001 + 10, false, &[0; 60]);
-        assert_eq!(t.r.waiting(), 60);
+        assert_eq!(t.r.waiting(), 60 + SEG_COST);
         t.seg(true, 5001 + 100, false, &[0; 60]);
         assert_eq!(t.r.waiting(), 0);
-        assert_eq!(t.c.gaps.load(Ordering::Relaxed), 1);
+        assert_eq!(t.c.memory.load(Ordering::Relaxed), 1);
+        assert_eq!(t.r.budget.used(), 0, "all given back");
     }
 }

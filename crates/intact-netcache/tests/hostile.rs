@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use intact_netcache::follow::{Conn, Side};
+use intact_netcache::follow::{Budget, Conn, Side};
 use intact_netcache::tcp::{Reassembly, Segment};
 use intact_netcache::{Counters, Store};
 use intact_proto::{Block, Message};
@@ -77,7 +77,11 @@ fn honest_blocks_are_kept_and_lying_ones_rejected_whatever_the_chunking() {
     let (c, s) = session(&blocks);
     for chunk in [1, 3, 64, 4096, c.len()] {
         let (store, counters) = fresh(1 << 20);
-        let mut conn = Conn::new(Arc::clone(&store), Arc::clone(&counters));
+        let mut conn = Conn::new(
+            Arc::clone(&store),
+            Arc::clone(&counters),
+            Budget::new(64 << 20),
+        );
         // The server's Hello first, as a capture may deliver it.
         conn.feed(Side::Server, &s);
         for piece in c.chunks(chunk) {
@@ -91,6 +95,62 @@ fn honest_blocks_are_kept_and_lying_ones_rejected_whatever_the_chunking() {
     }
 }
 
+#[test]
+fn the_largest_blocks_are_followed_whatever_the_reads_sizes() {
+    let mut big = block(vec![5; intact_proto::MAX_BLOCK], true);
+    big.crcs = vec![0; 4 * intact_proto::MAX_PAGES];
+    let (c, s) = session(&[big.clone(), big]);
+    for read in [256 * 1024, 65_536, 1 << 20, 3_000_001] {
+        let (store, counters) = fresh(64 << 20);
+        let budget = Budget::new(40 << 20);
+        let mut conn = Conn::new(
+            Arc::clone(&store),
+            Arc::clone(&counters),
+            Arc::clone(&budget),
+        );
+        conn.feed(Side::Server, &s);
+        for piece in c.chunks(read) {
+            conn.feed(Side::Client, piece);
+            assert!(
+                budget.used() <= intact_proto::MAX_FRAME + 8192,
+                "{}",
+                budget.used()
+            );
+        }
+        assert!(conn.stopped().is_none(), "{read}: {:?}", conn.stopped());
+        assert_eq!(counters.cached.load(Ordering::SeqCst), 2, "{read}");
+    }
+}
+
+#[test]
+fn many_connections_holding_huge_frames_stay_within_one_budget() {
+    let (c, s) = session(&[]);
+    let (store, counters) = fresh(1 << 20);
+    let limit = 4 << 20;
+    let budget = Budget::new(limit);
+    let mut conns = Vec::new();
+    for _ in 0..64 {
+        let mut conn = Conn::new(
+            Arc::clone(&store),
+            Arc::clone(&counters),
+            Arc::clone(&budget),
+        );
+        conn.feed(Side::Server, &s);
+        conn.feed(Side::Client, &c);
+        // A frame that says it is as large as allowed, then its bytes.
+        conn.feed(
+            Side::Client,
+            &(intact_proto::MAX_FRAME as u32).to_be_bytes(),
+        );
+        conn.feed(Side::Client, &vec![0u8; 1 << 20]);
+        assert!(budget.used() <= limit);
+        conns.push(conn);
+    }
+    assert!(counters.memory.load(Ordering::SeqCst) >= 60, "{counters:?}");
+    drop(conns);
+    assert_eq!(budget.used(), 0, "every connection gave back what it took");
+}
+
 fn addr(p: u16) -> SocketAddr {
     SocketAddr::from(([10, 0, 0, (p % 3) as u8 + 1], 7000 + p % 5))
 }
@@ -101,7 +161,7 @@ proptest! {
     #[test]
     fn random_frames_never_panic(frames in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..2000), 0..60)) {
         let (store, counters) = fresh(1 << 20);
-        let mut tcp = Reassembly::new(1 << 16, store, counters);
+        let mut tcp = Reassembly::new(Budget::new(1 << 16), store, counters);
         for f in &frames {
             intact_netcache::capture::handle(f, &mut tcp);
         }
@@ -117,7 +177,8 @@ proptest! {
     ) {
         let (store, counters) = fresh(1 << 20);
         let budget = 20_000;
-        let mut tcp = Reassembly::new(budget, store, counters);
+        let bud = Budget::new(budget);
+        let mut tcp = Reassembly::new(Arc::clone(&bud), store, counters);
         for (a, b, seq, flags, payload) in &segs {
             tcp.segment(Segment {
                 from: addr(*a),
@@ -129,11 +190,12 @@ proptest! {
                 rst: flags & 8 != 0,
                 payload,
             });
-            prop_assert!(tcp.waiting() <= budget);
+            prop_assert!(tcp.waiting() <= budget && bud.used() <= budget);
         }
         tcp.sweep(std::time::Instant::now() + std::time::Duration::from_secs(3600));
         prop_assert_eq!(tcp.waiting(), 0);
         prop_assert_eq!(tcp.flows(), 0);
+        prop_assert_eq!(bud.used(), 0, "every connection gave back what it took");
     }
 
     #[test]
@@ -144,7 +206,7 @@ proptest! {
     ) {
         let (c, s) = session(&[block(vec![9; 3000], true)]);
         let (store, counters) = fresh(1 << 20);
-        let mut conn = Conn::new(Arc::clone(&store), Arc::clone(&counters));
+        let mut conn = Conn::new(Arc::clone(&store), Arc::clone(&counters), Budget::new(64 << 20));
         let mut bytes = c[..cut.min(c.len())].to_vec();
         bytes.extend_from_slice(&junk);
         conn.feed(Side::Client, &bytes);

@@ -49,6 +49,7 @@ impl Cache {
             server.to_string(),
             Arc::clone(&self.store),
             Arc::clone(&self.counters),
+            intact_netcache::follow::Budget::new(64 << 20),
         )
         .unwrap()
     }

@@ -75,8 +75,10 @@ pub struct CacheArgs {
     #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = crate::args::parse_size)]
     pub ring: usize,
 
-    /// Memory for bytes that wait behind holes while TCP connections are
-    /// rebuilt (all connections together).
+    /// Memory for following connections, all together (for the capture,
+    /// and again for the relay): frames not yet whole, and bytes waiting
+    /// behind holes while TCP connections are rebuilt. A connection that
+    /// would pass it is no longer followed (the report counts it).
     #[arg(long, value_name = "SIZE", default_value = "256MiB", value_parser = crate::args::parse_size)]
     pub reassembly: usize,
 
@@ -102,11 +104,13 @@ pub fn run(args: &CacheArgs) -> anyhow::Result<ExitCode> {
     };
     let relay = match (&args.relay, &args.relay_listen) {
         (Some(up), Some(listen)) => {
+            let budget = intact_netcache::follow::Budget::new(args.reassembly);
             match Relay::start(
                 listen,
                 up.clone(),
                 Arc::clone(&store),
                 Arc::clone(&counters),
+                budget,
             ) {
                 Ok(r) => Some(r),
                 Err(e) => {

@@ -207,7 +207,10 @@ fn print_summary(report: &CopyReport, p: &PipelineArgs) -> std::io::Result<()> {
         .map_or("-".to_string(), |l| l.to_string());
     let resent: u64 = report.files.iter().map(|f| f.blocks_resent).sum();
     let pages: u64 = report.files.iter().map(|f| f.pages_resent).sum();
-    let cached: u64 = report.files.iter().map(|f| f.blocks_from_cache).sum();
+    let cached = report
+        .files
+        .iter()
+        .fold(0u64, |n, f| n.saturating_add(f.blocks_from_cache));
     let mib = report.bytes as f64 / (1 << 20) as f64;
     outln!(
         "{ok} of {} entries ({mib:.1} MiB) in {:.2} s{}; verify {}: level {}; {resent} blocks resent{}; {} failed",
@@ -221,11 +224,9 @@ fn print_summary(report: &CopyReport, p: &PipelineArgs) -> std::io::Result<()> {
     )?;
     if cached > 0 {
         let secs: f64 = report.files.iter().map(|f| f.cache_seconds).sum();
-        let by_us: u64 = report.files.iter().map(|f| f.blocks_from_source).sum();
-        let ours: f64 = report.files.iter().map(|f| f.source_repair_seconds).sum();
         outln!(
-            "repairs: {cached} blocks from the server's recovery cache ({secs:.3} s from failure \
-             to verified), not sent again; {by_us} sent again from here ({ours:.3} s)"
+            "the server repaired {cached} blocks from its recovery cache ({secs:.3} s from \
+             failure to verified, as it measured), which were not sent again"
         )?;
     }
     if let Some(line) = resumed(report) {

@@ -127,10 +127,8 @@ impl Session<'_> {
         let bs = u64::from(f.entry.block_size);
         let len = f.entry.size.saturating_sub(index * bs).min(bs) as usize;
         let t = Instant::now();
-        let got = {
-            let _working = self.opts.working.now();
-            caches.fetch(&r.strong, len)
-        };
+        // Bounded by the request's deadline (see `RecoveryCaches::fetch`).
+        let got = caches.fetch(&r.strong, len);
         self.summary.cache_ask_micros += t.elapsed().as_micros() as u64;
         match got {
             Ok(rec) => {

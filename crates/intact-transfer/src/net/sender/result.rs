@@ -38,9 +38,13 @@ impl Stream<'_> {
         o.report.verify_stage_seconds = r.check_micros as f64 / 1e6;
         o.report.evict_seconds += r.evict_micros as f64 / 1e6;
         o.report.pages_resident += r.resident;
-        o.report.blocks_from_cache += r.cache_repairs;
-        o.report.cache_seconds += r.cache_micros as f64 / 1e6;
-        o.report.blocks_from_source += r.source_repairs;
+        // The receiver's account of its repairs; from a cache only where
+        // this sender sent the BLAKE3s a cache's block is taken by.
+        if o.strong {
+            o.report.blocks_from_cache = o.report.blocks_from_cache.saturating_add(r.cache_repairs);
+            o.report.cache_seconds += r.cache_micros as f64 / 1e6;
+        }
+        o.report.blocks_from_source = o.report.blocks_from_source.saturating_add(r.source_repairs);
         o.report.source_repair_seconds += r.source_micros as f64 / 1e6;
         if self.tcp.is_some() {
             // The server's stages as its result reports them (in process,
