@@ -27,6 +27,7 @@
 pub mod capture;
 pub mod client;
 pub mod follow;
+mod listener;
 pub mod relay;
 pub mod service;
 pub mod stats;

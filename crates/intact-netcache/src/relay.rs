@@ -8,13 +8,13 @@
 //! unfollowed.
 
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::net::{Shutdown, TcpStream};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::follow::{Budget, Conn, Side};
+use crate::listener::Listening;
 use crate::stats::Counters;
 use crate::store::Store;
 
@@ -24,12 +24,8 @@ pub const MAX_RELAYED: usize = 256;
 /// A relayed connection with no byte either way for this long is closed.
 pub const RELAY_IDLE: Duration = Duration::from_secs(300);
 
-/// A running relay.
-pub struct Relay {
-    addr: std::net::SocketAddr,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
+/// A running relay; stopped on drop.
+pub struct Relay(Listening);
 
 impl Relay {
     /// Listens on `listen` and relays each connection to `upstream`,
@@ -41,63 +37,20 @@ impl Relay {
         counters: Arc<Counters>,
         budget: Arc<Budget>,
     ) -> io::Result<Relay> {
-        let listener = TcpListener::bind(listen)?;
-        let addr = listener.local_addr()?;
-        listener.set_nonblocking(true)?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&stop);
-        let thread = std::thread::Builder::new()
-            .name("cache-relay".into())
-            .spawn(move || {
-                let open = Arc::new(AtomicUsize::new(0));
-                while !flag.load(Ordering::SeqCst) {
-                    match listener.accept() {
-                        Ok((client, _)) => {
-                            if open.fetch_add(1, Ordering::SeqCst) >= MAX_RELAYED {
-                                open.fetch_sub(1, Ordering::SeqCst);
-                                continue;
-                            }
-                            let (up, store, c, b, left) = (
-                                upstream.clone(),
-                                Arc::clone(&store),
-                                Arc::clone(&counters),
-                                Arc::clone(&budget),
-                                Arc::clone(&open),
-                            );
-                            let spawned = std::thread::Builder::new()
-                                .name("cache-relayed".into())
-                                .spawn(move || {
-                                    let _ = relay(client, &up, store, c, b);
-                                    left.fetch_sub(1, Ordering::SeqCst);
-                                });
-                            if spawned.is_err() {
-                                // Its closure never ran: give the place back.
-                                open.fetch_sub(1, Ordering::SeqCst);
-                            }
-                        }
-                        Err(_) => std::thread::sleep(Duration::from_millis(20)),
-                    }
-                }
-            })?;
-        Ok(Relay {
-            addr,
-            stop,
-            thread: Some(thread),
-        })
+        let relayed = move |client: TcpStream, _: &AtomicBool| {
+            let (store, c, b) = (
+                Arc::clone(&store),
+                Arc::clone(&counters),
+                Arc::clone(&budget),
+            );
+            let _ = relay(client, &upstream, store, c, b);
+        };
+        Listening::start(listen, "cache-relayed", MAX_RELAYED, MAX_RELAYED, relayed).map(Relay)
     }
 
     /// Where it listens.
     pub fn addr(&self) -> std::net::SocketAddr {
-        self.addr
-    }
-}
-
-impl Drop for Relay {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        self.0.addr()
     }
 }
 
@@ -137,12 +90,14 @@ fn pump(mut from: TcpStream, mut to: TcpStream, conn: &Mutex<Conn>, side: Side) 
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        if to.write_all(&buf[..n]).is_err() {
-            break;
-        }
+        // Followed before it is forwarded: a block is in the store before
+        // the receiver can have it, let alone find it bad and ask for it.
         conn.lock()
             .unwrap_or_else(|p| p.into_inner())
             .feed(side, &buf[..n]);
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
     }
     let _ = to.shutdown(Shutdown::Both);
     let _ = from.shutdown(Shutdown::Both);

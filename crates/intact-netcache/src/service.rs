@@ -11,14 +11,13 @@
 //! seen on the wire, and the receiver takes a block only if it hashes to
 //! the BLAKE3 its sender sent it over their authenticated channel.
 
-use std::collections::HashMap;
 use std::io::{self, Read, Write};
-use std::net::{IpAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
+use crate::listener::Listening;
 use crate::stats::Counters;
 use crate::store::Store;
 
@@ -37,96 +36,26 @@ pub const REQUEST_TIME: Duration = Duration::from_secs(5);
 /// Connections one peer address may hold at once.
 pub const PER_PEER: usize = 8;
 
-/// A running service.
-pub struct Service {
-    addr: std::net::SocketAddr,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
+/// How long a request for a block not (yet) held waits for it: a
+/// receiver that finds a block bad right after writing it may ask before
+/// the capture has read the block's last packets off the mirror.
+pub const MISS_WAIT: Duration = Duration::from_millis(250);
+
+/// A running service; stopped on drop.
+pub struct Service(Listening);
 
 impl Service {
     /// Listens on `listen` and serves `store`.
     pub fn start(listen: &str, store: Arc<Store>, counters: Arc<Counters>) -> io::Result<Service> {
-        let listener = TcpListener::bind(listen)?;
-        let addr = listener.local_addr()?;
-        listener.set_nonblocking(true)?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&stop);
-        let thread = std::thread::Builder::new()
-            .name("cache-service".into())
-            .spawn(move || accept_loop(listener, store, counters, flag))?;
-        Ok(Service {
-            addr,
-            stop,
-            thread: Some(thread),
-        })
+        let served = move |s: TcpStream, stop: &AtomicBool| {
+            let _ = serve(s, &store, &counters, stop);
+        };
+        Listening::start(listen, "cache-client", MAX_CLIENTS, PER_PEER, served).map(Service)
     }
 
     /// Where it listens.
     pub fn addr(&self) -> std::net::SocketAddr {
-        self.addr
-    }
-}
-
-impl Drop for Service {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-fn accept_loop(listener: TcpListener, store: Arc<Store>, c: Arc<Counters>, stop: Arc<AtomicBool>) {
-    let open = Arc::new(AtomicUsize::new(0));
-    let peers: Arc<Mutex<HashMap<IpAddr, usize>>> = Arc::default();
-    while !stop.load(Ordering::SeqCst) {
-        match listener.accept() {
-            Ok((s, peer)) => {
-                if open.fetch_add(1, Ordering::SeqCst) >= MAX_CLIENTS {
-                    open.fetch_sub(1, Ordering::SeqCst);
-                    continue;
-                }
-                {
-                    let mut p = peers.lock().unwrap_or_else(|e| e.into_inner());
-                    let n = p.entry(peer.ip()).or_insert(0);
-                    if *n >= PER_PEER {
-                        open.fetch_sub(1, Ordering::SeqCst);
-                        continue;
-                    }
-                    *n += 1;
-                }
-                let leave = {
-                    let (open, peers) = (Arc::clone(&open), Arc::clone(&peers));
-                    move || {
-                        open.fetch_sub(1, Ordering::SeqCst);
-                        let mut p = peers.lock().unwrap_or_else(|e| e.into_inner());
-                        if let Some(n) = p.get_mut(&peer.ip()) {
-                            *n -= 1;
-                            if *n == 0 {
-                                p.remove(&peer.ip());
-                            }
-                        }
-                    }
-                };
-                let (store, c, stop) = (Arc::clone(&store), Arc::clone(&c), Arc::clone(&stop));
-                let on_failure = leave.clone();
-                let spawned = std::thread::Builder::new()
-                    .name("cache-client".into())
-                    .spawn(move || {
-                        let _ = serve(s, &store, &c, &stop);
-                        leave();
-                    });
-                if spawned.is_err() {
-                    // The thread never ran: give its places back here.
-                    on_failure();
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(20)),
-        }
+        self.0.addr()
     }
 }
 
@@ -144,7 +73,18 @@ fn serve(mut s: TcpStream, store: &Store, c: &Counters, stop: &AtomicBool) -> io
     loop {
         let mut key = [0u8; 32];
         read_full(&mut s, &mut key, stop)?;
-        match store.get(&key) {
+        let mut found = store.get(&key);
+        let asked = std::time::Instant::now();
+        let mut waited = false;
+        while found.is_none() && asked.elapsed() < MISS_WAIT && !stop.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(5));
+            waited = true;
+            found = store.get(&key);
+        }
+        if found.is_some() && waited {
+            c.late_hits.fetch_add(1, Ordering::Relaxed);
+        }
+        match found {
             Some(data) => {
                 let mut head = [1u8; 5];
                 head[1..].copy_from_slice(&(data.len() as u32).to_be_bytes());

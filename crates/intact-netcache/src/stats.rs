@@ -59,8 +59,11 @@ pub struct Counters {
     pub served: AtomicU64,
     /// Their bytes.
     pub served_bytes: AtomicU64,
-    /// Requests for a block the cache does not hold.
+    /// Requests for a block the cache does not hold (after waiting
+    /// [`crate::service::MISS_WAIT`] for it).
     pub missed: AtomicU64,
+    /// Requests answered only after waiting for the block to arrive.
+    pub late_hits: AtomicU64,
     /// Microseconds between the kernel's timestamp of the last packet
     /// handled and the moment it was handled: how far behind the wire
     /// the capture runs.
@@ -118,6 +121,7 @@ impl Counters {
             served: g(&self.served),
             served_bytes: g(&self.served_bytes),
             missed: g(&self.missed),
+            late_hits: g(&self.late_hits),
             lag_ms: g(&self.lag_micros) as f64 / 1000.0,
             max_lag_ms: g(&self.max_lag_micros) as f64 / 1000.0,
             complete: g(&self.kernel_drops) == 0
@@ -182,6 +186,8 @@ pub struct Report {
     pub served_bytes: u64,
     /// Requests for blocks not held.
     pub missed: u64,
+    /// Requests answered after waiting for their block to arrive.
+    pub late_hits: u64,
     /// How far behind the wire the capture ran at its last packet (ms).
     pub lag_ms: f64,
     /// The most it ran behind (ms).

@@ -430,13 +430,14 @@ fn completions_and_man_pages_come_from_the_same_definitions() {
         "intact-mount.1",
         "intact-plan.1",
         "intact-report-merge.1",
+        "intact-cache.1",
     ] {
         assert!(man.join(page).is_file(), "{page}");
     }
     let pages = fs::read_dir(&man).unwrap().count();
     assert_eq!(
-        pages, 20,
-        "intact, its fifteen commands, `catalog add`, `catalog init`, `report merge` and `report shards`"
+        pages, 21,
+        "intact, its sixteen commands, `catalog add`, `catalog init`, `report merge` and `report shards`"
     );
 }
 

@@ -124,31 +124,18 @@ impl RootLock {
             .map_err(unusable(&path))?;
         // Whatever the umask, and whatever an older build left.
         private(&file).map_err(unusable(&path))?;
-        // A lock whose recorded holder is this very process was held by a
-        // server of ours that has stopped: a child that another thread was
-        // spawning at that moment can still hold a copy of its descriptor
-        // until its exec closes it. Wait for that, briefly; any other
-        // holder is refused at once.
-        let deadline = std::time::Instant::now() + OWN_LOCK_GRACE;
-        loop {
-            match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
-                Ok(()) => break,
-                Err(rustix::io::Errno::WOULDBLOCK) => {
-                    let mut text = String::new();
-                    let _ = file.rewind();
-                    let _ = file.read_to_string(&mut text);
-                    let pid: Option<u32> = text.trim().parse().ok();
-                    if pid == Some(std::process::id()) && std::time::Instant::now() < deadline {
-                        std::thread::sleep(std::time::Duration::from_millis(20));
-                        continue;
-                    }
-                    return Err(RootError::InUse {
-                        root: root.to_path_buf(),
-                        pid,
-                    });
-                }
-                Err(e) => return Err(unusable(&path)(e.into())),
+        match flock_or_holder(
+            &mut file,
+            rustix::fs::FlockOperation::NonBlockingLockExclusive,
+        ) {
+            Ok(()) => {}
+            Err(Held::By(pid)) => {
+                return Err(RootError::InUse {
+                    root: root.to_path_buf(),
+                    pid,
+                })
             }
+            Err(Held::Error(e)) => return Err(unusable(&path)(e.into())),
         }
         // Only the holder writes: a reader sees the PID or, for a moment
         // after the lock was taken, nothing.
@@ -168,17 +155,34 @@ pub fn lock_holder(state: &Path) -> Option<Option<u32>> {
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(state.join(LOCK_FILE))
         .ok()?;
-    // As when the lock is taken: a holder recorded as this very process
-    // may be a child another thread is spawning, holding a copy of a
-    // descriptor this process already closed until its exec; wait for
-    // that, briefly, before saying the lock is held.
+    match flock_or_holder(&mut file, rustix::fs::FlockOperation::NonBlockingLockShared) {
+        Ok(()) => {
+            let _ = rustix::fs::flock(&file, rustix::fs::FlockOperation::Unlock);
+            None
+        }
+        Err(Held::By(pid)) => Some(pid),
+        Err(Held::Error(_)) => None,
+    }
+}
+
+/// Why a lock could not be taken.
+enum Held {
+    /// Another holder (the PID its file records, if readable).
+    By(Option<u32>),
+    /// flock failed otherwise.
+    Error(rustix::io::Errno),
+}
+
+/// Takes the lock `op` (non-blocking) on `file`. A lock whose recorded
+/// holder is this very process was let go by us: a child another thread
+/// was spawning at that moment can still hold a copy of the descriptor
+/// until its exec closes it. That is waited for, briefly
+/// ([`OWN_LOCK_GRACE`]); any other holder is answered at once.
+fn flock_or_holder(file: &mut std::fs::File, op: rustix::fs::FlockOperation) -> Result<(), Held> {
     let deadline = std::time::Instant::now() + OWN_LOCK_GRACE;
     loop {
-        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockShared) {
-            Ok(()) => {
-                let _ = rustix::fs::flock(&file, rustix::fs::FlockOperation::Unlock);
-                return None;
-            }
+        match rustix::fs::flock(&*file, op) {
+            Ok(()) => return Ok(()),
             Err(rustix::io::Errno::WOULDBLOCK) => {
                 let mut text = String::new();
                 let _ = file.rewind();
@@ -188,9 +192,9 @@ pub fn lock_holder(state: &Path) -> Option<Option<u32>> {
                     std::thread::sleep(std::time::Duration::from_millis(20));
                     continue;
                 }
-                return Some(pid);
+                return Err(Held::By(pid));
             }
-            Err(_) => return None,
+            Err(e) => return Err(Held::Error(e)),
         }
     }
 }
