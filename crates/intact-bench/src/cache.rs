@@ -132,7 +132,12 @@ pub fn run(a: &CacheArgs) -> anyhow::Result<()> {
                 ring: 256 << 20,
                 reassembly: 256 << 20,
             })?;
-            let svc = Service::start("10.91.3.1:0", store.clone(), counters.clone())?;
+            let svc = Service::start(
+                "10.91.3.1:0",
+                store.clone(),
+                counters.clone(),
+                intact_netcache::service::MISS_WAIT,
+            )?;
             tx.send(svc.addr()).unwrap();
             capture::run(cap, store, counters, &stopping)?;
             Ok(())

@@ -15,7 +15,7 @@
 
 use std::io::{self, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::service::MAGIC;
@@ -40,16 +40,23 @@ pub fn deadline_for(len: usize) -> Duration {
     TIMEOUT + Duration::from_millis(len as u64 * 1000 / MIN_RATE)
 }
 
+/// Requests one receiver process makes of one cache at once (the
+/// service's per-peer cap); more wait for one to end, within their
+/// deadline.
+pub const AT_ONCE: usize = crate::service::PER_PEER;
+
 struct Cache {
     addr: String,
     idle: Vec<(TcpStream, Instant)>,
     down_until: Option<Instant>,
+    /// Requests under way.
+    busy: usize,
 }
 
 /// The caches of a server, shared by its sessions.
 #[derive(Clone)]
 pub struct RecoveryCaches {
-    caches: Arc<Vec<Mutex<Cache>>>,
+    caches: Arc<Vec<(Mutex<Cache>, Condvar)>>,
 }
 
 impl std::fmt::Debug for RecoveryCaches {
@@ -86,11 +93,13 @@ impl RecoveryCaches {
                 addrs
                     .into_iter()
                     .map(|addr| {
-                        Mutex::new(Cache {
+                        let c = Cache {
                             addr,
                             idle: Vec::new(),
                             down_until: None,
-                        })
+                            busy: 0,
+                        };
+                        (Mutex::new(c), Condvar::new())
                     })
                     .collect(),
             ),
@@ -101,7 +110,7 @@ impl RecoveryCaches {
     pub fn addrs(&self) -> Vec<String> {
         self.caches
             .iter()
-            .map(|c| c.lock().unwrap_or_else(|p| p.into_inner()).addr.clone())
+            .map(|(c, _)| c.lock().unwrap_or_else(|p| p.into_inner()).addr.clone())
             .collect()
     }
 
@@ -110,16 +119,25 @@ impl RecoveryCaches {
     pub fn fetch(&self, key: &[u8; 32], len: usize) -> Result<Recovered, Missed> {
         let mut missed = Missed::default();
         for cache in self.caches.iter() {
+            let deadline = Instant::now() + deadline_for(len);
             let (addr, kept) = {
-                let mut c = cache.lock().unwrap_or_else(|p| p.into_inner());
-                if c.down_until.is_some_and(|t| Instant::now() < t) {
+                let (lock, freed) = cache;
+                let mut c = lock.lock().unwrap_or_else(|p| p.into_inner());
+                while c.busy >= AT_ONCE && Instant::now() < deadline {
+                    let wait = deadline.saturating_duration_since(Instant::now());
+                    c = freed
+                        .wait_timeout(c, wait)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                }
+                if c.busy >= AT_ONCE || c.down_until.is_some_and(|t| Instant::now() < t) {
                     missed.down += 1;
                     continue;
                 }
+                c.busy += 1;
                 c.idle.retain(|(_, used)| used.elapsed() < KEEP);
                 (c.addr.clone(), c.idle.pop().map(|(s, _)| s))
             };
-            let deadline = Instant::now() + deadline_for(len);
             let mut answer = match kept {
                 Some(mut s) => ask(&mut s, key, len, deadline).map(|a| (s, a)),
                 None => Err(io::ErrorKind::NotConnected.into()),
@@ -129,14 +147,20 @@ impl RecoveryCaches {
                 answer = connect(&addr, deadline)
                     .and_then(|mut s| ask(&mut s, key, len, deadline).map(|a| (s, a)));
             }
-            let mut c = cache.lock().unwrap_or_else(|p| p.into_inner());
+            let (lock, freed) = cache;
+            let mut c = lock.lock().unwrap_or_else(|p| p.into_inner());
+            c.busy -= 1;
+            freed.notify_one();
             match answer {
                 Ok((s, Some(data))) => {
-                    c.down_until = None;
                     if data.len() == len && blake3::hash(&data).as_bytes() == key {
+                        c.down_until = None;
                         c.idle.push((s, Instant::now()));
                         return Ok(Recovered { data, from: addr });
                     }
+                    // Not the block: this cache is not asked again for a
+                    // while.
+                    c.down_until = Some(Instant::now() + REST);
                     missed.wrong += 1;
                 }
                 Ok((s, None)) => {
@@ -157,7 +181,7 @@ impl RecoveryCaches {
 fn connect(addr: &str, deadline: Instant) -> io::Result<TcpStream> {
     let mut last = io::Error::new(io::ErrorKind::NotFound, "no address");
     for a in addr.to_socket_addrs()? {
-        match TcpStream::connect_timeout(&a, TIMEOUT) {
+        match TcpStream::connect_timeout(&a, left(deadline)?.min(TIMEOUT)) {
             Ok(mut s) => {
                 s.set_nodelay(true)?;
                 write_by(&mut s, MAGIC, deadline)?;

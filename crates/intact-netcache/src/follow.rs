@@ -18,7 +18,7 @@
 //! buffered; a frame that does not decode ends the following of that
 //! connection (its framing can no longer be trusted), never the cache.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -48,7 +48,9 @@ const TRACKED_COST: usize = 64;
 /// The memory all followed connections together may hold besides the
 /// store: bytes of frames not yet complete, digests tracked, and (in TCP
 /// reassembly) bytes waiting behind holes. A connection that would go
-/// past it is no longer followed ([`Stop::Memory`]).
+/// past it, or past its own share ([`Budget::per_flow`]: an eighth of
+/// it, or one largest frame if that is more), is no longer followed
+/// ([`Stop::Memory`]), so one connection cannot starve the others.
 #[derive(Debug)]
 pub struct Budget {
     limit: usize,
@@ -62,6 +64,11 @@ impl Budget {
             limit,
             used: AtomicUsize::new(0),
         })
+    }
+
+    /// The most one connection may take.
+    pub fn per_flow(&self) -> usize {
+        (self.limit / 8).max(MAX_BUFFERED + 64 * 1024)
     }
 
     /// Takes `n` bytes, or none if that would pass the limit.
@@ -146,8 +153,9 @@ pub struct Conn {
     keyed: Option<bool>,
     sealing: Sealing,
     files: HashMap<u64, Vec<Key>>,
-    /// Blocks this connection holds in the store (each held once).
-    holds: HashSet<Key>,
+    /// Blocks this connection holds in the store (each held once), with
+    /// the generation of the entry it holds.
+    holds: HashMap<Key, u64>,
     stopped: Option<Stop>,
     store: Arc<Store>,
     counters: Arc<Counters>,
@@ -167,7 +175,7 @@ impl Conn {
             keyed: None,
             sealing: Sealing::Unknown,
             files: HashMap::new(),
-            holds: HashSet::new(),
+            holds: HashMap::new(),
             stopped: None,
             store,
             counters,
@@ -177,7 +185,7 @@ impl Conn {
     }
 
     fn take(&mut self, n: usize) -> bool {
-        if self.budget.take(n) {
+        if self.taken + n <= self.budget.per_flow() && self.budget.take(n) {
             self.taken += n;
             true
         } else {
@@ -205,6 +213,9 @@ impl Conn {
             self.client = Direction::default();
             self.server = Direction::default();
             self.files.clear();
+            for (k, gen) in std::mem::take(&mut self.holds) {
+                self.store.release(&k, gen, false);
+            }
             let taken = self.taken;
             self.give(taken);
         }
@@ -222,7 +233,10 @@ impl Conn {
             return HEADER_LEN - buf.len();
         }
         let len = u32::from_be_bytes(buf[..HEADER_LEN].try_into().expect("4 bytes")) as usize;
-        (HEADER_LEN + len).saturating_sub(buf.len()).max(1)
+        HEADER_LEN
+            .saturating_add(len)
+            .saturating_sub(buf.len())
+            .max(1)
     }
 
     /// The next bytes `side` sent, in order.
@@ -338,14 +352,14 @@ impl Conn {
             (Side::Client, false, Message::Block(b)) => self.block(b),
             (Side::Server, false, Message::FileResult(r)) => {
                 if let Some(keys) = self.files.remove(&r.file) {
-                    self.give(keys.len() * TRACKED_COST);
-                    if r.status == FileStatus::Verified {
-                        for k in &keys {
-                            // Only this connection's hold: a block another
-                            // connection also carried stays for it.
-                            if self.holds.remove(k) {
-                                self.store.release(k);
-                            }
+                    // Only this connection's holds: a block another
+                    // connection also carried stays for it. A failed
+                    // file's blocks stay in the store, unheld.
+                    let verified = r.status == FileStatus::Verified;
+                    for k in &keys {
+                        if let Some(gen) = self.holds.remove(k) {
+                            self.store.release(k, gen, verified);
+                            self.give(TRACKED_COST);
                         }
                     }
                 }
@@ -380,22 +394,22 @@ impl Conn {
             return;
         }
         let len = b.data.len() as u64;
-        let track = !self.holds.contains(&key) && self.holds.len() < MAX_TRACKED;
+        let track = !self.holds.contains_key(&key) && self.holds.len() < MAX_TRACKED;
         if track && !self.take(TRACKED_COST) {
             return;
         }
         let c = &self.counters;
-        if !self.store.insert(key, b.data.into(), track) {
+        let Some(gen) = self.store.insert(key, b.data.into(), track) else {
             c.too_large.fetch_add(1, Ordering::Relaxed);
             if track {
                 self.give(TRACKED_COST);
             }
             return;
-        }
+        };
         c.cached.fetch_add(1, Ordering::Relaxed);
         c.cached_bytes.fetch_add(len, Ordering::Relaxed);
         if track {
-            self.holds.insert(key);
+            self.holds.insert(key, gen);
             self.files.entry(b.file).or_default().push(key);
         }
     }

@@ -9,9 +9,9 @@
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::follow::{Budget, Conn, Side};
 use crate::listener::Listening;
@@ -21,8 +21,9 @@ use crate::store::Store;
 /// Connections relayed at once; more are closed at once.
 pub const MAX_RELAYED: usize = 256;
 
-/// A relayed connection with no byte either way for this long is closed.
-pub const RELAY_IDLE: Duration = Duration::from_secs(300);
+/// A relayed connection with no byte either way for this long is closed
+/// (longer than a server's default idle timeout, 300 s).
+pub const RELAY_IDLE: Duration = Duration::from_secs(600);
 
 /// A running relay; stopped on drop.
 pub struct Relay(Listening);
@@ -65,31 +66,84 @@ fn relay(
     let server = TcpStream::connect(upstream)?;
     for s in [&client, &server] {
         s.set_nodelay(true)?;
-        s.set_read_timeout(Some(RELAY_IDLE))?;
+        s.set_read_timeout(Some(TICK))?;
         s.set_write_timeout(Some(RELAY_IDLE))?;
     }
     let conn = Arc::new(Mutex::new(Conn::new(store, c, budget)));
+    let clock = Arc::new(Activity::new());
     let back = {
-        let (from, to, conn) = (server.try_clone()?, client.try_clone()?, Arc::clone(&conn));
+        let (from, to, conn, clock) = (
+            server.try_clone()?,
+            client.try_clone()?,
+            Arc::clone(&conn),
+            Arc::clone(&clock),
+        );
         std::thread::Builder::new()
             .name("cache-relay-back".into())
-            .spawn(move || pump(from, to, &conn, Side::Server))?
+            .spawn(move || pump(from, to, &conn, Side::Server, &clock))?
     };
-    pump(client, server, &conn, Side::Client);
+    pump(client, server, &conn, Side::Client, &clock);
     let _ = back.join();
     Ok(())
 }
 
-/// Copies `from` to `to` until either ends (or stays silent for
-/// [`RELAY_IDLE`]), following what passes; then closes both, so that the
-/// other direction's pump ends too.
-fn pump(mut from: TcpStream, mut to: TcpStream, conn: &Mutex<Conn>, side: Side) {
+/// How often a silent pump looks at the connection's clock.
+const TICK: Duration = Duration::from_secs(1);
+
+/// When either direction of a relayed connection last carried a byte.
+struct Activity {
+    start: Instant,
+    last_ms: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Activity {
+        Activity {
+            start: Instant::now(),
+            last_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64
+    }
+
+    fn touch(&self) {
+        self.last_ms.store(self.now_ms(), Ordering::Relaxed);
+    }
+
+    /// Both directions silent for [`RELAY_IDLE`].
+    fn idle(&self) -> bool {
+        self.now_ms()
+            .saturating_sub(self.last_ms.load(Ordering::Relaxed))
+            > RELAY_IDLE.as_millis() as u64
+    }
+}
+
+/// Copies `from` to `to` until either ends (or the connection is silent
+/// both ways for [`RELAY_IDLE`]), following what passes; then closes
+/// both, so that the other direction's pump ends too.
+fn pump(mut from: TcpStream, mut to: TcpStream, conn: &Mutex<Conn>, side: Side, clock: &Activity) {
     let mut buf = vec![0u8; 256 * 1024];
     loop {
         let n = match from.read(&mut buf) {
-            Ok(0) | Err(_) => break,
+            Ok(0) => break,
             Ok(n) => n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                if clock.idle() {
+                    break;
+                }
+                continue;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
         };
+        clock.touch();
         // Followed before it is forwarded: a block is in the store before
         // the receiver can have it, let alone find it bad and ask for it.
         conn.lock()

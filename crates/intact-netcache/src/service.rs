@@ -36,19 +36,28 @@ pub const REQUEST_TIME: Duration = Duration::from_secs(5);
 /// Connections one peer address may hold at once.
 pub const PER_PEER: usize = 8;
 
-/// How long a request for a block not (yet) held waits for it: a
-/// receiver that finds a block bad right after writing it may ask before
-/// the capture has read the block's last packets off the mirror.
+/// How long a request for a block not (yet) held waits for it when the
+/// cache captures: a receiver that finds a block bad right after writing
+/// it may ask before the capture has read the block's last packets off
+/// the mirror. (The relay keeps a block before it forwards it: its
+/// misses are final and answered at once.)
 pub const MISS_WAIT: Duration = Duration::from_millis(250);
 
 /// A running service; stopped on drop.
 pub struct Service(Listening);
 
 impl Service {
-    /// Listens on `listen` and serves `store`.
-    pub fn start(listen: &str, store: Arc<Store>, counters: Arc<Counters>) -> io::Result<Service> {
+    /// Listens on `listen` and serves `store`; a request for a block not
+    /// held waits up to `miss_wait` for it ([`MISS_WAIT`] with a capture,
+    /// zero without).
+    pub fn start(
+        listen: &str,
+        store: Arc<Store>,
+        counters: Arc<Counters>,
+        miss_wait: Duration,
+    ) -> io::Result<Service> {
         let served = move |s: TcpStream, stop: &AtomicBool| {
-            let _ = serve(s, &store, &counters, stop);
+            let _ = serve(s, &store, &counters, stop, miss_wait);
         };
         Listening::start(listen, "cache-client", MAX_CLIENTS, PER_PEER, served).map(Service)
     }
@@ -59,7 +68,13 @@ impl Service {
     }
 }
 
-fn serve(mut s: TcpStream, store: &Store, c: &Counters, stop: &AtomicBool) -> io::Result<()> {
+fn serve(
+    mut s: TcpStream,
+    store: &Store,
+    c: &Counters,
+    stop: &AtomicBool,
+    miss_wait: Duration,
+) -> io::Result<()> {
     s.set_nonblocking(false)?;
     s.set_nodelay(true)?;
     s.set_read_timeout(Some(Duration::from_millis(500)))?;
@@ -76,7 +91,7 @@ fn serve(mut s: TcpStream, store: &Store, c: &Counters, stop: &AtomicBool) -> io
         let mut found = store.get(&key);
         let asked = std::time::Instant::now();
         let mut waited = false;
-        while found.is_none() && asked.elapsed() < MISS_WAIT && !stop.load(Ordering::SeqCst) {
+        while found.is_none() && asked.elapsed() < miss_wait && !stop.load(Ordering::SeqCst) {
             std::thread::sleep(Duration::from_millis(5));
             waited = true;
             found = store.get(&key);

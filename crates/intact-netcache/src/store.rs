@@ -22,10 +22,15 @@ pub const ENTRY_COST: u64 = 128;
 /// A block's key: the BLAKE3 of its bytes.
 pub type Key = [u8; 32];
 
+/// (bytes, last use, holds, generation).
+type Entry = (Arc<[u8]>, u64, u32, u64);
+
 #[derive(Default)]
 struct Inner {
-    /// Key → (bytes, last use, connections holding it).
-    blocks: HashMap<Key, (Arc<[u8]>, u64, u32)>,
+    /// Key → (bytes, last use, connections holding it, generation: the
+    /// tick the entry was made at, so that a hold on an evicted entry
+    /// never counts against a newer one of the same key).
+    blocks: HashMap<Key, Entry>,
     /// Use order: tick → key.
     order: BTreeMap<u64, Key>,
     tick: u64,
@@ -70,36 +75,38 @@ impl Store {
     }
 
     /// Keeps `data` under `key` (the caller checked that `key` is its
-    /// BLAKE3), with one more hold if `hold`. False if it can never fit.
-    pub fn insert(&self, key: Key, data: Arc<[u8]>, hold: bool) -> bool {
+    /// BLAKE3), with one more hold if `hold`. The entry's generation (for
+    /// [`Store::release`]), or None if it can never fit.
+    pub fn insert(&self, key: Key, data: Arc<[u8]>, hold: bool) -> Option<u64> {
         let cost = data.len() as u64 + ENTRY_COST;
         if cost > self.bound {
-            return false;
+            return None;
         }
         let mut g = self.lock();
         let g = &mut *g;
         g.tick += 1;
         let tick = g.tick;
-        if let Some((_, old, holders)) = g.blocks.get_mut(&key) {
-            *holders += u32::from(hold);
+        if let Some((_, old, holders, gen)) = g.blocks.get_mut(&key) {
+            *holders = holders.saturating_add(u32::from(hold));
+            let gen = *gen;
             let was = std::mem::replace(old, tick);
             g.order.remove(&was);
             g.order.insert(tick, key);
-            return true;
+            return Some(gen);
         }
         while g.bytes + cost > self.bound {
             let Some((_, oldest)) = g.order.pop_first() else {
                 break;
             };
-            if let Some((d, _, _)) = g.blocks.remove(&oldest) {
+            if let Some((d, _, _, _)) = g.blocks.remove(&oldest) {
                 g.bytes -= d.len() as u64 + ENTRY_COST;
                 g.evicted += 1;
             }
         }
-        g.blocks.insert(key, (data, tick, u32::from(hold)));
+        g.blocks.insert(key, (data, tick, u32::from(hold), tick));
         g.order.insert(tick, key);
         g.bytes += cost;
-        true
+        Some(tick)
     }
 
     /// The block under `key`, now the most recently used.
@@ -108,7 +115,7 @@ impl Store {
         let g = &mut *g;
         g.tick += 1;
         let tick = g.tick;
-        let (data, used, _) = g.blocks.get_mut(key)?;
+        let (data, used, _, _) = g.blocks.get_mut(key)?;
         let was = std::mem::replace(used, tick);
         let data = Arc::clone(data);
         g.order.remove(&was);
@@ -116,17 +123,22 @@ impl Store {
         Some(data)
     }
 
-    /// Lets go of one hold on the block under `key` (a connection's
-    /// receiver verified its file); the block goes with the last hold.
-    pub fn release(&self, key: &Key) {
+    /// Lets go of one hold on generation `gen` of the block under `key`
+    /// (a connection's receiver verified its file); with `drop`, the block
+    /// goes with the last hold (else it stays for eviction: a failed file
+    /// may be sent again). A hold on an evicted generation does nothing.
+    pub fn release(&self, key: &Key, gen: u64, drop: bool) {
         let mut g = self.lock();
         let g = &mut *g;
-        let Some((_, _, holders)) = g.blocks.get_mut(key) else {
+        let Some((_, _, holders, made)) = g.blocks.get_mut(key) else {
             return;
         };
+        if *made != gen {
+            return;
+        }
         *holders = holders.saturating_sub(1);
-        if *holders == 0 {
-            if let Some((d, tick, _)) = g.blocks.remove(key) {
+        if *holders == 0 && drop {
+            if let Some((d, tick, _, _)) = g.blocks.remove(key) {
                 g.order.remove(&tick);
                 g.bytes -= d.len() as u64 + ENTRY_COST;
                 g.dropped += 1;
@@ -161,10 +173,10 @@ mod tests {
         let s = Store::new(3 * (1000 + ENTRY_COST));
         let b: Vec<_> = (0..4).map(|n| block(n, 1000)).collect();
         for (k, d) in &b[..3] {
-            assert!(s.insert(*k, d.clone(), true));
+            assert!(s.insert(*k, d.clone(), true).is_some());
         }
         assert!(s.get(&b[0].0).is_some());
-        assert!(s.insert(b[3].0, b[3].1.clone(), true));
+        assert!(s.insert(b[3].0, b[3].1.clone(), true).is_some());
         assert!(
             s.get(&b[1].0).is_none(),
             "the least recently used was evicted"
@@ -174,21 +186,48 @@ mod tests {
         assert_eq!((st.blocks, st.evicted), (3, 1));
         assert!(st.bytes <= st.bound);
         // Held twice: the first release keeps it.
-        assert!(s.insert(b[0].0, b[0].1.clone(), true));
-        s.release(&b[0].0);
+        let gen = s.insert(b[0].0, b[0].1.clone(), true).unwrap();
+        s.release(&b[0].0, gen, true);
         assert!(s.get(&b[0].0).is_some());
-        s.release(&b[0].0);
+        s.release(&b[0].0, gen + 1, true);
+        assert!(
+            s.get(&b[0].0).is_some(),
+            "another generation's hold does nothing"
+        );
+        s.release(&b[0].0, gen, true);
         assert_eq!(s.stats().dropped, 1);
         assert!(s.get(&b[0].0).is_none());
+    }
+
+    #[test]
+    fn a_hold_on_an_evicted_block_never_drops_a_newer_copy() {
+        let s = Store::new(2 * (1000 + ENTRY_COST));
+        let (k, d) = block(1, 1000);
+        let old = s.insert(k, d.clone(), true).unwrap();
+        // Pushed out by two others, then carried again by another connection.
+        for n in 2..4 {
+            let (k2, d2) = block(n, 1000);
+            s.insert(k2, d2, true).unwrap();
+        }
+        assert!(s.get(&k).is_none());
+        let new = s.insert(k, d, true).unwrap();
+        assert_ne!(old, new);
+        s.release(&k, old, true);
+        assert!(
+            s.get(&k).is_some(),
+            "the first connection's release is of a block gone"
+        );
+        s.release(&k, new, true);
+        assert!(s.get(&k).is_none());
     }
 
     #[test]
     fn a_block_larger_than_the_bound_is_refused_and_evicts_nothing() {
         let s = Store::new(2000);
         let (k, d) = block(1, 500);
-        assert!(s.insert(k, d, true));
+        assert!(s.insert(k, d, true).is_some());
         let (k2, d2) = block(2, 5000);
-        assert!(!s.insert(k2, d2, true));
+        assert!(s.insert(k2, d2, true).is_none());
         assert!(s.get(&k).is_some());
     }
 }

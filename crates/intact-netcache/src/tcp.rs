@@ -70,6 +70,8 @@ struct Half {
     /// missed never fills).
     hole_since: Option<Instant>,
     fin: bool,
+    /// The offset the FIN said the bytes end at.
+    fin_at: Option<u64>,
 }
 
 impl Half {
@@ -210,6 +212,7 @@ impl Reassembly {
         };
         if s.fin {
             half.fin = true;
+            half.fin_at = Some(off + s.payload.len() as u64);
         }
         // A segment without bytes (an ACK; the one after a FIN sits one
         // past the last byte, the FIN's own number) delivers nothing.
@@ -234,7 +237,8 @@ impl Reassembly {
                 Some(n) => (data.len() + SEG_COST).saturating_sub(n),
                 None => data.len() + SEG_COST,
             };
-            if !self.budget.take(grow) {
+            let share = half.waiting_bytes + grow <= self.budget.per_flow();
+            if !share || !self.budget.take(grow) {
                 self.budget.give(half.waiting_bytes);
                 self.waiting -= half.waiting_bytes;
                 half.waiting.clear();
@@ -292,11 +296,26 @@ impl Reassembly {
             }
             let closed = f.reset || f.halves.iter().all(|h| h.fin && h.waiting.is_empty());
             let idle = now.duration_since(f.seen) > IDLE;
+            // A FIN past the last byte seen: the capture missed the end.
+            let short = f
+                .halves
+                .iter()
+                .any(|h| h.fin_at.is_some_and(|end| h.next < end));
+            if closed && short && !f.reset && !idle && f.conn.stopped().is_none() {
+                // Its last bytes may still come (a retransmission): wait
+                // for them as for any hole.
+                for h in &mut f.halves {
+                    if h.fin_at.is_some_and(|end| h.next < end) {
+                        h.hole_since.get_or_insert(now);
+                    }
+                }
+                return true;
+            }
             if closed || idle {
                 for h in &f.halves {
                     freed += h.waiting_bytes;
                 }
-                if !f.halves.iter().all(|h| h.waiting.is_empty()) {
+                if short || !f.halves.iter().all(|h| h.waiting.is_empty()) {
                     f.conn.stop(Stop::Gap);
                 }
                 return false;
@@ -377,6 +396,47 @@ mod tests {
         assert_eq!(t.r.waiting(), 0);
         t.r.sweep(Instant::now() + GAP_TIMEOUT + Duration::from_secs(1));
         assert_eq!(t.c.gaps.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn bytes_missing_before_a_fin_are_a_gap() {
+        let mut t = Tap::new(1 << 20);
+        t.seg(true, 0, true, b"");
+        // The start of a 1000-byte frame (the follower waits for the rest).
+        let mut start = 1000u32.to_be_bytes().to_vec();
+        start.resize(100, 0);
+        t.seg(true, 1, false, &start);
+        // The FIN says the bytes end at 301: 200 were never seen.
+        t.r.segment(Segment {
+            from: addr(40000),
+            to: addr(7000),
+            seq: 301,
+            syn: false,
+            ack: true,
+            fin: true,
+            rst: false,
+            payload: b"",
+        });
+        t.seg(false, 0, true, b"");
+        t.r.segment(Segment {
+            from: addr(7000),
+            to: addr(40000),
+            seq: 1,
+            syn: false,
+            ack: true,
+            fin: true,
+            rst: false,
+            payload: b"",
+        });
+        t.r.sweep(Instant::now());
+        assert_eq!(
+            t.c.gaps.load(Ordering::Relaxed),
+            0,
+            "a retransmission may come"
+        );
+        t.r.sweep(Instant::now() + GAP_TIMEOUT + Duration::from_secs(1));
+        assert_eq!(t.c.gaps.load(Ordering::Relaxed), 1);
+        assert_eq!(t.r.flows(), 0);
     }
 
     #[test]

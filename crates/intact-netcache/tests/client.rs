@@ -52,13 +52,25 @@ fn a_kept_connection_the_cache_closed_is_replaced() {
     let key = *blake3::hash(&data).as_bytes();
     store.insert(key, data.clone().into(), true);
     let counters = Arc::new(Counters::default());
-    let svc = Service::start("127.0.0.1:0", Arc::clone(&store), Arc::clone(&counters)).unwrap();
+    let svc = Service::start(
+        "127.0.0.1:0",
+        Arc::clone(&store),
+        Arc::clone(&counters),
+        Duration::ZERO,
+    )
+    .unwrap();
     let addr = svc.addr();
     let caches = RecoveryCaches::new(vec![addr.to_string()]);
     assert_eq!(caches.fetch(&key, 5000).unwrap().data, data);
     // The cache restarts on the same address: the kept connection is dead.
     drop(svc);
-    let svc = Service::start(&addr.to_string(), Arc::clone(&store), counters).unwrap();
+    let svc = Service::start(
+        &addr.to_string(),
+        Arc::clone(&store),
+        counters,
+        Duration::ZERO,
+    )
+    .unwrap();
     assert_eq!(
         caches
             .fetch(&key, 5000)
@@ -67,4 +79,29 @@ fn a_kept_connection_the_cache_closed_is_replaced() {
         data
     );
     drop(svc);
+}
+
+#[test]
+fn many_repairs_at_once_from_one_receiver_all_reach_the_cache() {
+    let store = Arc::new(Store::new(1 << 20));
+    let data = vec![9u8; 3000];
+    let key = *blake3::hash(&data).as_bytes();
+    store.insert(key, data.clone().into(), true);
+    let svc = Service::start(
+        "127.0.0.1:0",
+        Arc::clone(&store),
+        Arc::new(Counters::default()),
+        Duration::ZERO,
+    )
+    .unwrap();
+    let caches = RecoveryCaches::new(vec![svc.addr().to_string()]);
+    let threads: Vec<_> = (0..24)
+        .map(|_| {
+            let caches = caches.clone();
+            std::thread::spawn(move || caches.fetch(&key, 3000).map(|r| r.data))
+        })
+        .collect();
+    for t in threads {
+        assert_eq!(t.join().unwrap().expect("every request served"), data);
+    }
 }

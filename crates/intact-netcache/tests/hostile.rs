@@ -96,6 +96,49 @@ fn honest_blocks_are_kept_and_lying_ones_rejected_whatever_the_chunking() {
 }
 
 #[test]
+fn a_failed_files_blocks_stay_cached_but_unheld_and_the_budget_is_given_back() {
+    let blocks: Vec<Block> = (0..5u8).map(|n| block(vec![n; 1000], true)).collect();
+    let (c, s) = session(&blocks);
+    let (store, counters) = fresh(1 << 20);
+    let budget = Budget::new(1 << 20);
+    let mut conn = Conn::new(
+        Arc::clone(&store),
+        Arc::clone(&counters),
+        Arc::clone(&budget),
+    );
+    conn.feed(Side::Server, &s);
+    conn.feed(Side::Client, &c);
+    assert_eq!(counters.cached.load(Ordering::SeqCst), 5);
+    let held = budget.used();
+    assert!(held > 0);
+    let mut failed = Vec::new();
+    Message::FileResult(intact_proto::FileResult {
+        file: 1,
+        status: intact_proto::FileStatus::Failed,
+        level: 0,
+        message: String::new(),
+        resident: 0,
+        evict_micros: 0,
+        check_micros: 0,
+        unchanged: false,
+        reverified: 0,
+        trusted: 0,
+        trusted_level: 0,
+        trusted_at: 0,
+        split: 0,
+        cache_repairs: 0,
+        cache_micros: 0,
+        source_repairs: 0,
+        source_micros: 0,
+    })
+    .encode(&mut failed);
+    conn.feed(Side::Server, &failed);
+    assert_eq!(budget.used(), 0, "the tracked digests were given back");
+    // Kept for a second attempt at the file.
+    assert_eq!(store.stats().blocks, 5);
+}
+
+#[test]
 fn the_largest_blocks_are_followed_whatever_the_reads_sizes() {
     let mut big = block(vec![5; intact_proto::MAX_BLOCK], true);
     big.crcs = vec![0; 4 * intact_proto::MAX_PAGES];

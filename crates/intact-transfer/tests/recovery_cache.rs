@@ -34,8 +34,13 @@ impl Cache {
     fn new(bound: u64) -> Cache {
         let store = Arc::new(Store::new(bound));
         let counters = Arc::new(Counters::default());
-        let service =
-            Service::start("127.0.0.1:0", Arc::clone(&store), Arc::clone(&counters)).unwrap();
+        let service = Service::start(
+            "127.0.0.1:0",
+            Arc::clone(&store),
+            Arc::clone(&counters),
+            std::time::Duration::ZERO,
+        )
+        .unwrap();
         Cache {
             store,
             counters,

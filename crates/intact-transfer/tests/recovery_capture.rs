@@ -166,7 +166,13 @@ fn mirrored_packets_feed_the_cache_and_a_device_write_error_is_repaired_from_it(
                     reassembly: 64 << 20,
                 };
                 let cap = capture::open(&opts).unwrap();
-                let svc = Service::start("10.91.3.1:0", store.clone(), counters.clone()).unwrap();
+                let svc = Service::start(
+                    "10.91.3.1:0",
+                    store.clone(),
+                    counters.clone(),
+                    intact_netcache::service::MISS_WAIT,
+                )
+                .unwrap();
                 tx.send(svc.addr()).unwrap();
                 capture::run(cap, store, counters, &stop).unwrap();
             })

@@ -95,7 +95,19 @@ pub fn run(args: &CacheArgs) -> anyhow::Result<ExitCode> {
     let store = Arc::new(Store::new(args.memory as u64));
     let counters = Arc::new(Counters::default());
     let stop = Arc::new(AtomicBool::new(false));
-    let service = match Service::start(&args.listen, Arc::clone(&store), Arc::clone(&counters)) {
+    // Misses wait for a block still in the capture's queue; the relay's
+    // are final.
+    let miss_wait = if args.capture.is_some() {
+        intact_netcache::service::MISS_WAIT
+    } else {
+        Duration::ZERO
+    };
+    let service = match Service::start(
+        &args.listen,
+        Arc::clone(&store),
+        Arc::clone(&counters),
+        miss_wait,
+    ) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("intact cache: cannot listen on {}: {e}", args.listen);
