@@ -19,6 +19,7 @@ A recovery cache near the destination (Nazarov & Arslan): it keeps the
 blocks of transfers passing by, so that a block the receiver finds bad
 (on arrival, or on the device re-read) is repaired from here, over a short
 fast link, instead of crossing the slow path from the sender again.
+Blocks are kept in memory (--memory) or in a directory (--store).
 
 Feeding it: --capture IFACE reads the packets a switch mirrors onto IFACE
 (e.g. tc's `action mirred egress mirror` in front of the receiver, both
@@ -67,9 +68,19 @@ pub struct CacheArgs {
     pub listen: String,
 
     /// Memory for blocks (K, M, G suffixes); the least recently used go
-    /// first beyond it.
+    /// first beyond it. Not with --store.
     #[arg(long, value_name = "SIZE", default_value = "1GiB", value_parser = crate::args::parse_size)]
     pub memory: usize,
+
+    /// Keep blocks in this directory instead of memory (one file per
+    /// block, named by its BLAKE3; made mode 700 if missing; blocks left
+    /// by an earlier run are served again, each hashed again when read).
+    #[arg(long, value_name = "DIR", conflicts_with = "memory")]
+    pub store: Option<std::path::PathBuf>,
+
+    /// The most --store holds (K, M, G suffixes).
+    #[arg(long, value_name = "SIZE", default_value = "16GiB", value_parser = crate::args::parse_size, requires = "store")]
+    pub store_size: usize,
 
     /// Memory of the kernel's capture ring.
     #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = crate::args::parse_size)]
@@ -92,7 +103,16 @@ pub struct CacheArgs {
 }
 
 pub fn run(args: &CacheArgs) -> anyhow::Result<ExitCode> {
-    let store = Arc::new(Store::new(args.memory as u64));
+    let store = match &args.store {
+        Some(dir) => match Store::on_disk(dir, args.store_size as u64) {
+            Ok(s) => Arc::new(s),
+            Err(e) => {
+                eprintln!("intact cache: --store {}: {e}", dir.display());
+                return Ok(ExitCode::FAILURE);
+            }
+        },
+        None => Arc::new(Store::new(args.memory as u64)),
+    };
     let counters = Arc::new(Counters::default());
     let stop = Arc::new(AtomicBool::new(false));
     // Misses wait for a block still in the capture's queue; the relay's
@@ -177,11 +197,19 @@ pub fn run(args: &CacheArgs) -> anyhow::Result<ExitCode> {
             args.relay.as_deref().unwrap_or("")
         ));
     }
+    let kept = match &args.store {
+        Some(dir) => format!(
+            "blocks in {} (at most {} MiB; {} already there)",
+            dir.display(),
+            args.store_size >> 20,
+            store.stats().blocks
+        ),
+        None => format!("{} MiB of memory for blocks", args.memory >> 20),
+    };
     eprintln!(
-        "intact cache: {}; serving receivers on {}; {} MiB for blocks",
+        "intact cache: {}; serving receivers on {}; {kept}",
         fed.join(", "),
         service.addr(),
-        args.memory >> 20
     );
     let mut last = Instant::now();
     while !stop.load(Ordering::SeqCst) {

@@ -193,3 +193,50 @@ fn usage_errors_exit_2_and_a_missing_interface_fails_with_its_name() {
         assert!(help.contains(said), "--help does not say {said}");
     }
 }
+
+#[test]
+fn a_store_on_disk_serves_the_blocks_an_earlier_run_left() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("blocks");
+    std::fs::create_dir(&store).unwrap();
+    let data = intact_sample::bytes(70_000, 8);
+    let key = *blake3::hash(&data).as_bytes();
+    std::fs::write(
+        store.join(blake3::Hash::from_bytes(key).to_hex().as_str()),
+        &data,
+    )
+    .unwrap();
+    for _ in 0..5 {
+        let listen = free_port();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_intact"))
+            .args([
+                "cache",
+                "--relay",
+                "127.0.0.1:9",
+                "--relay-listen",
+                "127.0.0.1:0",
+            ])
+            .args(["--listen", &listen, "--store"])
+            .arg(&store)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stderr.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        if !line.contains("1 already there") {
+            let _ = child.kill();
+            let _ = child.wait();
+            assert!(line.contains("cannot listen"), "{line}");
+            continue;
+        }
+        let got = intact_netcache::RecoveryCaches::new(vec![listen]).fetch(&key, data.len());
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(got.expect("served from the directory").data, data);
+        return;
+    }
+    panic!("no port for the cache in 5 tries");
+}
