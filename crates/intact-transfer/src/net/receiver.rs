@@ -444,6 +444,7 @@ impl Inbox {
             shares,
             at_verifier: HashMap::new(),
             deferred_out: 0,
+            sender_waiting: false,
             summary: SessionSummary::default(),
             buf: AlignedBuf::new(0),
             deferred: Default::default(),

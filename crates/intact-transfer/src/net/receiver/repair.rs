@@ -144,6 +144,13 @@ impl Session<'_> {
                 };
                 f.repairs.coming_from_cache(index, true);
                 self.take_block(b, true)?;
+                if self.sender_waiting && self.deferred_out > 0 {
+                    // `flash`: the sender blocks on this repair's result,
+                    // which must not wait out the idle drain.
+                    self.jobs
+                        .send(super::Job::Drain)
+                        .map_err(|_| intact_proto::ProtoError::Closed)?;
+                }
                 Ok(true)
             }
             Err(_) => {

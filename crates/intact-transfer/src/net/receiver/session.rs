@@ -35,6 +35,9 @@ pub(super) struct Session<'a> {
     pub(super) jobs: mpsc::SyncSender<Job>,
     /// `flash` blocks sent to the verifier and not yet back.
     pub(super) deferred_out: u64,
+    /// The sender said Waiting and has sent nothing since: it blocks on
+    /// results, so deferred checks are drained at once.
+    pub(super) sender_waiting: bool,
     pub(super) files: &'a mut HashMap<u64, Incoming>,
     pub(super) ready: &'a mut Vec<(u64, Incoming)>,
     /// Directories this session created, to finish at the end, and the
@@ -116,6 +119,7 @@ impl Session<'_> {
     }
 
     fn message(&mut self, msg: Message) -> Result<(), TransferError> {
+        self.sender_waiting = matches!(msg, Message::Waiting);
         match msg {
             Message::Entry(mut e) => {
                 if self.in_use(e.file) {
