@@ -20,18 +20,27 @@
 //! own measure from the block's failure to its verified repair (in the
 //! sender's report). Total: the first transfer plus the recovery for (a)
 //! and (b), the faulted transfer for (c) and (d). CPU: this process (all
-//! four hosts). No wide-area delay: this kernel has no netem and the
-//! user-space delay line is not built, so the source's round trip is
-//! what the veths and tbf give (well under 1 ms).
+//! four hosts).
+//!
+//! The source's link is the paper's WAN: 1 Gbit/s with a 30 ms round
+//! trip (`--rtt-ms`), made by the lab's user-space delay line (two TUN
+//! devices; this kernel has no netem), its queue one bandwidth-delay
+//! product. Before the runs, raw TCP over that link (four streams, as
+//! intact sends) gives the link's physical limit, and the line's own
+//! account (packets it wrote late, queue drops) is printed after each
+//! size so that a line that fell behind is seen. `--rtt-ms 0` is the
+//! earlier testbed: a veth pair shaped by tbf, no added delay.
 
 use std::fs::File;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use intact_faults::{Host, LoopFs, Netbed};
+use intact_faults::{Host, LoopFs, Netbed, Wan};
 use intact_netcache::capture::{self, CaptureOptions};
 use intact_netcache::service::Service;
 use intact_netcache::{Counters, RecoveryCaches, Store};
@@ -59,6 +68,61 @@ pub struct CacheArgs {
     /// Block size, MiB.
     #[arg(long, default_value_t = 4)]
     block_mib: u64,
+    /// Round trip added to the source's 1 Gbit/s link, ms (0: a veth
+    /// shaped by tbf, no delay line).
+    #[arg(long, default_value_t = 30)]
+    rtt_ms: u64,
+}
+
+/// Raw TCP from the source to the destination over `streams` connections,
+/// `mib` MiB in all: the link's limit as iperf3 would give it. Bits/s.
+fn raw_tcp(bed: &Netbed, mib: u64, streams: u64) -> anyhow::Result<f64> {
+    let (tx, rx) = mpsc::channel();
+    let sink = bed.destination.spawn(move || -> std::io::Result<()> {
+        let l = TcpListener::bind("10.91.2.1:0")?;
+        tx.send(l.local_addr()?.port()).unwrap();
+        let mut readers = Vec::new();
+        for _ in 0..streams {
+            let (mut c, _) = l.accept()?;
+            readers.push(std::thread::spawn(move || {
+                let mut buf = vec![0; 1 << 20];
+                while c.read(&mut buf).map(|n| n > 0).unwrap_or(false) {}
+                let _ = c.write_all(b"k");
+            }));
+        }
+        for r in readers {
+            let _ = r.join();
+        }
+        Ok(())
+    })?;
+    let port = rx.recv()?;
+    let secs = bed
+        .source
+        .spawn(move || -> std::io::Result<f64> {
+            let t = Instant::now();
+            let senders: Vec<_> = (0..streams)
+                .map(|_| {
+                    std::thread::spawn(move || -> std::io::Result<()> {
+                        let mut c = TcpStream::connect(("10.91.2.1", port))?;
+                        let buf = vec![0x5a; 1 << 20];
+                        for _ in 0..mib / streams {
+                            c.write_all(&buf)?;
+                        }
+                        c.shutdown(std::net::Shutdown::Write)?;
+                        c.read_exact(&mut [0])
+                    })
+                })
+                .collect();
+            for s in senders {
+                s.join().map_err(|_| std::io::Error::other("panicked"))??;
+            }
+            Ok(t.elapsed().as_secs_f64())
+        })?
+        .join()
+        .map_err(|_| anyhow::anyhow!("the raw sender panicked"))??;
+    sink.join()
+        .map_err(|_| anyhow::anyhow!("the raw sink panicked"))??;
+    Ok((mib / streams * streams * MIB * 8) as f64 / secs)
 }
 
 const WAYS: [&str; 4] = [
@@ -117,7 +181,15 @@ pub fn run(a: &CacheArgs) -> anyhow::Result<()> {
     let bs = (a.block_mib * MIB) as usize;
     std::fs::create_dir_all(&a.dir)?;
     let biggest = a.sizes.iter().copied().max().unwrap_or(100);
-    let bed = Netbed::new()?;
+    let bed = if a.rtt_ms == 0 {
+        Netbed::new()?
+    } else {
+        Netbed::with_wan(Wan {
+            rtt: Duration::from_millis(a.rtt_ms),
+            rate: 1_000_000_000,
+            loss: 0.0,
+        })?
+    };
     let lfs = Arc::new(LoopFs::new(&a.dir, biggest * 3 + 256)?);
     // The cache: capture on the mirror, serve on its link.
     let store = Arc::new(Store::new((biggest * 2 + 64) * MIB));
@@ -182,12 +254,28 @@ pub fn run(a: &CacheArgs) -> anyhow::Result<()> {
             Some(RecoveryCaches::new(vec![cache_addr.to_string()])),
         ),
     )?;
+    let link = if a.rtt_ms == 0 {
+        "–1 Gbit/s tbf, no added delay–".to_string()
+    } else {
+        format!(
+            "–1 Gbit/s, {} ms round trip (user-space delay line, queue one BDP)–",
+            a.rtt_ms
+        )
+    };
     println!(
-        "intact-bench cache: the paper's testbed in namespaces (source –1 Gbit/s tbf– switch, mirror to the cache, destination on a loop ext4 on {}); riva, {} MiB blocks, frames authenticated not encrypted; one bit flipped on the device under the middle block; {} interleaved runs per way; no added delay (no netem here, no delay line yet)",
+        "intact-bench cache: the paper's testbed in namespaces (source {link} switch, mirror to the cache, destination on a loop ext4 on {}); riva, {} MiB blocks, 4 streams, frames authenticated not encrypted; one bit flipped on the device under the middle block; {} interleaved runs per way",
         a.dir.display(),
         a.block_mib,
         a.runs
     );
+    let probe = raw_tcp(&bed, 512, 4)?;
+    println!(
+        "the link's limit: raw TCP, 4 streams, 512 MiB source → destination: {:.0} Mbit/s",
+        probe / 1e6
+    );
+    if let Some(line) = &bed.wan {
+        println!("delay line after the probe: {}", line.summary());
+    }
     for &mib in &a.sizes {
         let src = a.dir.join(format!("cache-src-{mib}.dat"));
         if std::fs::metadata(&src).map(|m| m.len()).ok() != Some(mib * MIB) {
@@ -305,6 +393,12 @@ pub fn run(a: &CacheArgs) -> anyhow::Result<()> {
             "capture: {drops} packets dropped by the kernel during these runs; {}",
             counters.report(store.stats())
         );
+        if let Some(line) = &bed.wan {
+            println!("delay line so far: {}", line.summary());
+            if let Ok([s, w]) = line.kernel_drops() {
+                println!("its TUN devices dropped {s} (source) and {w} (switch) packets unread");
+            }
+        }
         for r in &roots {
             let _ = std::fs::remove_file(r.join(src.file_name().unwrap()));
         }

@@ -22,14 +22,19 @@
 //!   there, so that a run can prove it left none behind.
 //! - [`Netbed`]: the recovery-cache paper's testbed in network namespaces
 //!   (source, switch shaping the source's link and mirroring its traffic
-//!   with the destination onto the cache's link, destination, cache).
+//!   with the destination onto the cache's link, destination, cache), its
+//!   source link optionally a wide-area one through a [`DelayLine`]: two
+//!   TUN devices joined in user space with a one-way delay, rate, queue
+//!   and loss (this kernel has no `netem`).
 
+mod delayline;
 mod loopfs;
 mod netbed;
 mod proxy;
 mod ssd;
 
+pub use delayline::{DelayLine, DirStats, Shape, TunEnd};
 pub use loopfs::{loop_devices_of, mounts_under, usable, LoopFs};
-pub use netbed::{netbed_usable, Host, Netbed};
+pub use netbed::{netbed_usable, Host, Netbed, Wan};
 pub use proxy::{FlipProxy, ProxyFault, Victim};
 pub use ssd::{ssd_usable, EmulatedSsd, SsdEvent, SsdLayer, SsdModel, SsdStats, SSD_PAGE};

@@ -13,8 +13,13 @@
 //! subnet and the destination, both directions (data towards the
 //! destination, results back), onto the cache link, as the paper's P4
 //! switch mirrors the transfer. Traffic between the destination and the
-//! cache (repairs) is not mirrored. This kernel has no `netem`: the links
-//! have no added delay (the wide-area delay line is not built yet).
+//! cache (repairs) is not mirrored.
+//!
+//! [`Netbed::new`] joins source and switch with a veth pair shaped by
+//! `tbf` and no added delay. [`Netbed::with_wan`] joins them with the
+//! user-space [`DelayLine`] instead (this kernel has no `netem`): two TUN
+//! devices, the rate, the queue, the one-way delay each way and any loss
+//! kept by the line, which also says whether it fell behind.
 //!
 //! Root only. [`Host::spawn`] runs a closure on a thread that has entered
 //! a host's namespace: sockets it (and the threads it starts) makes live
@@ -25,6 +30,9 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use crate::delayline::{DelayLine, Shape, TunEnd};
 
 /// One host (network namespace) of the testbed.
 #[derive(Debug)]
@@ -72,6 +80,19 @@ pub struct Netbed {
     /// The cache's host; its interface [`Netbed::MIRROR_IFACE`] gets the
     /// mirrored packets.
     pub cache: Host,
+    /// The delay line between source and switch ([`Netbed::with_wan`]).
+    pub wan: Option<DelayLine>,
+}
+
+/// The source's link as a wide-area one.
+#[derive(Debug, Clone, Copy)]
+pub struct Wan {
+    /// Round-trip time added (half each way).
+    pub rtt: Duration,
+    /// Bits per second each way.
+    pub rate: u64,
+    /// Probability of losing a packet, each way.
+    pub loss: f64,
 }
 
 fn run(cmd: &mut Command) -> io::Result<()> {
@@ -112,8 +133,19 @@ impl Netbed {
     /// The cache host's interface towards the switch.
     pub const MIRROR_IFACE: &'static str = "cache0";
 
-    /// Makes the four hosts and their links.
+    /// Makes the four hosts and their links; the source's link is a veth
+    /// pair shaped to 1 Gbit/s by `tbf`, without added delay.
     pub fn new() -> io::Result<Netbed> {
+        Self::build(None)
+    }
+
+    /// As [`Netbed::new`], the source's link going through a
+    /// [`DelayLine`] shaped by `wan`.
+    pub fn with_wan(wan: Wan) -> io::Result<Netbed> {
+        Self::build(Some(wan))
+    }
+
+    fn build(wan: Option<Wan>) -> io::Result<Netbed> {
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let n = NEXT.fetch_add(1, Ordering::SeqCst);
         let tag = format!("intact-bed-{}-{n}", std::process::id());
@@ -126,24 +158,53 @@ impl Netbed {
             switch: host("sw", ""),
             destination: host("dst", "10.91.2.1"),
             cache: host("cache", "10.91.3.1"),
+            wan: None,
         };
         // From here on Drop deletes what exists.
         for h in [&bed.source, &bed.switch, &bed.destination, &bed.cache] {
             run(Command::new("ip").args(["netns", "add", &h.name]))?;
             ip(&h.name, &["link", "set", "lo", "up"])?;
         }
+        let mut bed = bed;
         let sw = bed.switch.name.clone();
+        if let Some(w) = wan {
+            let half = w.rtt / 2;
+            let shape = Shape {
+                loss: w.loss,
+                ..Shape::wan(w.rate, half)
+            };
+            let end = |h: &Host, dev: &str| TunEnd {
+                netns: h.name.clone(),
+                ifname: dev.into(),
+            };
+            bed.wan = Some(DelayLine::start(
+                end(&bed.source, "src0"),
+                end(&bed.switch, "sw1"),
+                shape,
+                Shape {
+                    seed: shape.seed + 1,
+                    ..shape
+                },
+            )?);
+            // A TUN device drops what its reader has not taken once its
+            // queue is full: a long queue lets the line catch up.
+            for (ns, dev) in [(&bed.source.name, "src0"), (&sw, "sw1")] {
+                ip(ns, &["link", "set", dev, "txqueuelen", "10000"])?;
+            }
+        }
         for (h, subnet, dev, swdev) in [
             (&bed.source, 1, "src0", "sw1"),
             (&bed.destination, 2, "dst0", "sw2"),
             (&bed.cache, 3, Self::MIRROR_IFACE, "sw3"),
         ] {
-            ip(
-                &h.name,
-                &[
-                    "link", "add", dev, "type", "veth", "peer", "name", swdev, "netns", &sw,
-                ],
-            )?;
+            if subnet != 1 || wan.is_none() {
+                ip(
+                    &h.name,
+                    &[
+                        "link", "add", dev, "type", "veth", "peer", "name", swdev, "netns", &sw,
+                    ],
+                )?;
+            }
             ip(
                 &h.name,
                 &["addr", "add", &format!("{}/24", h.ip), "dev", dev],
@@ -169,8 +230,12 @@ impl Netbed {
             .switch
             .command("sysctl")
             .args(["-qw", "net.ipv4.ip_forward=1"]))?;
-        // The slow link: 1 Gbit/s each way between source and switch.
+        // The slow link: 1 Gbit/s each way between source and switch (the
+        // delay line shapes its own).
         for (ns, dev) in [(&bed.source.name, "src0"), (&sw, "sw1")] {
+            if wan.is_some() {
+                break;
+            }
             tc(
                 ns,
                 &[
@@ -213,6 +278,9 @@ impl Netbed {
 
 impl Drop for Netbed {
     fn drop(&mut self) {
+        // The line's devices go with its descriptors, before their
+        // namespaces.
+        self.wan.take();
         for h in [&self.source, &self.switch, &self.destination, &self.cache] {
             let _ = Command::new("ip").args(["netns", "del", &h.name]).output();
         }

@@ -1,8 +1,9 @@
 //! The recovery cache fed by mirrored packets, on the paper's testbed
-//! (Nazarov & Arslan, Fig. 4) in network namespaces: source, a switch that
-//! shapes the source's link to 1 Gbit/s and mirrors the source's traffic
-//! with the destination onto the cache's link (tc mirred), destination,
-//! cache. The cache captures on its interface (AF_PACKET), rebuilds the
+//! (Nazarov & Arslan, Fig. 4) in network namespaces: source, its link to
+//! the switch the paper's WAN (1 Gbit/s, 30 ms round trip, through the
+//! lab's user-space delay line), a switch that mirrors the source's
+//! traffic with the destination onto the cache's link (tc mirred),
+//! destination, cache. The cache captures on its interface (AF_PACKET), rebuilds the
 //! TCP connections and keeps the blocks; a device write error at the
 //! destination (a bit flipped under a written block of a loop-mounted
 //! ext4) is repaired from it, and the source sends nothing again. Junk
@@ -14,7 +15,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 
-use intact_faults::{Host, Netbed};
+use intact_faults::{Host, Netbed, Wan};
 use intact_netcache::capture::{self, CaptureOptions};
 use intact_netcache::service::Service;
 use intact_netcache::{Counters, RecoveryCaches, Store};
@@ -143,7 +144,12 @@ fn mirrored_packets_feed_the_cache_and_a_device_write_error_is_repaired_from_it(
     if !usable(name) {
         return;
     }
-    let bed = Netbed::new().unwrap();
+    let bed = Netbed::with_wan(Wan {
+        rtt: std::time::Duration::from_millis(30),
+        rate: 1_000_000_000,
+        loss: 0.0,
+    })
+    .unwrap();
     let lfs =
         Arc::new(intact_faults::LoopFs::new(Path::new(env!("CARGO_TARGET_TMPDIR")), 128).unwrap());
     let src = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
