@@ -260,17 +260,19 @@ fn make_realtime() -> bool {
 fn forward(input: &OwnedFd, output: &OwnedFd, shape: Shape, st: &DirStats, stop: &AtomicBool) {
     st.realtime.store(make_realtime(), Ordering::Relaxed);
     let mut rng = fastrand::Rng::with_seed(shape.seed);
-    // (due, packet, its length), in due order: departures only grow and
-    // the delay is the same for all. Buffers keep their full size (no
-    // refill per packet) and are reused.
-    let mut line: VecDeque<(Instant, Vec<u8>, usize)> = VecDeque::new();
+    // (due, packet), in due order: departures only grow and the delay is
+    // the same for all. A packet is read into one buffer of the largest
+    // size and copied into one of its own size, so what is in flight
+    // takes its bytes, not 64 KiB each; those buffers are reused.
+    let mut line: VecDeque<(Instant, Vec<u8>)> = VecDeque::new();
     let mut free: Vec<Vec<u8>> = Vec::new();
+    let mut scratch = vec![0; MAX_PACKET];
     // When the bottleneck is next free.
     let mut busy_until = Instant::now();
     while !stop.load(Ordering::Relaxed) {
         let now = Instant::now();
         let wait = match line.front() {
-            Some((due, _, _)) => due.saturating_duration_since(now).min(TICK),
+            Some((due, _)) => due.saturating_duration_since(now).min(TICK),
             None => TICK,
         };
         let ts = Timespec {
@@ -284,15 +286,13 @@ fn forward(input: &OwnedFd, output: &OwnedFd, shape: Shape, st: &DirStats, stop:
         }
         // Everything that has come, up to a batch.
         for _ in 0..256 {
-            let mut buf = free.pop().unwrap_or_else(|| vec![0; MAX_PACKET]);
-            match rustix::io::read(input.as_fd(), &mut buf[..]) {
+            match rustix::io::read(input.as_fd(), &mut scratch[..]) {
                 Ok(n) => {
                     let now = Instant::now();
                     st.packets.fetch_add(1, Ordering::Relaxed);
                     st.bytes.fetch_add(n as u64, Ordering::Relaxed);
                     if shape.loss > 0.0 && rng.f64() < shape.loss {
                         st.lost.fetch_add(1, Ordering::Relaxed);
-                        free.push(buf);
                         continue;
                     }
                     let depart = match shape.rate {
@@ -302,7 +302,6 @@ fn forward(input: &OwnedFd, output: &OwnedFd, shape: Shape, st: &DirStats, stop:
                             let ahead = start.duration_since(now).as_secs_f64() * rate as f64 / 8.0;
                             if ahead as usize + n > shape.queue {
                                 st.queue_drops.fetch_add(1, Ordering::Relaxed);
-                                free.push(buf);
                                 continue;
                             }
                             busy_until =
@@ -311,29 +310,29 @@ fn forward(input: &OwnedFd, output: &OwnedFd, shape: Shape, st: &DirStats, stop:
                         }
                         None => now,
                     };
-                    line.push_back((depart + shape.delay, buf, n));
+                    let mut buf = free.pop().unwrap_or_default();
+                    buf.clear();
+                    buf.extend_from_slice(&scratch[..n]);
+                    line.push_back((depart + shape.delay, buf));
                 }
-                Err(rustix::io::Errno::AGAIN) | Err(rustix::io::Errno::INTR) => {
-                    free.push(buf);
-                    break;
-                }
+                Err(rustix::io::Errno::AGAIN) | Err(rustix::io::Errno::INTR) => break,
                 Err(_) => return,
             }
         }
         // Everything that is due.
         let now = Instant::now();
-        while line.front().is_some_and(|(due, _, _)| *due <= now) {
-            let (due, buf, n) = line.pop_front().expect("front exists");
+        while line.front().is_some_and(|(due, _)| *due <= now) {
+            let (due, buf) = line.pop_front().expect("front exists");
             let late = now.duration_since(due).as_micros() as u64;
             st.max_late_us.fetch_max(late, Ordering::Relaxed);
             if late > 1000 {
                 st.late_1ms.fetch_add(1, Ordering::Relaxed);
             }
-            match rustix::io::write(output.as_fd(), &buf[..n]) {
+            match rustix::io::write(output.as_fd(), &buf) {
                 Ok(_) => st.delivered.fetch_add(1, Ordering::Relaxed),
                 Err(_) => st.write_errors.fetch_add(1, Ordering::Relaxed),
             };
-            if free.len() < 1024 {
+            if free.len() < 4096 {
                 free.push(buf);
             }
         }
