@@ -4,11 +4,11 @@
 //! and can lose packets at random. This kernel has no `netem`; Mahimahi
 //! works the same way but is not packaged here.
 //!
-//! Each direction is one thread: it timestamps a packet when it reads it
-//! from one device, gives it a departure time from the rate (the
+//! Each direction is two threads: one timestamps a packet when it reads
+//! it from one device and gives it a departure time from the rate (the
 //! bottleneck's serialisation; a packet that would find more than the
-//! queue's bytes ahead of it is dropped, as a router's buffer drops), and
-//! writes it to the other device at departure + delay. The devices vanish
+//! queue's bytes ahead of it is dropped, as a router's buffer drops); the
+//! other writes it to the other device at departure + delay. The devices vanish
 //! with their descriptors, so a stopped, dropped or killed line leaves
 //! nothing behind.
 //!
@@ -23,7 +23,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -89,8 +89,8 @@ pub struct DirStats {
     pub max_late_us: AtomicU64,
     /// Packets written more than 1 ms after their due time.
     pub late_1ms: AtomicU64,
-    /// Whether the thread runs real-time (SCHED_FIFO), so that the hosts'
-    /// own work cannot starve the link.
+    /// Whether both threads run real-time (SCHED_FIFO), so that the
+    /// hosts' own work cannot starve the link.
     pub realtime: AtomicBool,
 }
 
@@ -157,25 +157,35 @@ impl DelayLine {
         let fa = Arc::new(open_tun(&a)?);
         let fb = Arc::new(open_tun(&b)?);
         let stop = Arc::new(AtomicBool::new(false));
-        let stats = [Arc::default(), Arc::default()];
-        let mut threads = Vec::new();
-        for (input, output, shape, st, dir) in [
-            (fa.clone(), fb.clone(), ab, Arc::clone(&stats[0]), "ab"),
-            (fb, fa, ba, Arc::clone(&stats[1]), "ba"),
-        ] {
-            let stop = stop.clone();
-            threads.push(
-                std::thread::Builder::new()
-                    .name(format!("delayline-{dir}"))
-                    .spawn(move || forward(&input, &output, shape, &st, &stop))?,
-            );
-        }
-        Ok(DelayLine {
+        let stats: [Arc<DirStats>; 2] = Default::default();
+        let mut line = DelayLine {
             ends: [a, b],
             stop,
-            threads,
+            threads: Vec::new(),
             stats,
-        })
+        };
+        for (input, output, shape, st, dir) in [
+            (fa.clone(), fb.clone(), ab, Arc::clone(&line.stats[0]), "ab"),
+            (fb, fa, ba, Arc::clone(&line.stats[1]), "ba"),
+        ] {
+            st.realtime.store(true, Ordering::Relaxed);
+            let (tx, rx) = mpsc::channel();
+            let (stop, st2) = (line.stop.clone(), st.clone());
+            // Pushed as soon as started: a failure to start the next one
+            // stops (Drop) those that run.
+            line.threads.push(
+                std::thread::Builder::new()
+                    .name(format!("delayline-{dir}-in"))
+                    .spawn(move || admit(&input, &tx, shape, &st, &stop))?,
+            );
+            let stop = line.stop.clone();
+            line.threads.push(
+                std::thread::Builder::new()
+                    .name(format!("delayline-{dir}-out"))
+                    .spawn(move || deliver(&output, &rx, &st2, &stop))?,
+            );
+        }
+        Ok(line)
     }
 
     /// The packets each device's kernel side dropped (its transmit queue
@@ -257,71 +267,104 @@ fn make_realtime() -> bool {
     unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &p) == 0 }
 }
 
-fn forward(input: &OwnedFd, output: &OwnedFd, shape: Shape, st: &DirStats, stop: &AtomicBool) {
-    st.realtime.store(make_realtime(), Ordering::Relaxed);
+/// Reads packets from `input` as they come, timestamps them and gives
+/// each its due time (or drops it), handing them to [`deliver`]. Reading
+/// is kept apart from writing: a write into a TUN device runs the
+/// receiving namespace's stack in the writer's time, and a reader that
+/// waited for it would timestamp late and see a burst a queue drops.
+fn admit(
+    input: &OwnedFd,
+    to: &mpsc::Sender<(Instant, Vec<u8>)>,
+    shape: Shape,
+    st: &DirStats,
+    stop: &AtomicBool,
+) {
+    let rt = make_realtime();
+    st.realtime.fetch_and(rt, Ordering::Relaxed);
     let mut rng = fastrand::Rng::with_seed(shape.seed);
-    // (due, packet), in due order: departures only grow and the delay is
-    // the same for all. A packet is read into one buffer of the largest
-    // size and copied into one of its own size, so what is in flight
-    // takes its bytes, not 64 KiB each; those buffers are reused.
-    let mut line: VecDeque<(Instant, Vec<u8>)> = VecDeque::new();
-    let mut free: Vec<Vec<u8>> = Vec::new();
     let mut scratch = vec![0; MAX_PACKET];
     // When the bottleneck is next free.
     let mut busy_until = Instant::now();
+    let tick = Timespec {
+        tv_sec: 0,
+        tv_nsec: TICK.as_nanos() as _,
+    };
     while !stop.load(Ordering::Relaxed) {
-        let now = Instant::now();
-        let wait = match line.front() {
-            Some((due, _)) => due.saturating_duration_since(now).min(TICK),
-            None => TICK,
-        };
-        let ts = Timespec {
-            tv_sec: wait.as_secs() as _,
-            tv_nsec: wait.subsec_nanos() as _,
-        };
         let mut fds = [PollFd::new(input, PollFlags::IN)];
-        match poll(&mut fds, Some(&ts)) {
+        match poll(&mut fds, Some(&tick)) {
             Ok(_) | Err(rustix::io::Errno::INTR) => {}
             Err(_) => return,
         }
-        // Everything that has come, up to a batch.
-        for _ in 0..256 {
-            match rustix::io::read(input.as_fd(), &mut scratch[..]) {
-                Ok(n) => {
-                    let now = Instant::now();
-                    st.packets.fetch_add(1, Ordering::Relaxed);
-                    st.bytes.fetch_add(n as u64, Ordering::Relaxed);
-                    if shape.loss > 0.0 && rng.f64() < shape.loss {
-                        st.lost.fetch_add(1, Ordering::Relaxed);
-                        continue;
-                    }
-                    let depart = match shape.rate {
-                        Some(rate) => {
-                            let start = busy_until.max(now);
-                            // Bytes still ahead of this packet in the queue.
-                            let ahead = start.duration_since(now).as_secs_f64() * rate as f64 / 8.0;
-                            if ahead as usize + n > shape.queue {
-                                st.queue_drops.fetch_add(1, Ordering::Relaxed);
-                                continue;
-                            }
-                            busy_until =
-                                start + Duration::from_nanos(n as u64 * 8 * 1_000_000_000 / rate);
-                            busy_until
-                        }
-                        None => now,
-                    };
-                    let mut buf = free.pop().unwrap_or_default();
-                    buf.clear();
-                    buf.extend_from_slice(&scratch[..n]);
-                    line.push_back((depart + shape.delay, buf));
-                }
+        loop {
+            let n = match rustix::io::read(input.as_fd(), &mut scratch[..]) {
+                Ok(n) => n,
                 Err(rustix::io::Errno::AGAIN) | Err(rustix::io::Errno::INTR) => break,
                 Err(_) => return,
+            };
+            let now = Instant::now();
+            st.packets.fetch_add(1, Ordering::Relaxed);
+            st.bytes.fetch_add(n as u64, Ordering::Relaxed);
+            if shape.loss > 0.0 && rng.f64() < shape.loss {
+                st.lost.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            let depart = match shape.rate {
+                Some(rate) => {
+                    let start = busy_until.max(now);
+                    // Bytes still ahead of this packet in the queue.
+                    let ahead = start.duration_since(now).as_secs_f64() * rate as f64 / 8.0;
+                    if ahead as usize + n > shape.queue {
+                        st.queue_drops.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                    busy_until = start + Duration::from_secs_f64(n as f64 * 8.0 / rate as f64);
+                    busy_until
+                }
+                None => now,
+            };
+            // Due times only grow (departures do, the delay is one), so
+            // the writer keeps them in order.
+            if to
+                .send((depart + shape.delay, scratch[..n].to_vec()))
+                .is_err()
+            {
+                return;
             }
         }
-        // Everything that is due.
-        let now = Instant::now();
-        while line.front().is_some_and(|(due, _)| *due <= now) {
+    }
+}
+
+/// Writes each packet to `output` at its due time.
+fn deliver(
+    output: &OwnedFd,
+    from: &mpsc::Receiver<(Instant, Vec<u8>)>,
+    st: &DirStats,
+    stop: &AtomicBool,
+) {
+    let rt = make_realtime();
+    st.realtime.fetch_and(rt, Ordering::Relaxed);
+    let mut line: VecDeque<(Instant, Vec<u8>)> = VecDeque::new();
+    while !stop.load(Ordering::Relaxed) {
+        let wait = match line.front() {
+            Some((due, _)) => due.saturating_duration_since(Instant::now()).min(TICK),
+            None => TICK,
+        };
+        if !wait.is_zero() {
+            match from.recv_timeout(wait) {
+                Ok(p) => line.push_back(p),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            }
+        }
+        while let Ok(p) = from.try_recv() {
+            line.push_back(p);
+        }
+        loop {
+            let now = Instant::now();
+            let Some((due, _)) = line.front() else { break };
+            if *due > now {
+                break;
+            }
             let (due, buf) = line.pop_front().expect("front exists");
             let late = now.duration_since(due).as_micros() as u64;
             st.max_late_us.fetch_max(late, Ordering::Relaxed);
@@ -332,9 +375,6 @@ fn forward(input: &OwnedFd, output: &OwnedFd, shape: Shape, st: &DirStats, stop:
                 Ok(_) => st.delivered.fetch_add(1, Ordering::Relaxed),
                 Err(_) => st.write_errors.fetch_add(1, Ordering::Relaxed),
             };
-            if free.len() < 4096 {
-                free.push(buf);
-            }
         }
     }
 }

@@ -1,7 +1,8 @@
 //! The wide-area testbed's delay line, measured from outside: datagrams
 //! echoed between source and destination namespaces across it take at
 //! least the round trip it adds; a stream across it takes at least its
-//! bytes over its rate and arrives intact; the losses it is told to make
+//! bytes over its rate and arrives intact, in packets of the MTU the bed
+//! was given; the losses it is told to make
 //! are losses the echo sees; a testbed dropped, even by a panic, leaves no
 //! namespace and no device behind. Root only (namespaces, TUN).
 
@@ -94,6 +95,7 @@ fn echoes_take_the_added_round_trip_and_no_packet_is_lost_unasked() {
         rtt,
         rate: 1_000_000_000,
         loss: 0.0,
+        mtu: 1500,
     })
     .unwrap();
     let port = echo(&bed);
@@ -121,6 +123,7 @@ fn losses_asked_for_are_losses_the_echo_sees() {
         rtt: Duration::from_millis(2),
         rate: 1_000_000_000,
         loss: 0.2,
+        mtu: 1500,
     })
     .unwrap();
     let port = echo(&bed);
@@ -154,6 +157,7 @@ fn a_stream_takes_at_least_its_bytes_over_the_rate_and_arrives_intact() {
         rtt: Duration::from_millis(20),
         rate,
         loss: 0.0,
+        mtu: 9000,
     })
     .unwrap();
     let len = 20usize << 20;
@@ -200,7 +204,14 @@ fn a_stream_takes_at_least_its_bytes_over_the_rate_and_arrives_intact() {
     assert!(elapsed >= floor, "{len} bytes in {elapsed:?} < {floor:?}");
     let line = bed.wan.as_ref().unwrap();
     eprintln!("{} in {elapsed:?}; {}", len, line.summary());
-    assert!(line.stats[0].bytes.load(Ordering::Relaxed) >= len as u64);
+    let (packets, bytes) = (
+        line.stats[0].packets.load(Ordering::Relaxed),
+        line.stats[0].bytes.load(Ordering::Relaxed),
+    );
+    assert!(bytes >= len as u64);
+    // Jumbo frames all the way: the stream's packets were larger than the
+    // Internet's 1,500 bytes.
+    assert!(bytes / packets > 1500, "{packets} packets, {bytes} bytes");
 }
 
 fn leftovers(tag: &str) -> (String, String) {
@@ -228,6 +239,7 @@ fn a_testbed_dropped_or_panicked_out_of_leaves_nothing() {
         rtt: Duration::from_millis(10),
         rate: 1_000_000_000,
         loss: 0.0,
+        mtu: 1500,
     };
     let bed = Netbed::with_wan(wan).unwrap();
     let tag = bed.source.name.trim_end_matches("src").to_string();

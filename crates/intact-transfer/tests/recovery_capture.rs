@@ -148,6 +148,7 @@ fn mirrored_packets_feed_the_cache_and_a_device_write_error_is_repaired_from_it(
         rtt: std::time::Duration::from_millis(30),
         rate: 1_000_000_000,
         loss: 0.0,
+        mtu: 1500,
     })
     .unwrap();
     let lfs =

@@ -633,6 +633,24 @@ fn out_of_descriptors_the_accept_loop_backs_off_and_logs_little() {
             .is_some_and(|l| l.contains("Too many open files")),
         "the repeats were not told: {seen:?}"
     );
+    // The 40 waiting connections were closed by this side while still in
+    // the listen queue: the server now accepts each and ends its handshake
+    // at the EOF, and until then it refuses new handshakes from this
+    // address as busy ("try again later"). Under load that takes a while:
+    // wait until it has got through them (a probe's handshake answers),
+    // then a normal send must work.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut c = Connection::new(connect(&server));
+        if client_handshake_in(&mut c, None, &secret([6; 16])).is_ok() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the server still refuses handshakes 30 s after its clients left"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     normal_send_works(&server, dir.path(), &root, "after_emfile.bin");
 }
 
