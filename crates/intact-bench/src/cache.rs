@@ -89,6 +89,8 @@ fn raw_tcp(bed: &Netbed, mib: u64, streams: u64) -> anyhow::Result<f64> {
         let mut readers = Vec::new();
         for _ in 0..streams {
             let (mut c, _) = l.accept()?;
+            // A link that stopped carrying (its line cut) ends the probe.
+            c.set_read_timeout(Some(Duration::from_secs(120)))?;
             readers.push(std::thread::spawn(move || {
                 let mut buf = vec![0; 1 << 20];
                 while c.read(&mut buf).map(|n| n > 0).unwrap_or(false) {}
@@ -109,6 +111,8 @@ fn raw_tcp(bed: &Netbed, mib: u64, streams: u64) -> anyhow::Result<f64> {
                 .map(|_| {
                     std::thread::spawn(move || -> std::io::Result<()> {
                         let mut c = TcpStream::connect(("10.91.2.1", port))?;
+                        c.set_write_timeout(Some(Duration::from_secs(120)))?;
+                        c.set_read_timeout(Some(Duration::from_secs(120)))?;
                         let buf = vec![0x5a; 1 << 20];
                         for _ in 0..mib / streams {
                             c.write_all(&buf)?;
@@ -363,6 +367,9 @@ pub fn run(a: &CacheArgs) -> anyhow::Result<()> {
                 ..r
             })
         })?;
+        // The capture may still be working through the last run's tail:
+        // let it settle (and any hole time out) before its account.
+        std::thread::sleep(intact_netcache::tcp::GAP_TIMEOUT + Duration::from_secs(1));
         let drops = counters.kernel_drops.load(Ordering::SeqCst) - drops0;
         println!();
         println!(

@@ -92,6 +92,9 @@ pub struct DirStats {
     /// Whether both threads run real-time (SCHED_FIFO), so that the
     /// hosts' own work cannot starve the link.
     pub realtime: AtomicBool,
+    /// A thread of this direction ended on an error before it was told to
+    /// stop (a device gone or failing): the link is cut that way.
+    pub died: AtomicBool,
 }
 
 /// A running delay line; stopped (and its devices gone) on drop.
@@ -122,7 +125,14 @@ fn open_tun(end: &TunEnd) -> io::Result<OwnedFd> {
         }
         let path = c"/dev/net/tun";
         // SAFETY: a valid C string; the result is checked.
-        let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_NONBLOCK) };
+        // Close-on-exec: a child started meanwhile (`ip`, a test's
+        // server) must not keep the device, and so its namespace, alive.
+        let fd = unsafe {
+            libc::open(
+                path.as_ptr(),
+                libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC,
+            )
+        };
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -176,13 +186,19 @@ impl DelayLine {
             line.threads.push(
                 std::thread::Builder::new()
                     .name(format!("delayline-{dir}-in"))
-                    .spawn(move || admit(&input, &tx, shape, &st, &stop))?,
+                    .spawn(move || {
+                        admit(&input, &tx, shape, &st, &stop);
+                        died_unless_stopped(&st, &stop);
+                    })?,
             );
             let stop = line.stop.clone();
             line.threads.push(
                 std::thread::Builder::new()
                     .name(format!("delayline-{dir}-out"))
-                    .spawn(move || deliver(&output, &rx, &st2, &stop))?,
+                    .spawn(move || {
+                        deliver(&output, &rx, &st2, &stop);
+                        died_unless_stopped(&st2, &stop);
+                    })?,
             );
         }
         Ok(line)
@@ -208,7 +224,12 @@ impl DelayLine {
     pub fn summary(&self) -> String {
         let one = |s: &DirStats| {
             format!(
-                "{} packets, {} lost, {} queue drops, {} late > 1 ms (max {} µs){}",
+                "{}{} packets, {} lost, {} queue drops, {} late > 1 ms (max {} µs){}",
+                if s.died.load(Ordering::Relaxed) {
+                    "CUT (a thread of the line ended on an error): "
+                } else {
+                    ""
+                },
                 s.packets.load(Ordering::Relaxed),
                 s.lost.load(Ordering::Relaxed),
                 s.queue_drops.load(Ordering::Relaxed),
@@ -265,6 +286,12 @@ fn make_realtime() -> bool {
     let p = libc::sched_param { sched_priority: 10 };
     // SAFETY: pid 0 is the calling thread; p lives across the call.
     unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &p) == 0 }
+}
+
+fn died_unless_stopped(st: &DirStats, stop: &AtomicBool) {
+    if !stop.load(Ordering::SeqCst) {
+        st.died.store(true, Ordering::SeqCst);
+    }
 }
 
 /// Reads packets from `input` as they come, timestamps them and gives

@@ -250,6 +250,12 @@ fn mirrored_packets_feed_the_cache_and_a_device_write_error_is_repaired_from_it(
         fired.load(Ordering::SeqCst),
         "the device fault was injected"
     );
+    let line = bed.wan.as_ref().unwrap();
+    assert!(
+        line.stats.iter().all(|s| !s.died.load(Ordering::SeqCst)),
+        "{}",
+        line.summary()
+    );
     assert_eq!(report.failed, 0, "{report:?}");
     let f = report.files.iter().find(|f| f.kind == "file").unwrap();
     assert_eq!(f.blocks_from_cache, 1, "{f:?}");
