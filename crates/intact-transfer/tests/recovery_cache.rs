@@ -2,7 +2,8 @@
 //! Arslan): a block the receiver finds bad on the device is repaired from
 //! the cache, not sent again by the source; what the cache could not keep
 //! (a block corrupted before it, a cache down or empty) comes from the
-//! source as before; the cache stays within its memory.
+//! source as before; the cache stays within its memory; a flash fault
+//! found by `--verify flash` is repaired from the cache too.
 //!
 //! The faults are real: a bit flipped on the device under a written
 //! block (a loop-mounted ext4, root only), a bit flipped on the wire by a
@@ -408,4 +409,73 @@ fn a_cache_that_answers_wrong_bytes_is_not_believed() {
     let f = only_file(&r);
     assert_eq!((f.blocks_from_cache, f.blocks_resent), (0, 1), "{f:?}");
     assert_eq!(read_after_remount(&lfs, &root.join("data.bin")), data);
+}
+
+/// Kim et al.'s flash fault (the SSD programs a page wrong into NAND
+/// while its write buffer keeps the good copy), found by `--verify flash`
+/// once the device's write cache turned over, is repaired from the cache:
+/// the source sends nothing again, the repaired block waits out another
+/// window (the sender is already waiting, so the receiver drains at once)
+/// and the file ends at level media, the flash holding the source's bytes
+/// after the buffer turned over.
+#[test]
+fn a_flash_fault_found_by_flash_is_repaired_from_the_cache() {
+    let name = "a_flash_fault_found_by_flash_is_repaired_from_the_cache";
+    if let Err(why) = intact_faults::ssd_usable() {
+        intact_testkit::skip(name, &why);
+        return;
+    }
+    // The emulated SSD's write buffer: 2 MiB; flash's window twice that.
+    const BUFFER: u64 = 2 << 20;
+    let ssd = intact_faults::EmulatedSsd::new(Path::new(env!("CARGO_TARGET_TMPDIR")), 64, BUFFER)
+        .unwrap();
+    let src = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (file, data) = source(src.path(), 16 * BS);
+    let page = 70;
+    let ps = intact_faults::SSD_PAGE;
+    ssd.arm(
+        intact_faults::SsdLayer::Media,
+        &data[page * ps..(page + 1) * ps],
+    );
+    let cache = Cache::new(64 << 20);
+    let root = ssd.mnt().join("recv");
+    fs::create_dir_all(&root).unwrap();
+    let srv = LocalServer::start(ServerConfig {
+        receive: ReceiveOptions {
+            recovery: Some(RecoveryCaches::new(vec![cache.service.addr().to_string()])),
+            flash: intact_transfer::FlashSettings::new(Some(2 * BUFFER), None),
+            ..ReceiveOptions::default()
+        },
+        ..ServerConfig::local(&root)
+    })
+    .unwrap();
+    let relay = cache.relay_to(&srv.addr());
+    let o = SendOptions {
+        verify: VerifyMode::Flash,
+        ..opts()
+    };
+    let r = send(&[file], &relay.addr().to_string(), &o, &|_| {}).unwrap();
+    srv.stop().unwrap();
+    drop(relay);
+    assert_eq!(ssd.model().armed(), 0, "the armed page was written");
+    let log: Vec<_> = ssd.model().log().iter().map(|e| e.what).collect();
+    assert!(log.contains(&"programmed corrupted to NAND"), "{log:?}");
+    let f = only_file(&r);
+    assert_eq!(f.blocks_from_cache, 1, "{f:?}");
+    assert_eq!((f.blocks_resent, f.blocks_from_source), (0, 0), "{f:?}");
+    assert_eq!(
+        f.bytes_sent,
+        data.len() as u64,
+        "the source sent every byte once"
+    );
+    assert_eq!(f.level, Some(intact_transfer::VerifyLevel::Media), "{f:?}");
+    assert_eq!(cache.get(|c| &c.served), 1);
+    // The flash's own copy, once the buffer turned over and the page
+    // cache was emptied.
+    ssd.write_filler(3 * BUFFER).unwrap();
+    ssd.remount().unwrap();
+    assert!(fs::read(root.join("data.bin")).unwrap() == data);
+    let dir = ssd.dir().to_path_buf();
+    ssd.close().unwrap();
+    assert!(intact_faults::mounts_under(&dir).is_empty());
 }
