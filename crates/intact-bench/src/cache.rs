@@ -26,7 +26,8 @@
 //! trip (`--rtt-ms`), made by the lab's user-space delay line (two TUN
 //! devices; this kernel has no netem), its queue one bandwidth-delay
 //! product. Before the runs, raw TCP over that link (four streams, as
-//! intact sends) gives the link's physical limit, and the line's own
+//! intact sends) and iperf3 (where installed) give the link's physical
+//! limit, and the line's own
 //! account (packets it wrote late, queue drops) is printed after each
 //! size so that a line that fell behind is seen. `--rtt-ms 0` is the
 //! earlier testbed: a veth pair shaped by tbf, no added delay.
@@ -77,6 +78,41 @@ pub struct CacheArgs {
     /// falls behind on two cores, which it reports).
     #[arg(long, default_value_t = 9000)]
     mtu: u32,
+}
+
+/// iperf3 from the source to the destination (4 streams, 5 s; `scripts/setup
+/// --bench` installs it): bits/s received.
+fn iperf3(bed: &Netbed) -> anyhow::Result<f64> {
+    // A port in the destination's own namespace, where nothing else
+    // listens on it (ephemeral ports start far above).
+    let mut server = bed
+        .destination
+        .command("iperf3")
+        .args(["-s", "-1", "-p", "5201", "-B", "10.91.2.1"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .context("iperf3 (scripts/setup --bench installs it)")?;
+    let mut out = None;
+    for _ in 0..50 {
+        std::thread::sleep(Duration::from_millis(100));
+        let o = bed
+            .source
+            .command("iperf3")
+            .args(["-c", "10.91.2.1", "-p", "5201", "-P", "4", "-t", "5", "-J"])
+            .output()?;
+        if o.status.success() {
+            out = Some(o.stdout);
+            break;
+        }
+    }
+    let _ = server.kill();
+    let _ = server.wait();
+    let json: serde_json::Value =
+        serde_json::from_slice(&out.context("iperf3's client never connected")?)?;
+    json["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .context("iperf3 gave no sum_received")
 }
 
 /// Raw TCP from the source to the destination over `streams` connections,
@@ -283,8 +319,15 @@ pub fn run(a: &CacheArgs) -> anyhow::Result<()> {
         "the link's limit: raw TCP, 4 streams, 512 MiB source → destination: {:.0} Mbit/s",
         probe / 1e6
     );
+    match iperf3(&bed) {
+        Ok(bps) => println!(
+            "the link's limit: iperf3, 4 streams, 5 s source → destination: {:.0} Mbit/s",
+            bps / 1e6
+        ),
+        Err(why) => println!("iperf3 not measured: {why}"),
+    }
     if let Some(line) = &bed.wan {
-        println!("delay line after the probe: {}", line.summary());
+        println!("delay line after the probes: {}", line.summary());
     }
     for &mib in &a.sizes {
         let src = a.dir.join(format!("cache-src-{mib}.dat"));
