@@ -6,6 +6,7 @@
 mod cache;
 mod flash;
 mod hash;
+mod linkbed;
 mod model;
 mod mount;
 mod netns;
@@ -17,6 +18,7 @@ mod scrub;
 mod split;
 mod transfer;
 mod verify;
+mod wan;
 
 use clap::{Parser, Subcommand};
 
@@ -47,6 +49,8 @@ enum Bench {
     Split(split::SplitArgs),
     /// The recovery cache: the paper's Tables I and II on its testbed in namespaces.
     Cache(cache::CacheArgs),
+    /// One large file over a 1 Gbit/s link with a round trip, riva and encryption on, against iperf3 on the same link.
+    Wan(wan::WanArgs),
     /// The RIVA model (Eq. 1) fed with stage times from separate runs, against riva's own run.
     Model(model::ModelArgs),
     /// The raw pipe's receiving end (run by `transfer`).
@@ -69,6 +73,7 @@ fn main() -> anyhow::Result<()> {
         Bench::Scale(a) => scale::run(&a),
         Bench::Split(a) => split::run(&a),
         Bench::Cache(a) => cache::run(&a),
+        Bench::Wan(a) => wan::run(&a),
         Bench::PipeRecv(a) => pipe::recv(&a),
         Bench::PipeSend(a) => pipe::send(&a),
     }

@@ -83,6 +83,12 @@ impl Key {
         &self.0
     }
 
+    /// A secret derived from the key for one purpose (BLAKE3's key
+    /// derivation with `context`), which tells nothing of the key.
+    pub fn derive(&self, context: &str) -> [u8; 32] {
+        blake3::derive_key(context, &self.0)
+    }
+
     /// The key stretched from a passphrase (at least [`MIN_PASSPHRASE`]
     /// bytes) by Argon2id at the fixed parameters above.
     pub fn from_passphrase(pass: &[u8]) -> Result<Key, ProtoError> {

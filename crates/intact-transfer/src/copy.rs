@@ -121,6 +121,8 @@ impl CopyOptions {
             require_level: self.require_level,
             source_cache: self.source_cache.clone(),
             cache_filter: Default::default(),
+            // One process, no TCP windows to fill.
+            spread: crate::Spread::Never,
         }
     }
 
@@ -266,7 +268,7 @@ pub fn copy_scanned(
             }));
             links.push(SenderLink::local(to_receiver, answers));
         }
-        let mut report = run_sender(&scanned, &send_opts, links, progress, start, &profile);
+        let mut report = run_sender(&scanned, &send_opts, links, progress, start, &profile, None);
         for r in receivers {
             match r.join() {
                 Ok(Ok(_)) => {}

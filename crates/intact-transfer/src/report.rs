@@ -183,6 +183,10 @@ pub struct CopyReport {
     /// writes it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub filler_bytes: Option<u64>,
+    /// `send`: whether large files were spread over the streams as block
+    /// ranges, why, and the round trip that decided it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spread: Option<crate::SpreadReport>,
 }
 
 /// Progress callback: bytes sent so far.
@@ -217,6 +221,7 @@ impl CopyReport {
             frames: None,
             stages: Vec::new(),
             filler_bytes: None,
+            spread: None,
         }
         .with_model(streams)
     }

@@ -430,6 +430,14 @@ pub struct SendArgs {
     #[arg(long)]
     pub delete: bool,
 
+    /// Spread each file of 32MiB or more over the streams as block ranges
+    /// (16MiB to 256MiB), so that one file fills every stream's TCP window
+    /// on a long link; the server commits it once all ranges verified.
+    /// auto: when a TCP connect takes 1ms or more; always; never. Only
+    /// --verify riva, block, fiver and none verify a range alone.
+    #[arg(long, value_name = "WHEN", default_value = "auto")]
+    pub spread: intact_transfer::Spread,
+
     /// Keep files matching PATTERN out of recovery caches (the server's
     /// `--recovery-cache`): their blocks go without the BLAKE3 a cache
     /// keeps them by, so their repairs come from this sender. Patterns as

@@ -211,6 +211,7 @@ pub fn run_send(args: &SendArgs) -> anyhow::Result<ExitCode> {
             ("cache_include", &args.cache_include),
             ("cache_exclude", &args.cache_exclude),
         ),
+        spread: args.spread,
     };
     if args.tree.dry_run {
         // Nothing is sent; the server says what it would delete against

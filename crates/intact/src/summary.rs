@@ -232,6 +232,15 @@ fn print_summary(report: &CopyReport, p: &PipelineArgs) -> std::io::Result<()> {
     if let Some(line) = resumed(report) {
         outln!("{line}")?;
     }
+    if let Some(s) = report.spread.as_ref().filter(|s| s.files > 0) {
+        outln!(
+            "spread: {} {} over the streams as {} ranges ({})",
+            s.files,
+            if s.files == 1 { "file" } else { "files" },
+            s.ranges,
+            s.why
+        )?;
+    }
     if let Some(frames) = &report.frames {
         outln!("frames: {frames}")?;
     }

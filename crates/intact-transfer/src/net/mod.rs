@@ -25,7 +25,8 @@ pub use delete::{DeleteRequest, MAX_KEEP_PATHS};
 pub use receiver::{receive, ReceiveOptions, SessionSummary};
 pub use root::{lock_holder, RootError, RootLock, LOCK_FILE};
 pub use sender::{
-    delete_remote, send, send_scanned, SendOptions, MAX_BYTES_IN_FLIGHT, MAX_FILES_IN_FLIGHT,
+    delete_remote, send, send_scanned, SendOptions, Spread, SpreadReport, AUTO_MIN_RTT,
+    MAX_BYTES_IN_FLIGHT, MAX_FILES_IN_FLIGHT, MAX_RANGE_BYTES, MIN_RANGE_BYTES,
 };
 pub use server::{serve, wake, LocalServer, Server, ServerConfig};
 pub use watchdog::{Working, WorkingNow};

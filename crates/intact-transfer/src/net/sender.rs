@@ -19,7 +19,7 @@ use std::net::TcpStream;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use intact_cache::ReadPath;
 use intact_digest::defaults;
@@ -37,9 +37,11 @@ use crate::TransferError;
 mod blocks;
 mod link;
 mod result;
+mod spread;
 mod stream;
 
 pub(crate) use link::SenderLink;
+pub use spread::{Spread, SpreadReport, AUTO_MIN_RTT, MAX_RANGE_BYTES, MIN_RANGE_BYTES};
 use stream::Stream;
 
 /// Files one stream keeps unacknowledged at most. The receiver commits a
@@ -88,6 +90,9 @@ pub struct SendOptions {
     /// `--cache-exclude`; empty: all). For the others no block BLAKE3 is
     /// sent, so no cache keeps them and their repairs come from here.
     pub cache_filter: crate::select::Filter,
+    /// Whether large files are spread over the streams (`send` only; a
+    /// local copy never spreads).
+    pub spread: Spread,
 }
 
 impl Default for SendOptions {
@@ -105,6 +110,7 @@ impl Default for SendOptions {
             require_level: None,
             source_cache: SourceCacheSetting::Off,
             cache_filter: crate::select::Filter::default(),
+            spread: Spread::default(),
         }
     }
 }
@@ -121,14 +127,26 @@ pub(crate) fn connect(
     key: Option<&Key>,
     secret: &SessionSecret,
 ) -> Result<(Connection<TcpStream>, Security), TransferError> {
+    connect_timed(addr, key, secret).map(|(conn, security, _)| (conn, security))
+}
+
+/// [`connect`], and how long the TCP connect took (one round trip: SYN
+/// out, SYN-ACK back), before the handshake.
+fn connect_timed(
+    addr: &str,
+    key: Option<&Key>,
+    secret: &SessionSecret,
+) -> Result<(Connection<TcpStream>, Security, Duration), TransferError> {
+    let t = Instant::now();
     let stream = TcpStream::connect(addr).map_err(|e| TransferError::Connect {
         addr: addr.to_string(),
         source: e,
     })?;
+    let rtt = t.elapsed();
     stream.set_nodelay(true).map_err(conn_err)?;
     let mut conn = Connection::new(stream);
     let security = client_handshake_with(&mut conn, key, secret, true)?;
-    Ok((conn, security))
+    Ok((conn, security, rtt))
 }
 
 /// `send --delete`: asks the server at `addr` to prune what `req` does
@@ -178,13 +196,44 @@ pub fn send_scanned(
     let session = SessionSecret::random()?;
     let mut links = Vec::new();
     let mut security = None;
+    let mut rtt = Duration::MAX;
     for _ in 0..opts.streams.max(1) {
-        let (conn, s) = connect(addr, opts.key.as_ref(), &session)?;
+        let (conn, s, took) = connect_timed(addr, opts.key.as_ref(), &session)?;
         security = Some(s);
+        rtt = rtt.min(took);
         links.push(SenderLink::tcp(conn)?);
     }
     let profile = Profile::default();
-    let mut report = run_sender(&scanned, opts, links, progress, start, &profile);
+    let (spreading, why) =
+        spread::decide(opts.spread, opts.verify, opts.block_size, links.len(), rtt);
+    let mut report = if spreading {
+        let secret = opts
+            .key
+            .as_ref()
+            .map_or([0; 32], |k| k.derive(spread::SPLIT_SECRET_CONTEXT));
+        let (cut, groups) = spread::cut(&scanned, opts.block_size, links.len(), &secret);
+        let cvs = spread::RangeCvs::default();
+        let mut report = run_sender(&cut, opts, links, progress, start, &profile, Some(&cvs));
+        let ranges = groups.iter().map(|g| g.len() as u64).sum();
+        let files = groups.len() as u64;
+        spread::join(&mut report, &scanned, &groups, cvs, opts.block_size);
+        report.spread = Some(spread::SpreadReport {
+            rtt_seconds: rtt.as_secs_f64(),
+            why,
+            files,
+            ranges,
+        });
+        report
+    } else {
+        let mut report = run_sender(&scanned, opts, links, progress, start, &profile, None);
+        report.spread = Some(spread::SpreadReport {
+            rtt_seconds: rtt.as_secs_f64(),
+            why,
+            files: 0,
+            ranges: 0,
+        });
+        report
+    };
     report.stages = profile.stages();
     report.frames = security.map(|s| s.to_string());
     Ok(report)
@@ -199,6 +248,7 @@ pub(crate) fn run_sender(
     progress: Progress<'_>,
     start: Instant,
     profile: &Profile,
+    range_cvs: Option<&spread::RangeCvs>,
 ) -> CopyReport {
     let entries = &scanned.entries;
     let streams = links.len();
@@ -216,6 +266,7 @@ pub(crate) fn run_sender(
         progress,
         reports: &reports,
         profile,
+        range_cvs,
     };
 
     std::thread::scope(|s| {
@@ -300,4 +351,6 @@ pub(super) struct Ctx<'a> {
     pub(super) reports: &'a Mutex<Vec<Option<FileReport>>>,
     /// Where the streams' stage times are summed.
     pub(super) profile: &'a Profile,
+    /// Where the ranges of spread files leave their chaining values.
+    pub(super) range_cvs: Option<&'a spread::RangeCvs>,
 }

@@ -166,12 +166,16 @@ impl Stream<'_> {
             // A range's digest, from its blocks' BLAKE3 chaining values
             // (see intact_proto::range_digest); never a read of the file.
             let cvs = o.tree.as_ref().and_then(|t| t.range_cvs(r.first, r.end));
-            return cvs
-                .map(|cvs| intact_proto::range_digest(e.size, r.block_size, r.first, r.end, &cvs))
-                .ok_or_else(|| TransferError::Verification {
-                    path: e.rel.to_string(),
-                    what: "a block's part of the range digest is missing".into(),
-                });
+            let cvs = cvs.ok_or_else(|| TransferError::Verification {
+                path: e.rel.to_string(),
+                what: "a block's part of the range digest is missing".into(),
+            })?;
+            let digest = intact_proto::range_digest(e.size, r.block_size, r.first, r.end, &cvs);
+            if let Some(m) = self.ctx.range_cvs {
+                // A spread file's joined row composes its BLAKE3 from these.
+                m.lock().unwrap_or_else(|p| p.into_inner()).insert(id, cvs);
+            }
+            return Ok(digest);
         }
         if let Some(d) = o.digest {
             return Ok(d);

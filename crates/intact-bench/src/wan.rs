@@ -1,0 +1,234 @@
+//! `intact-bench wan`: one large file over a long fat link, the wide-area
+//! issue's first target: default `riva`, encryption on, against iperf3's
+//! throughput on the same link.
+//!
+//! The link is the lab's: a source namespace behind the user-space delay
+//! line (1 Gbit/s, `--rtt-ms` round trip, its queue one bandwidth-delay
+//! product), a switch, a destination namespace. The hosts keep Linux's
+//! default socket buffer limits (`tcp_wmem`/`tcp_rmem` at most 4/6 MiB),
+//! as an untuned data transfer node would: one TCP stream then carries
+//! about half of 1 Gbit/s at 30 ms, whatever the tool.
+//!
+//! Ways, interleaved in alternating order, each a fresh send of the file
+//! to a server in the destination's namespace (riva, 4 MiB blocks, 4
+//! streams, a pre-shared key, frames encrypted):
+//! - `--spread never`: each file rides one stream (intact before the
+//!   wide-area issue);
+//! - `--spread auto` (the default): the file is cut into block ranges
+//!   that all four streams carry.
+//!
+//! Before the runs, iperf3 (4 streams) and raw TCP (4 streams) through the
+//! same link give its physical limit; the ratio printed is intact's
+//! median throughput over iperf3's. The source and the destination are a
+//! file and an ext4 on a loop device on the disk (`--dir`), or both on a
+//! RAM-backed ext4 (`--ram`), which takes the disk out.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+use intact_faults::{LoopFs, Netbed, Wan};
+use intact_proto::Key;
+use intact_transfer::{send, SendOptions, ServerConfig, Spread as SpreadWhen, VerifyMode};
+
+use crate::linkbed::{iperf3, raw_tcp, Dest};
+use crate::ramdisk::RamExt4;
+use crate::runner::{interleaved, self_cpu, stop_on_signals, Spread};
+
+const MIB: u64 = 1 << 20;
+
+#[derive(clap::Args, Clone)]
+pub struct WanArgs {
+    /// Where the source file and the destination's loop-mounted ext4 go
+    /// (a real disk).
+    #[arg(long, default_value = "/var/tmp/intact-bench")]
+    dir: PathBuf,
+    /// Put the source and the destination on one RAM-backed ext4 instead.
+    #[arg(long)]
+    ram: bool,
+    /// File sizes, MiB.
+    #[arg(long, value_delimiter = ',', default_value = "1024,4096")]
+    sizes: Vec<u64>,
+    /// Runs per way, interleaved in alternating order.
+    #[arg(long, default_value_t = 7)]
+    runs: usize,
+    /// Round trip of the 1 Gbit/s link, ms.
+    #[arg(long, default_value_t = 30)]
+    rtt_ms: u64,
+    /// MTU of the testbed's links (see `intact-bench cache --mtu`).
+    #[arg(long, default_value_t = 9000)]
+    mtu: u32,
+}
+
+const WAYS: [(&str, SpreadWhen); 2] = [
+    ("riva, --spread never", SpreadWhen::Never),
+    ("riva, --spread auto (default)", SpreadWhen::Auto),
+];
+
+struct Run {
+    secs: f64,
+    cpu: f64,
+    ranges: u64,
+}
+
+pub fn run(a: &WanArgs) -> anyhow::Result<()> {
+    stop_on_signals();
+    if let Err(why) = intact_faults::netbed_usable().and(intact_faults::usable()) {
+        bail!("cannot build the testbed here: {why}");
+    }
+    let biggest = a.sizes.iter().copied().max().unwrap_or(1024);
+    let bed = Netbed::with_wan(Wan {
+        rtt: Duration::from_millis(a.rtt_ms),
+        rate: 1_000_000_000,
+        loss: 0.0,
+        mtu: a.mtu,
+    })?;
+    // The file systems: the source's directory and the destination's root.
+    let (_ram, _lfs, src_dir, root, place) = if a.ram {
+        let ram = RamExt4::create(biggest * 2 + 512)?;
+        let m = ram.mount.clone();
+        (
+            Some(ram),
+            None,
+            m.join("src"),
+            m.join("recv"),
+            "both on a RAM-backed ext4".to_string(),
+        )
+    } else {
+        std::fs::create_dir_all(&a.dir)?;
+        let lfs = Arc::new(LoopFs::new(&a.dir, biggest + 256)?);
+        let root = lfs.mnt().join("recv");
+        (
+            None,
+            Some(lfs),
+            a.dir.clone(),
+            root,
+            format!(
+                "source a file in {}, destination an ext4 on a loop device there",
+                a.dir.display()
+            ),
+        )
+    };
+    std::fs::create_dir_all(&src_dir)?;
+    std::fs::create_dir_all(&root)?;
+    let key = Key::generate()?;
+    let dest = Dest::start(
+        &bed.destination,
+        ServerConfig {
+            key: Some(key.clone()),
+            encrypt: true,
+            ..ServerConfig::local(&root)
+        },
+    )?;
+    println!(
+        "intact-bench wan: source –1 Gbit/s, {} ms round trip, MTU {} (user-space delay line, queue one BDP)– switch – destination, in namespaces with Linux's default socket buffer limits; {place}; riva, 4 MiB blocks, 4 streams, frames encrypted; {} interleaved runs per way",
+        a.rtt_ms, a.mtu, a.runs
+    );
+    let tcp = raw_tcp(&bed, 512, 4)?;
+    println!(
+        "the link's limit: raw TCP, 4 streams, 512 MiB: {:.0} Mbit/s",
+        tcp / 1e6
+    );
+    let one = raw_tcp(&bed, 256, 1)?;
+    println!(
+        "one TCP stream, 256 MiB: {:.0} Mbit/s (what a file riding one stream can get)",
+        one / 1e6
+    );
+    let iperf = match iperf3(&bed) {
+        Ok(bps) => {
+            println!(
+                "the link's limit: iperf3, 4 streams, 5 s: {:.0} Mbit/s",
+                bps / 1e6
+            );
+            Some(bps)
+        }
+        Err(why) => {
+            println!("iperf3 not measured: {why}");
+            None
+        }
+    };
+    if let Some(line) = &bed.wan {
+        println!("delay line after the probes: {}", line.summary());
+    }
+    for &mib in &a.sizes {
+        let src = src_dir.join(format!("wan-src-{mib}.dat"));
+        if std::fs::metadata(&src).map(|m| m.len()).ok() != Some(mib * MIB) {
+            std::fs::write(&src, intact_sample::bytes((mib * MIB) as usize, mib))?;
+        }
+        let dst = root.join(src.file_name().unwrap());
+        let runs = interleaved(WAYS.len(), a.runs, |way| {
+            let _ = std::fs::remove_file(&dst);
+            let (src, to, key) = (src.clone(), dest.addr.clone(), key.clone());
+            let spread = WAYS[way].1;
+            let cpu0 = self_cpu();
+            let t = Instant::now();
+            let report = bed
+                .source
+                .spawn(move || {
+                    let o = SendOptions {
+                        verify: VerifyMode::Riva,
+                        key: Some(key),
+                        spread,
+                        ..SendOptions::default()
+                    };
+                    send(&[src], &to, &o, &|_| {})
+                })?
+                .join()
+                .map_err(|_| anyhow::anyhow!("the sender panicked"))??;
+            let secs = t.elapsed().as_secs_f64();
+            if report.failed != 0 {
+                bail!("a transfer failed: {report:?}");
+            }
+            let f = report.files.iter().find(|f| f.kind == "file");
+            if f.and_then(|f| f.level) != Some(intact_transfer::VerifyLevel::Device) {
+                bail!("the file did not reach level device: {f:?}");
+            }
+            if !report
+                .frames
+                .as_deref()
+                .unwrap_or("")
+                .starts_with("encrypted")
+            {
+                bail!("frames were not encrypted: {:?}", report.frames);
+            }
+            Ok(Run {
+                secs,
+                cpu: self_cpu() - cpu0,
+                ranges: report.spread.map_or(0, |s| s.ranges),
+            })
+        })?;
+        let _ = std::fs::remove_file(&dst);
+        println!();
+        println!("{mib} MiB, one file:");
+        println!(
+            "{:<32} {:>26} {:>10} {:>22} {:>8} {:>12}",
+            "way",
+            "seconds min / median / max",
+            "Mbit/s",
+            "CPU s (both ends)",
+            "ranges",
+            "÷ iperf3"
+        );
+        for (way, v) in runs.iter().enumerate() {
+            let secs = Spread::of(&v.iter().map(|r| r.secs).collect::<Vec<_>>());
+            let cpu = Spread::of(&v.iter().map(|r| r.cpu).collect::<Vec<_>>());
+            let mbps = (mib * MIB * 8) as f64 / secs.median / 1e6;
+            println!(
+                "{:<32} {:>26} {:>10.0} {:>22} {:>8} {:>12}",
+                WAYS[way].0,
+                format!("{:.2} / {:.2} / {:.2}", secs.min, secs.median, secs.max),
+                mbps,
+                format!("{:.2} / {:.2} / {:.2}", cpu.min, cpu.median, cpu.max),
+                v.first().map_or(0, |r| r.ranges),
+                iperf.map_or("–".into(), |b| format!("{:.2}", mbps * 1e6 / b)),
+            );
+        }
+        if let Some(line) = &bed.wan {
+            println!("delay line so far: {}", line.summary());
+        }
+    }
+    drop(dest);
+    drop(bed);
+    Ok(())
+}
