@@ -15,7 +15,7 @@
 //! ([`warm`]).
 
 mod datasets;
-mod sshd;
+pub(crate) mod sshd;
 mod stages;
 mod table;
 mod tools;

@@ -15,7 +15,11 @@
 //! - `--spread never`: each file rides one stream (intact before the
 //!   wide-area issue);
 //! - `--spread auto` (the default): the file is cut into block ranges
-//!   that all four streams carry.
+//!   that all four streams carry;
+//! - the peers (unless `--no-peers`): rsync over ssh from the source's
+//!   namespace to an sshd in the destination's, with ssh's default cipher
+//!   and with AES-128-GCM; rsync checks a whole-file checksum the
+//!   receiver computes over the bytes it wrote, from memory.
 //!
 //! Before the runs, iperf3 (4 streams) and raw TCP (4 streams) through the
 //! same link give its physical limit; the ratio printed is intact's
@@ -35,6 +39,7 @@ use intact_transfer::{send, SendOptions, ServerConfig, Spread as SpreadWhen, Ver
 use crate::linkbed::{iperf3, raw_tcp, Dest};
 use crate::ramdisk::RamExt4;
 use crate::runner::{interleaved, self_cpu, stop_on_signals, Spread};
+use crate::transfer::sshd::{Across, Sshd};
 
 const MIB: u64 = 1 << 20;
 
@@ -59,12 +64,19 @@ pub struct WanArgs {
     /// MTU of the testbed's links (see `intact-bench cache --mtu`).
     #[arg(long, default_value_t = 9000)]
     mtu: u32,
+    /// Leave out rsync over ssh.
+    #[arg(long)]
+    no_peers: bool,
 }
 
-const WAYS: [(&str, SpreadWhen); 2] = [
-    ("riva, --spread never", SpreadWhen::Never),
-    ("riva, --spread auto (default)", SpreadWhen::Auto),
-];
+/// One way to move the file.
+enum Way {
+    Intact(SpreadWhen),
+    /// rsync -a -e ssh, with this cipher (None: ssh's default).
+    Rsync(Option<&'static str>),
+}
+
+const WHAT: &str = "what each verifies: intact riva checks every block's XXH3 on arrival and re-reads it from the destination's device after evicting it (level device), at both ends, frames encrypted (AES-256-GCM or ChaCha20-Poly1305); rsync compares a whole-file checksum the receiver computes over the bytes it wrote, from memory (never re-read), over ssh's encryption";
 
 struct Run {
     secs: f64,
@@ -113,6 +125,47 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&src_dir)?;
     std::fs::create_dir_all(&root)?;
     let key = Key::generate()?;
+    let rsync_dst = root.join("rsync");
+    std::fs::create_dir_all(&rsync_dst)?;
+    let sshd = if a.no_peers {
+        None
+    } else {
+        let dir = a.dir.join("sshd-wan");
+        std::fs::create_dir_all(&a.dir)?;
+        match Sshd::start_on(
+            &dir,
+            Some(Across {
+                server: &bed.destination,
+                client: &bed.source,
+            }),
+        ) {
+            Ok(s) => Some(s),
+            Err(why) => {
+                println!("rsync over ssh not measured: {why}");
+                None
+            }
+        }
+    };
+    let mut ways = vec![
+        (
+            "intact riva, --spread never".to_string(),
+            Way::Intact(SpreadWhen::Never),
+        ),
+        (
+            "intact riva, --spread auto (default)".to_string(),
+            Way::Intact(SpreadWhen::Auto),
+        ),
+    ];
+    if let Some(s) = &sshd {
+        ways.push((
+            format!("rsync -a -e ssh ({})", s.default_cipher),
+            Way::Rsync(None),
+        ));
+        ways.push((
+            "rsync -a -e \"ssh -c aes128-gcm@openssh.com\"".to_string(),
+            Way::Rsync(Some("aes128-gcm@openssh.com")),
+        ));
+    }
     let dest = Dest::start(
         &bed.destination,
         ServerConfig {
@@ -157,10 +210,22 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
             std::fs::write(&src, intact_sample::bytes((mib * MIB) as usize, mib))?;
         }
         let dst = root.join(src.file_name().unwrap());
-        let runs = interleaved(WAYS.len(), a.runs, |way| {
+        let runs = interleaved(ways.len(), a.runs, |way| {
             let _ = std::fs::remove_file(&dst);
+            let _ = std::fs::remove_file(rsync_dst.join(src.file_name().unwrap()));
+            let spread = match ways[way].1 {
+                Way::Intact(s) => s,
+                Way::Rsync(cipher) => {
+                    let s = sshd.as_ref().expect("rsync ways need the sshd");
+                    let sample = s.timed_rsync(&src, &rsync_dst, cipher)?;
+                    return Ok(Run {
+                        secs: sample.wall,
+                        cpu: sample.cpu,
+                        ranges: 0,
+                    });
+                }
+            };
             let (src, to, key) = (src.clone(), dest.addr.clone(), key.clone());
-            let spread = WAYS[way].1;
             let cpu0 = self_cpu();
             let t = Instant::now();
             let report = bed
@@ -199,10 +264,11 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
             })
         })?;
         let _ = std::fs::remove_file(&dst);
+        let _ = std::fs::remove_file(rsync_dst.join(src.file_name().unwrap()));
         println!();
         println!("{mib} MiB, one file:");
         println!(
-            "{:<32} {:>26} {:>10} {:>22} {:>8} {:>12}",
+            "{:<44} {:>26} {:>10} {:>22} {:>8} {:>12}",
             "way",
             "seconds min / median / max",
             "Mbit/s",
@@ -215,8 +281,8 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
             let cpu = Spread::of(&v.iter().map(|r| r.cpu).collect::<Vec<_>>());
             let mbps = (mib * MIB * 8) as f64 / secs.median / 1e6;
             println!(
-                "{:<32} {:>26} {:>10.0} {:>22} {:>8} {:>12}",
-                WAYS[way].0,
+                "{:<44} {:>26} {:>10.0} {:>22} {:>8} {:>12}",
+                ways[way].0,
                 format!("{:.2} / {:.2} / {:.2}", secs.min, secs.median, secs.max),
                 mbps,
                 format!("{:.2} / {:.2} / {:.2}", cpu.min, cpu.median, cpu.max),
@@ -228,6 +294,9 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
             println!("delay line so far: {}", line.summary());
         }
     }
+    println!("\n{WHAT}.");
+    println!("CPU: intact's both ends run in this process (its CPU seconds); rsync's: its processes at both ends, the sshd sessions' included.");
+    drop(sshd);
     drop(dest);
     drop(bed);
     Ok(())

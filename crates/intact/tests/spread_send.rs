@@ -186,14 +186,20 @@ fn a_sender_killed_mid_spread_resumes_from_the_ranges_the_server_confirmed() {
     let root = dir.join("dst");
     let server = Server::start(&root);
     // 16 MiB ranges, 4 streams: after 88 MiB the first four ranges have
-    // long been sent whole.
+    // been sent whole for at least 0.5 s (at 40 MiB/s), time for the
+    // server to verify and confirm them however loaded the machine.
     let victim = Victim::new();
     let proxy = FlipProxy::start(
         server.addr(),
         ProxyFault::KillAfter(88 * MIB as u64, victim.clone()),
     )
     .unwrap();
-    let (code, _) = send(&src, &proxy.addr(), &["--spread", "always"], Some(&victim));
+    let (code, _) = send(
+        &src,
+        &proxy.addr(),
+        &["--spread", "always", "--bwlimit", "40MiB"],
+        Some(&victim),
+    );
     assert!(victim.killed(), "the proxy killed the sender");
     assert_eq!(code, None, "the sender died mid-transfer");
     assert!(
@@ -224,6 +230,80 @@ fn a_sender_killed_mid_spread_resumes_from_the_ranges_the_server_confirmed() {
     assert_eq!(b["level"], "device", "{b:#}");
     assert_eq!(b["digest"], blake3::hash(&big).to_hex().as_str());
     assert_eq!(on_device(&root.join("src/big.dat")), big);
+}
+
+#[test]
+fn a_file_sent_whole_is_found_held_when_it_is_spread_later_and_rot_is_named() {
+    let test = "a_file_sent_whole_is_found_held_when_it_is_spread_later_and_rot_is_named";
+    let Some(fs_) = common::loop_ext4(test, 192) else {
+        return;
+    };
+    let dir = fs_.mnt().to_path_buf();
+    let src = dir.join("src");
+    fs::create_dir_all(&src).unwrap();
+    let big = intact_sample::bytes(40 * MIB + 99, 24);
+    fs::write(src.join("big.dat"), &big).unwrap();
+    let root = dir.join("dst");
+    let server = Server::start(&root);
+    let (code, report) = send(&src, &server.addr(), &["--spread", "never"], None);
+    assert_eq!(code, Some(0), "{report:#}");
+    assert_eq!(report["spread"]["files"], 0);
+
+    // Spread now (and cut for 2 streams, not 4): every range is answered
+    // from the final file, compared, and nothing is sent.
+    let (code, again) = send(
+        &src,
+        &server.addr(),
+        &["--spread", "always", "--streams", "2"],
+        None,
+    );
+    assert_eq!(code, Some(0), "{again:#}");
+    assert_eq!(again["spread"]["files"], 1, "{again:#}");
+    let b = row(&again, "src/big.dat");
+    assert_eq!(b["bytes_sent"], 0, "{b:#}");
+    assert_eq!(b["unchanged"], true, "{b:#}");
+    assert_eq!(b["level"], "device", "{b:#}");
+
+    // A block that rotted under the final file (its mtime kept): the
+    // ranges' reads of the final file find it, and the run fails naming it
+    // rather than calling the file unchanged.
+    let dst = root.join("src/big.dat");
+    let meta = fs::metadata(&dst).unwrap();
+    let mut bytes = fs::read(&dst).unwrap();
+    bytes[17 * MIB + 5] ^= 0x10;
+    fs::write(&dst, &bytes).unwrap();
+    let mtime = filetime_of(&meta);
+    set_mtime(&dst, mtime);
+    let (code, rot) = send(&src, &server.addr(), &["--spread", "always"], None);
+    assert_eq!(code, Some(1), "{rot:#}");
+    let b = row(&rot, "src/big.dat");
+    let why = b["error"].as_str().unwrap_or_default();
+    assert!(why.contains("differs from the source"), "{b:#}");
+    assert!(why.contains("--spread never"), "{b:#}");
+}
+
+fn filetime_of(meta: &fs::Metadata) -> libc::timespec {
+    use std::os::unix::fs::MetadataExt;
+    libc::timespec {
+        tv_sec: meta.mtime(),
+        tv_nsec: meta.mtime_nsec(),
+    }
+}
+
+/// Sets `path`'s mtime back (utimensat), as silent rot would leave it.
+fn set_mtime(path: &Path, mtime: libc::timespec) {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    let times = [
+        libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        },
+        mtime,
+    ];
+    // SAFETY: a valid C string and two timespecs, as utimensat takes.
+    let r = unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), times.as_ptr(), 0) };
+    assert_eq!(r, 0, "utimensat: {}", std::io::Error::last_os_error());
 }
 
 #[test]

@@ -1,6 +1,8 @@
-//! The benchmark's own sshd, for rsync over ssh: on a free loopback port,
-//! with its own host and client keys under the benchmark's directory,
-//! stopped when dropped. Its sessions' CPU (and the remote rsync's) is
+//! The benchmark's own sshd, for rsync over ssh: on a free loopback port
+//! (or, for the testbed benchmarks, on a free port of a destination
+//! namespace's address, its clients run in a source namespace), with its
+//! own host and client keys under the benchmark's directory, stopped when
+//! dropped. Its sessions' CPU (and the remote rsync's) is
 //! charged to the rsync run that caused it.
 
 use std::net::TcpListener;
@@ -8,22 +10,41 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use anyhow::{bail, Context};
+use intact_faults::Host;
 
 use crate::runner::{Meter, Sample};
 
 use super::run_cmd;
 
-/// An sshd on a free loopback port with its own host and client keys.
-pub(super) struct Sshd {
+/// An sshd on a free port with its own host and client keys.
+pub(crate) struct Sshd {
     child: Child,
     port: u16,
     key: PathBuf,
+    /// Its address.
+    ip: String,
+    /// The namespace its clients run in (None: this one).
+    client_ns: Option<String>,
     /// The client's first cipher, used when none is asked for.
-    pub(super) default_cipher: String,
+    pub(crate) default_cipher: String,
+}
+
+/// Namespaces for an sshd and its clients (the testbed's destination and
+/// source).
+pub(crate) struct Across<'a> {
+    pub(crate) server: &'a Host,
+    pub(crate) client: &'a Host,
 }
 
 impl Sshd {
+    /// On loopback.
     pub(super) fn start(dir: &Path) -> anyhow::Result<Sshd> {
+        Sshd::start_on(dir, None)
+    }
+
+    /// On loopback, or in `across.server`'s namespace on its address with
+    /// clients in `across.client`'s.
+    pub(crate) fn start_on(dir: &Path, across: Option<Across<'_>>) -> anyhow::Result<Sshd> {
         let sshd = ["/usr/sbin/sshd", "/usr/bin/sshd"]
             .into_iter()
             .find(|p| Path::new(p).exists());
@@ -41,19 +62,38 @@ impl Sshd {
             )?;
         }
         std::fs::copy(dir.join("client.pub"), dir.join("authorized_keys"))?;
-        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let ip = across
+            .as_ref()
+            .map_or("127.0.0.1", |a| a.server.ip)
+            .to_string();
+        let port = match &across {
+            None => TcpListener::bind("127.0.0.1:0")?.local_addr()?.port(),
+            Some(a) => {
+                let ip = ip.clone();
+                a.server
+                    .spawn(move || -> std::io::Result<u16> {
+                        Ok(TcpListener::bind((ip.as_str(), 0))?.local_addr()?.port())
+                    })?
+                    .join()
+                    .map_err(|_| anyhow::anyhow!("port probe panicked"))??
+            }
+        };
         let config = dir.join("sshd_config");
         std::fs::write(
             &config,
             format!(
-                "Port {port}\nListenAddress 127.0.0.1\nHostKey {}\nAuthorizedKeysFile {}\nPermitRootLogin prohibit-password\n\
+                "Port {port}\nListenAddress {ip}\nHostKey {}\nAuthorizedKeysFile {}\nPermitRootLogin prohibit-password\n\
                  PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nPidFile {}\n",
                 dir.join("host").display(),
                 dir.join("authorized_keys").display(),
                 dir.join("sshd.pid").display()
             ),
         )?;
-        let child = Command::new(sshd)
+        let mut cmd = match &across {
+            None => Command::new(sshd),
+            Some(a) => a.server.command(sshd),
+        };
+        let child = cmd
             .arg("-D")
             .arg("-e")
             .arg("-f")
@@ -64,6 +104,8 @@ impl Sshd {
             child,
             port,
             key: dir.join("client"),
+            ip,
+            client_ns: across.map(|a| a.client.name.clone()),
             default_cipher: String::new(),
         };
         let config = Command::new("ssh").args(["-G", "127.0.0.1"]).output()?;
@@ -75,12 +117,7 @@ impl Sshd {
             .to_string();
         // Ready when a command runs through it.
         for _ in 0..50 {
-            if s.ssh_command()
-                .arg("127.0.0.1")
-                .arg("true")
-                .status()?
-                .success()
-            {
+            if s.ssh_command().arg(&s.ip).arg("true").status()?.success() {
                 return Ok(s);
             }
             std::thread::sleep(std::time::Duration::from_millis(100));
@@ -96,17 +133,29 @@ impl Sshd {
         )
     }
 
+    /// `program` run where the clients run.
+    fn client(&self, program: &str) -> Command {
+        match &self.client_ns {
+            None => Command::new(program),
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, program]);
+                c
+            }
+        }
+    }
+
     fn ssh_command(&self) -> Command {
         let args = self.ssh_args();
         let mut parts = args.split(' ');
-        let mut c = Command::new(parts.next().expect("ssh"));
+        let mut c = self.client(parts.next().expect("ssh"));
         c.args(parts).stdout(Stdio::null()).stderr(Stdio::null());
         c
     }
 
     /// One timed rsync over ssh, with `cipher` or ssh's default; its CPU
     /// includes the sshd sessions (and the remote rsync) it caused.
-    pub(super) fn timed_rsync(
+    pub(crate) fn timed_rsync(
         &self,
         src: &Path,
         dst: &Path,
@@ -120,10 +169,10 @@ impl Sshd {
         let before = self.sessions_cpu()?;
         let mut m = Meter::start();
         run_cmd(
-            Command::new("rsync")
+            self.client("rsync")
                 .args(["-a", "-e", &e])
                 .arg(src)
-                .arg(format!("127.0.0.1:{}/", dst.display())),
+                .arg(format!("{}:{}/", self.ip, dst.display())),
         )?;
         run_cmd(&mut Command::new("sync"))?;
         m.stop();

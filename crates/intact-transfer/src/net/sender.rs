@@ -204,14 +204,20 @@ pub fn send_scanned(
         links.push(SenderLink::tcp(conn)?);
     }
     let profile = Profile::default();
-    let (spreading, why) =
-        spread::decide(opts.spread, opts.verify, opts.block_size, links.len(), rtt);
+    let (spreading, why) = spread::decide(
+        opts.spread,
+        opts.verify,
+        opts.block_size,
+        links.len(),
+        opts.reverify,
+        rtt,
+    );
     let mut report = if spreading {
         let secret = opts
             .key
             .as_ref()
             .map_or([0; 32], |k| k.derive(spread::SPLIT_SECRET_CONTEXT));
-        let (cut, groups) = spread::cut(&scanned, opts.block_size, links.len(), &secret);
+        let (cut, groups) = spread::cut(&scanned, opts.block_size, &secret);
         let cvs = spread::RangeCvs::default();
         let mut report = run_sender(&cut, opts, links, progress, start, &profile, Some(&cvs));
         let ranges = groups.iter().map(|g| g.len() as u64).sum();

@@ -111,11 +111,16 @@ pub(crate) fn decide(
     mode: crate::VerifyMode,
     block: usize,
     streams: usize,
+    reverify: bool,
     rtt: Duration,
 ) -> (bool, String) {
     let ms = rtt.as_secs_f64() * 1e3;
     if spread == Spread::Never {
         return (false, "--spread never".into());
+    }
+    if reverify {
+        // A file the server committed is re-verified in place only whole.
+        return (false, "--reverify re-verifies whole files".into());
     }
     if streams < 2 {
         return (false, "one stream".into());
@@ -151,13 +156,20 @@ pub(crate) fn decide(
     }
 }
 
-/// Blocks per range for a file of `blocks` blocks of `block` bytes: about
-/// a quarter of a stream's share (`size ÷ 4·streams`), within
-/// [`MIN_RANGE_BYTES`]..[`MAX_RANGE_BYTES`], and never more ranges than
-/// the receiver keeps per file nor more blocks than one Status lists.
-fn range_blocks(size: u64, block: u64, streams: usize) -> u64 {
+/// Ranges a file is cut into, at most, before [`MIN_RANGE_BYTES`] and
+/// [`MAX_RANGE_BYTES`] bound their size: a quarter of a stream's share at
+/// the default 4 streams. Not taken from `--streams`, so that the cut,
+/// and with it the split id a resumed send must carry again, does not
+/// change with it.
+const RANGES_PER_FILE: u64 = 16;
+
+/// Blocks per range for a file of `size` bytes cut at `block`:
+/// `size ÷ 16`, within [`MIN_RANGE_BYTES`]..[`MAX_RANGE_BYTES`], and never
+/// more ranges than the receiver keeps per file nor more blocks than one
+/// Status lists.
+fn range_blocks(size: u64, block: u64) -> u64 {
     let blocks = size.div_ceil(block);
-    let want = (size / (4 * streams as u64)).clamp(MIN_RANGE_BYTES, MAX_RANGE_BYTES);
+    let want = (size / RANGES_PER_FILE).clamp(MIN_RANGE_BYTES, MAX_RANGE_BYTES);
     (want / block)
         .max(1)
         .max(blocks.div_ceil(MAX_RANGES))
@@ -191,12 +203,7 @@ fn split_id(secret: &[u8; 32], e: &SourceEntry, block: u64, per_range: u64) -> [
 /// The scan with every whole file of at least two ranges replaced by its
 /// ranges, in place (so they enter the queue one after another), and the
 /// groups to join the report by.
-pub(crate) fn cut(
-    scan: &Scan,
-    block: usize,
-    streams: usize,
-    secret: &[u8; 32],
-) -> (Scan, Vec<Group>) {
+pub(crate) fn cut(scan: &Scan, block: usize, secret: &[u8; 32]) -> (Scan, Vec<Group>) {
     let block = block as u64;
     let mut entries = Vec::with_capacity(scan.entries.len());
     let mut groups = Vec::new();
@@ -206,7 +213,7 @@ pub(crate) fn cut(
             continue;
         }
         let blocks = e.size.div_ceil(block);
-        let per = range_blocks(e.size, block, streams);
+        let per = range_blocks(e.size, block);
         if blocks < 2 || blocks.div_ceil(per) < 2 {
             entries.push(e.clone());
             continue;
@@ -231,6 +238,8 @@ pub(crate) fn cut(
             ranges: start..entries.len(),
         });
     }
+    // The scan's errors and skipped files are the original's: `join`
+    // puts them back into the report.
     let spread = Scan {
         entries,
         errors: Vec::new(),
@@ -277,6 +286,14 @@ pub(crate) fn join(
         files.push(rows[next].take().expect("one row per entry"));
         next += 1;
     }
+    // The run's own errors (sources that could not be read) and skipped
+    // files are the original scan's: they count as failures as in any run.
+    report.errors = original.errors.iter().map(|e| e.to_string()).collect();
+    report.skipped = original
+        .skipped
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
     report.failed =
         (files.iter().filter(|f| f.error.is_some()).count() + report.errors.len()) as u64;
     report.files = files;
@@ -381,23 +398,101 @@ mod tests {
 
     #[test]
     fn ranges_stay_within_the_receivers_limits() {
-        for (size, block, streams) in [
-            (64u64 << 20, 4u64 << 20, 4usize),
-            (4 << 30, 4 << 20, 4),
-            (1 << 40, 4 << 20, 4),
-            (8 << 40, 4 << 20, 2),
-            (1 << 30, 4096, 16),
-            (100 << 20, 1 << 20, 64),
+        for (size, block) in [
+            (64u64 << 20, 4u64 << 20),
+            (4 << 30, 4 << 20),
+            (1 << 40, 4 << 20),
+            (8 << 40, 4 << 20),
+            (1 << 30, 4096),
+            (100 << 20, 1 << 20),
         ] {
-            let per = range_blocks(size, block, streams);
+            let per = range_blocks(size, block);
             let blocks = size.div_ceil(block);
             assert!((1..=MAX_RANGE_BLOCKS).contains(&per), "{size} {block}");
             assert!(blocks.div_ceil(per) <= MAX_RANGES, "{size} {block}");
         }
         // 4 GiB over 4 streams: 256 MiB ranges, 16 of them.
-        assert_eq!(range_blocks(4 << 30, 4 << 20, 4), 64);
+        assert_eq!(range_blocks(4 << 30, 4 << 20), 64);
         // 100 MiB: at least 16 MiB each.
-        assert_eq!(range_blocks(100 << 20, 4 << 20, 4), 4);
+        assert_eq!(range_blocks(100 << 20, 4 << 20), 4);
+    }
+
+    /// A file of `size` bytes at `rel`, not read by these tests.
+    fn entry(rel: &str, size: u64) -> SourceEntry {
+        SourceEntry {
+            rel: intact_proto::WirePath::parse(rel.as_bytes()).unwrap(),
+            abs: std::path::PathBuf::from("/nonexistent").join(rel),
+            kind: SourceKind::File,
+            mode: 0o644,
+            mtime: crate::dest::Mtime { sec: 1, nsec: 2 },
+            size,
+            range: None,
+        }
+    }
+
+    #[test]
+    fn join_gives_one_row_per_file_and_keeps_the_scans_errors() {
+        use crate::report::simple_report;
+        let mib = 1u64 << 20;
+        let original = Scan {
+            entries: vec![entry("a", 3 * mib), entry("big", 64 * mib), entry("z", 1)],
+            errors: vec![crate::TransferError::Verification {
+                path: "unreadable".into(),
+                what: "permission denied".into(),
+            }],
+            skipped: vec!["fifo".into()],
+        };
+        let (cut, groups) = cut(&original, 4 << 20, &[7; 32]);
+        assert_eq!(cut.entries.len(), 2 + 4, "64 MiB in 16 MiB ranges");
+        let rows = |states: &[Option<&'static str>]| {
+            let mut k = 0;
+            cut.entries
+                .iter()
+                .map(|e| {
+                    let mut r = simple_report(e, crate::VerifyMode::Riva, None);
+                    r.level = Some(crate::VerifyLevel::Device);
+                    if let Some(range) = r.range.as_mut() {
+                        range.state = states[k];
+                        r.blocks = range.end - range.first;
+                        k += 1;
+                    }
+                    r
+                })
+                .collect::<Vec<_>>()
+        };
+        let waiting = Some("waiting");
+        let ok = [waiting, Some("committed"), waiting, waiting];
+        let mut report = CopyReport::new(rows(&ok), &cut, 0, std::time::Instant::now(), 4);
+        join(
+            &mut report,
+            &original,
+            &groups,
+            RangeCvs::default(),
+            4 << 20,
+        );
+        let paths: Vec<&str> = report.files.iter().map(|f| f.path.as_str()).collect();
+        assert_eq!(paths, ["a", "big", "z"]);
+        let big = &report.files[1];
+        assert_eq!((big.size, big.blocks), (64 * mib, 16));
+        assert_eq!(big.level, Some(crate::VerifyLevel::Device));
+        assert!(big.range.is_none() && big.error.is_none());
+        assert_eq!(report.errors.len(), 1, "{:?}", report.errors);
+        assert_eq!(report.skipped, ["fifo"]);
+        assert_eq!(report.failed, 1, "the unreadable source counts");
+
+        // No range says the file was committed: it is not verified.
+        let mut report =
+            CopyReport::new(rows(&[waiting; 4]), &cut, 0, std::time::Instant::now(), 4);
+        join(
+            &mut report,
+            &original,
+            &groups,
+            RangeCvs::default(),
+            4 << 20,
+        );
+        assert!(report.files[1].error.is_some());
+        assert_eq!(report.files[1].level, None);
+        assert_eq!(report.failed, 2);
     }
 
     #[test]
@@ -405,13 +500,14 @@ mod tests {
         use crate::VerifyMode::*;
         let b = 4 << 20;
         let ms = Duration::from_millis;
-        assert!(decide(Spread::Auto, Riva, b, 4, ms(30)).0);
-        assert!(!decide(Spread::Auto, Riva, b, 4, Duration::from_micros(60)).0);
-        assert!(decide(Spread::Always, Riva, b, 4, Duration::ZERO).0);
-        assert!(!decide(Spread::Always, Riva, b, 1, ms(30)).0);
-        assert!(!decide(Spread::Always, Flash, b, 4, ms(30)).0);
-        assert!(!decide(Spread::Always, Sequential, b, 4, ms(30)).0);
-        assert!(!decide(Spread::Always, Riva, 3 << 20, 4, ms(30)).0);
-        assert!(!decide(Spread::Never, Riva, b, 4, ms(30)).0);
+        assert!(decide(Spread::Auto, Riva, b, 4, false, ms(30)).0);
+        assert!(!decide(Spread::Auto, Riva, b, 4, false, Duration::from_micros(60)).0);
+        assert!(decide(Spread::Always, Riva, b, 4, false, Duration::ZERO).0);
+        assert!(!decide(Spread::Always, Riva, b, 1, false, ms(30)).0);
+        assert!(!decide(Spread::Always, Flash, b, 4, false, ms(30)).0);
+        assert!(!decide(Spread::Always, Sequential, b, 4, false, ms(30)).0);
+        assert!(!decide(Spread::Always, Riva, 3 << 20, 4, false, ms(30)).0);
+        assert!(!decide(Spread::Never, Riva, b, 4, false, ms(30)).0);
+        assert!(!decide(Spread::Always, Riva, b, 4, true, ms(30)).0);
     }
 }
