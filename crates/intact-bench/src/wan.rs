@@ -80,8 +80,37 @@ const WHAT: &str = "what each verifies: intact riva checks every block's XXH3 on
 
 struct Run {
     secs: f64,
+    /// The tool's CPU seconds at both ends (the delay line's left out).
     cpu: f64,
+    /// The delay line's threads' CPU seconds meanwhile.
+    line: f64,
     ranges: u64,
+}
+
+/// CPU seconds of this process's delay line threads so far (named
+/// `delayline-…`; they run in this process beside intact's two ends).
+fn line_cpu() -> f64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0.0;
+    };
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let mut ticks = 0.0;
+    for t in tasks.flatten() {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if !comm.starts_with("delayline") {
+            continue;
+        }
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        if let Some((_, rest)) = stat.rsplit_once(')') {
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            // utime and stime: fields 14 and 15, the 12th and 13th after ')'.
+            if f.len() > 12 {
+                ticks += f[11].parse::<f64>().unwrap_or(0.0) + f[12].parse::<f64>().unwrap_or(0.0);
+            }
+        }
+    }
+    ticks / hz
 }
 
 pub fn run(a: &WanArgs) -> anyhow::Result<()> {
@@ -217,16 +246,19 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
                 Way::Intact(s) => s,
                 Way::Rsync(cipher) => {
                     let s = sshd.as_ref().expect("rsync ways need the sshd");
+                    let line0 = line_cpu();
                     let sample = s.timed_rsync(&src, &rsync_dst, cipher)?;
                     return Ok(Run {
                         secs: sample.wall,
                         cpu: sample.cpu,
+                        line: line_cpu() - line0,
                         ranges: 0,
                     });
                 }
             };
             let (src, to, key) = (src.clone(), dest.addr.clone(), key.clone());
             let cpu0 = self_cpu();
+            let line0 = line_cpu();
             let t = Instant::now();
             let report = bed
                 .source
@@ -257,9 +289,11 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
             {
                 bail!("frames were not encrypted: {:?}", report.frames);
             }
+            let line = line_cpu() - line0;
             Ok(Run {
                 secs,
-                cpu: self_cpu() - cpu0,
+                cpu: self_cpu() - cpu0 - line,
+                line,
                 ranges: report.spread.map_or(0, |s| s.ranges),
             })
         })?;
@@ -268,24 +302,27 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
         println!();
         println!("{mib} MiB, one file:");
         println!(
-            "{:<44} {:>26} {:>10} {:>22} {:>8} {:>12}",
+            "{:<44} {:>26} {:>10} {:>22} {:>10} {:>8} {:>12}",
             "way",
             "seconds min / median / max",
             "Mbit/s",
             "CPU s (both ends)",
+            "line CPU s",
             "ranges",
             "÷ iperf3"
         );
         for (way, v) in runs.iter().enumerate() {
             let secs = Spread::of(&v.iter().map(|r| r.secs).collect::<Vec<_>>());
             let cpu = Spread::of(&v.iter().map(|r| r.cpu).collect::<Vec<_>>());
+            let line = Spread::of(&v.iter().map(|r| r.line).collect::<Vec<_>>());
             let mbps = (mib * MIB * 8) as f64 / secs.median / 1e6;
             println!(
-                "{:<44} {:>26} {:>10.0} {:>22} {:>8} {:>12}",
+                "{:<44} {:>26} {:>10.0} {:>22} {:>10.2} {:>8} {:>12}",
                 ways[way].0,
                 format!("{:.2} / {:.2} / {:.2}", secs.min, secs.median, secs.max),
                 mbps,
                 format!("{:.2} / {:.2} / {:.2}", cpu.min, cpu.median, cpu.max),
+                line.median,
                 v.first().map_or(0, |r| r.ranges),
                 iperf.map_or("–".into(), |b| format!("{:.2}", mbps * 1e6 / b)),
             );
@@ -295,7 +332,7 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
         }
     }
     println!("\n{WHAT}.");
-    println!("CPU: intact's both ends run in this process (its CPU seconds); rsync's: its processes at both ends, the sshd sessions' included.");
+    println!("CPU: intact's both ends run in this process: its CPU seconds less the delay line's threads (named delayline-…, read from /proc/self/task), shown apart as line CPU (median); rsync's: its processes at both ends, the sshd sessions' included.");
     drop(sshd);
     drop(dest);
     drop(bed);

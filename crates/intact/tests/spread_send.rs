@@ -233,8 +233,8 @@ fn a_sender_killed_mid_spread_resumes_from_the_ranges_the_server_confirmed() {
 }
 
 #[test]
-fn a_file_sent_whole_is_found_held_when_it_is_spread_later_and_rot_is_named() {
-    let test = "a_file_sent_whole_is_found_held_when_it_is_spread_later_and_rot_is_named";
+fn a_spread_file_held_unchanged_rot_named_and_repaired_by_the_advice_given() {
+    let test = "a_spread_file_held_unchanged_rot_named_and_repaired_by_the_advice_given";
     let Some(fs_) = common::loop_ext4(test, 192) else {
         return;
     };
@@ -249,37 +249,52 @@ fn a_file_sent_whole_is_found_held_when_it_is_spread_later_and_rot_is_named() {
     assert_eq!(code, Some(0), "{report:#}");
     assert_eq!(report["spread"]["files"], 0);
 
-    // Spread now (and cut for 2 streams, not 4): every range is answered
-    // from the final file, compared, and nothing is sent.
-    let (code, again) = send(
-        &src,
-        &server.addr(),
-        &["--spread", "always", "--streams", "2"],
-        None,
-    );
+    // Spread now: a file committed whole is received again as ranges
+    // (only the split that committed a file answers for it held).
+    let (code, again) = send(&src, &server.addr(), &["--spread", "always"], None);
     assert_eq!(code, Some(0), "{again:#}");
     assert_eq!(again["spread"]["files"], 1, "{again:#}");
     let b = row(&again, "src/big.dat");
-    assert_eq!(b["bytes_sent"], 0, "{b:#}");
-    assert_eq!(b["unchanged"], true, "{b:#}");
+    assert_eq!(b["bytes_sent"], big.len() as u64, "{b:#}");
     assert_eq!(b["level"], "device", "{b:#}");
 
+    // The same spread send again: every range found held, nothing sent.
+    let (code, held) = send(&src, &server.addr(), &["--spread", "always"], None);
+    assert_eq!(code, Some(0), "{held:#}");
+    let b = row(&held, "src/big.dat");
+    assert_eq!(b["bytes_sent"], 0, "{b:#}");
+    assert_eq!(b["unchanged"], true, "{b:#}");
+
     // A block that rotted under the final file (its mtime kept): the
-    // ranges' reads of the final file find it, and the run fails naming it
-    // rather than calling the file unchanged.
+    // ranges' reads of the final file find it, and the run fails naming
+    // it rather than calling the file unchanged; the file is left alone.
     let dst = root.join("src/big.dat");
     let meta = fs::metadata(&dst).unwrap();
     let mut bytes = fs::read(&dst).unwrap();
     bytes[17 * MIB + 5] ^= 0x10;
     fs::write(&dst, &bytes).unwrap();
-    let mtime = filetime_of(&meta);
-    set_mtime(&dst, mtime);
+    set_mtime(&dst, filetime_of(&meta));
     let (code, rot) = send(&src, &server.addr(), &["--spread", "always"], None);
     assert_eq!(code, Some(1), "{rot:#}");
     let b = row(&rot, "src/big.dat");
     let why = b["error"].as_str().unwrap_or_default();
     assert!(why.contains("differs from the source"), "{b:#}");
-    assert!(why.contains("--spread never"), "{b:#}");
+    assert!(why.contains("--spread never --reverify"), "{b:#}");
+    assert!(
+        fs::read(&dst).unwrap() == bytes,
+        "the held file was rewritten"
+    );
+
+    // The advice works: the whole file re-verified, its bad block resent.
+    let (code, fixed) = send(
+        &src,
+        &server.addr(),
+        &["--spread", "never", "--reverify"],
+        None,
+    );
+    assert_eq!(code, Some(0), "{fixed:#}");
+    assert_eq!(row(&fixed, "src/big.dat")["level"], "device");
+    assert_eq!(on_device(&dst), big);
 }
 
 fn filetime_of(meta: &fs::Metadata) -> libc::timespec {

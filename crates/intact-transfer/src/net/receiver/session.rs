@@ -305,8 +305,9 @@ impl Session<'_> {
         }
         if f.partial.is_none() && f.range.is_some() {
             let why = format!(
-                "the file held (committed) differs from the source in block {}: send the file \
-                 whole (intact send --spread never), or make a new plan",
+                "the file held (committed from its ranges) differs from the source in block {}: \
+                 send the file whole with --reverify (intact send --spread never --reverify), or \
+                 make a new plan",
                 b.index
             );
             return self.fail_file(b.file, &why);

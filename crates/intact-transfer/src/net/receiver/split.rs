@@ -131,15 +131,15 @@ pub(super) fn begin_range(
     buf: &mut AlignedBuf,
 ) -> Result<(Incoming, Holding), TransferError> {
     check(&e, &r, mode)?;
-    // A file committed already, by this split, another one or whole, is
-    // answered from the final file if it is unchanged since (the sender
-    // compares every block with its source): its split id does not
-    // matter, so that a file sent whole once and spread later, or cut
-    // otherwise, is not sent again.
+    // Only a file this very split committed is answered from the final
+    // file: held answers of two ranges must be of one version of it, and
+    // only the split's own commit says which (a file committed whole, or
+    // by another split, is received again).
     let same = |row: &crate::journal::FileRow| {
         row.size == e.size
             && (row.mtime_sec, row.mtime_nsec) == (e.mtime_sec, e.mtime_nsec)
             && row.block_size == e.block_size
+            && row.split == Some(r.split)
     };
     let row = journal.lookup(e.path.as_bytes())?.filter(same);
     if let Some(row) = row.filter(|row| row.done) {
@@ -399,19 +399,16 @@ fn held_range(
     let Some(file) = dest.open_final(&e.path).filter(|f| unchanged_since(f, e)) else {
         return Ok(None);
     };
-    if e.flags & Entry::REVERIFY != 0 {
+    if e.flags & Entry::REVERIFY != 0 || row.verified.level < mode.level() {
         return Err(refuse(
             e,
-            "one range of a committed file cannot be re-verified alone (--reverify): send the \
-             file whole (intact send --spread never --reverify)",
+            format!(
+                "the file was committed from its ranges at level {}; one range of it cannot be \
+                 re-verified alone (--reverify, or a mode aiming higher): send the file whole \
+                 (intact send --spread never, which re-verifies it in place), or make a new plan",
+                row.verified.level
+            ),
         ));
-    }
-    if row.verified.level < mode.level() {
-        // Recorded below what this mode aims at: not trusted, and one range
-        // cannot raise the level of a file committed whole. The file is
-        // received again, as a split, and committed when its ranges cover
-        // it; the final file stays what it is until then.
-        return Ok(None);
     }
     let stamp = Stamp::of(&file).map_err(|err| TransferError::Destination {
         path: e.path.to_string(),

@@ -411,7 +411,7 @@ mod tests {
             assert!((1..=MAX_RANGE_BLOCKS).contains(&per), "{size} {block}");
             assert!(blocks.div_ceil(per) <= MAX_RANGES, "{size} {block}");
         }
-        // 4 GiB over 4 streams: 256 MiB ranges, 16 of them.
+        // 4 GiB: 256 MiB ranges, 16 of them.
         assert_eq!(range_blocks(4 << 30, 4 << 20), 64);
         // 100 MiB: at least 16 MiB each.
         assert_eq!(range_blocks(100 << 20, 4 << 20), 4);
