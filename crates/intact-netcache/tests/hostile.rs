@@ -130,6 +130,7 @@ fn a_failed_files_blocks_stay_cached_but_unheld_and_the_budget_is_given_back() {
         cache_micros: 0,
         source_repairs: 0,
         source_micros: 0,
+        digest: Vec::new(),
     })
     .encode(&mut failed);
     conn.feed(Side::Server, &failed);

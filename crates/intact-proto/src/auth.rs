@@ -56,7 +56,7 @@ use crate::{ClientKey, Connection, Key, Message, ProtoError, SessionId, SessionS
 /// 10: page CRCs on every Block and page-level resend; 11: split files,
 /// an Entry carrying a block range; 12: a Block's BLAKE3 for a recovery
 /// cache, asked for in the Status).
-pub const VERSION: u16 = 12;
+pub const VERSION: u16 = 13;
 
 /// The reason a server gives a client whose proof is wrong.
 pub const AUTH_FAILED: &str = "authentication failed";

@@ -289,6 +289,13 @@ pub struct FileResult {
     pub source_repairs: u64,
     /// Microseconds from those blocks' failures to their verified repairs.
     pub source_micros: u64,
+    /// Version 13, for a range of a split file that says the file is
+    /// committed ([`FileResult::SPLIT_COMMITTED`], [`FileResult::SPLIT_HELD`]):
+    /// the BLAKE3 of the file under its final name, as the receiver
+    /// recorded it (composed from its confirmed ranges' chaining values),
+    /// so that the sender can check it is the file its own ranges make;
+    /// empty otherwise.
+    pub digest: Vec<u8>,
 }
 
 impl FileResult {
@@ -637,6 +644,7 @@ impl Message {
                 w.u64(r.cache_micros);
                 w.u64(r.source_repairs);
                 w.u64(r.source_micros);
+                w.bytes(&r.digest);
             }
             Message::Bye => w.u8(BYE),
             Message::Waiting => w.u8(WAITING),
@@ -902,6 +910,7 @@ impl Message {
                 cache_micros: r.u64()?,
                 source_repairs: r.u64()?,
                 source_micros: r.u64()?,
+                digest: r.bytes(MAX_DIGEST)?.to_vec(),
             }),
             STATUS => {
                 let file = r.u64()?;

@@ -181,6 +181,11 @@ fn arb_message() -> impl Strategy<Value = Message> {
                         cache_micros: check ^ 3,
                         source_repairs: trusted ^ 9,
                         source_micros: reverified ^ 11,
+                        digest: if split >= 2 {
+                            vec![split; 32]
+                        } else {
+                            Vec::new()
+                        },
                     })
                 }
             ),

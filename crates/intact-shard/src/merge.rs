@@ -115,6 +115,9 @@ struct SplitFile {
     all_held: bool,
     rows: usize,
     shards: Vec<u32>,
+    /// The BLAKE3s the server named for the committed file (protocol 13)
+    /// in the rows that say it is committed or held.
+    digests: BTreeSet<String>,
 }
 
 impl SplitFile {
@@ -124,6 +127,11 @@ impl SplitFile {
         self.level = Some(self.level.map_or(level, |l| l.min(level)));
         let state = r.get("state").and_then(Value::as_str).unwrap_or("");
         self.committed |= state == "committed";
+        if let Some(d) = r.get("file_digest").and_then(Value::as_str) {
+            if matches!(state, "committed" | "held") {
+                self.digests.insert(d.to_string());
+            }
+        }
         self.all_held = (self.rows == 0 || self.all_held) && state == "held";
         self.rows += 1;
         if !self.shards.contains(&shard) {
@@ -151,6 +159,14 @@ impl SplitFile {
             return Err(format!(
                 "split file: blocks {at}..{} of {} have no verified range in these reports",
                 self.file_blocks, self.file_blocks
+            ));
+        }
+        if self.digests.len() > 1 {
+            return Err(format!(
+                "split file: its ranges' reports name {} different files under its name \
+                 (BLAKE3 {}): another version was committed meanwhile; run its shards again",
+                self.digests.len(),
+                self.digests.iter().cloned().collect::<Vec<_>>().join(", ")
             ));
         }
         if !self.committed && !self.all_held {
@@ -494,6 +510,19 @@ mod tests {
             range(7, 10, "held", "device"),
         ]);
         assert!(m.complete, "{:?}", m.failures);
+        // Held ranges of two versions of the file: never one whole file.
+        let named = |first, end, d: &str| {
+            let mut r = range(first, end, "held", "device");
+            r["range"]["file_digest"] = json!(d);
+            r
+        };
+        let m = merged_ranges([named(0, 3, "aa"), named(3, 7, "aa"), named(7, 10, "bb")]);
+        assert!(!m.complete);
+        assert!(
+            m.failures[0].error.contains("2 different files"),
+            "{:?}",
+            m.failures
+        );
         // Overlapping or short ranges never make a whole file.
         let m = merged_ranges([
             range(0, 5, "waiting", "device"),

@@ -126,6 +126,10 @@ pub struct RangeReport {
     /// earlier; this range unchanged). Absent when the range failed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub state: Option<&'static str>,
+    /// `committed` or `held`: the BLAKE3 of the file under its final name
+    /// as the receiver recorded it, in hex (protocol 13).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file_digest: Option<String>,
 }
 
 impl RangeReport {
@@ -287,6 +291,7 @@ pub(crate) fn simple_report(
             file_blocks: e.size.div_ceil(r.block_size.max(1)),
             file_size: e.size,
             state: None,
+            file_digest: None,
         }),
     }
 }

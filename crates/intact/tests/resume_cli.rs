@@ -5,7 +5,7 @@
 use std::fs;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 const MIB: u64 = 1 << 20;
 
@@ -38,34 +38,17 @@ fn killing_proxy(server: &Server, bytes: u64, victim: &Victim) -> FlipProxy {
     FlipProxy::start(server.addr(), ProxyFault::KillAfter(bytes, victim.clone())).unwrap()
 }
 
-/// `intact send --json` of `src` to `addr`; `victim`, if given, is named
-/// as this sender's process.
+/// `intact send --json --block-size 64KiB EXTRA… SRC ADDR` (see
+/// [`common::send_json`]).
 fn send(
     src: &Path,
     addr: &str,
     extra: &[&str],
     victim: Option<&Victim>,
 ) -> (std::process::ExitStatus, Option<serde_json::Value>) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_intact"));
-    cmd.args(["send", "--json", "--block-size", "64KiB"])
-        .args(extra)
-        .arg(src)
-        .arg(addr)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let child = cmd.spawn().unwrap();
-    if let Some(v) = victim {
-        v.set(child.id());
-    }
-    let out = child.wait_with_output().unwrap();
-    // Shown only when the test fails: what the sender said about it.
-    eprintln!(
-        "intact send {:?}: {}\n{}",
-        out.status,
-        addr,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status, serde_json::from_slice(&out.stdout).ok())
+    let mut args = vec!["--block-size", "64KiB"];
+    args.extend_from_slice(extra);
+    common::send_json(&args, src, addr, victim)
 }
 
 /// Every file that carries its final name is complete and correct, and

@@ -9,10 +9,10 @@
 mod common;
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-use common::{intact, merged, s, stderr, Server};
+use common::{intact, merged, partials, s, stderr, Server};
 use serde_json::Value;
 
 const MIB: usize = 1 << 20;
@@ -23,20 +23,6 @@ fn send_shard(plan: &Path, i: u32, reports: &Path) -> Command {
         .arg("--report")
         .arg(reports.join("shard-{shard}.json"));
     c
-}
-
-/// Partial files left under `root` (outside intact's state).
-fn partials(root: &Path) -> Vec<PathBuf> {
-    walkdir::WalkDir::new(root)
-        .into_iter()
-        .filter_map(Result::ok)
-        .filter(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .starts_with(".intact-partial")
-        })
-        .map(|e| e.path().to_path_buf())
-        .collect()
 }
 
 #[test]

@@ -10,9 +10,8 @@ mod common;
 use std::fs;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
-use std::process::{Command, Stdio};
 
-use common::{on_device, Server};
+use common::{on_device, partials, Server};
 use intact_faults::{FlipProxy, ProxyFault, Victim};
 use serde_json::Value;
 
@@ -23,30 +22,13 @@ const MIB: usize = 1 << 20;
 /// exit status and the report. `victim`, if given, is named as the
 /// sender's process.
 fn send(src: &Path, addr: &str, args: &[&str], victim: Option<&Victim>) -> (Option<i32>, Value) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_intact"));
-    cmd.args(["send", "--json", "--block-size", "1MiB"])
-        .args(args)
-        .arg(src)
-        .arg(addr)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let child = cmd.spawn().unwrap();
-    if let Some(v) = victim {
-        v.set(child.id());
-    }
-    let out = child.wait_with_output().unwrap();
-    eprintln!(
-        "intact send {:?}: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    if out.status.signal().is_some() {
+    let mut all = vec!["--block-size", "1MiB"];
+    all.extend_from_slice(args);
+    let (status, report) = common::send_json(&all, src, addr, victim);
+    if status.signal().is_some() {
         return (None, Value::Null);
     }
-    (
-        out.status.code(),
-        serde_json::from_slice(&out.stdout).unwrap_or(Value::Null),
-    )
+    (status.code(), report.unwrap_or(Value::Null))
 }
 
 fn row<'a>(report: &'a Value, path: &str) -> &'a Value {
@@ -63,20 +45,6 @@ fn row<'a>(report: &'a Value, path: &str) -> &'a Value {
 /// A proxy that changes nothing and counts each connection's bytes.
 fn counting_proxy(server: &Server) -> FlipProxy {
     FlipProxy::start(server.addr(), ProxyFault::FlipAt(Vec::new())).unwrap()
-}
-
-/// Files under `root` whose names say they are partial.
-fn partials(root: &Path) -> Vec<String> {
-    walkdir::WalkDir::new(root)
-        .into_iter()
-        .filter_map(Result::ok)
-        .filter(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .starts_with(".intact-partial")
-        })
-        .map(|e| e.path().display().to_string())
-        .collect()
 }
 
 #[test]

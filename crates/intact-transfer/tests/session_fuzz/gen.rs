@@ -610,6 +610,7 @@ fn out_of_place(src: &mut Source, id: u64) -> Message {
         cache_micros: 0,
         source_repairs: 0,
         source_micros: 0,
+        digest: Vec::new(),
     };
     match src.below(9) {
         0 if src.below(2) == 0 => Message::Join {

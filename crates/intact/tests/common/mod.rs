@@ -318,3 +318,48 @@ pub fn merged(plan: &Path, reports: &Path) -> (Option<i32>, serde_json::Value) {
         serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null),
     )
 }
+
+/// `intact send --json ARGS… SRC ADDR`, its exit status and its report
+/// (None if stdout was not one); `victim`, if given, is named as this
+/// sender's process (a proxy's KillAfter kills it).
+pub fn send_json(
+    args: &[&str],
+    src: &Path,
+    addr: &str,
+    victim: Option<&intact_faults::Victim>,
+) -> (std::process::ExitStatus, Option<serde_json::Value>) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_intact"));
+    cmd.args(["send", "--json"])
+        .args(args)
+        .arg(src)
+        .arg(addr)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = cmd.spawn().unwrap();
+    if let Some(v) = victim {
+        v.set(child.id());
+    }
+    let out = child.wait_with_output().unwrap();
+    // Shown only when the test fails: what the sender said about it.
+    eprintln!(
+        "intact send {:?}: {}\n{}",
+        out.status,
+        addr,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status, serde_json::from_slice(&out.stdout).ok())
+}
+
+/// Files under `root` whose names say they are partial.
+pub fn partials(root: &Path) -> Vec<PathBuf> {
+    walkdir::WalkDir::new(root)
+        .into_iter()
+        .filter_map(Result::ok)
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(".intact-partial")
+        })
+        .map(|e| e.path().to_path_buf())
+        .collect()
+}

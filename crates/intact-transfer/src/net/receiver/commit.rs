@@ -248,6 +248,7 @@ pub(super) fn verified(file: u64, level: VerifyLevel, note: &str) -> FileResult 
         cache_micros: 0,
         source_repairs: 0,
         source_micros: 0,
+        digest: Vec::new(),
     }
 }
 

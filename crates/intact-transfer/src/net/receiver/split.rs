@@ -399,6 +399,11 @@ fn held_range(
     let Some(file) = dest.open_final(&e.path).filter(|f| unchanged_since(f, e)) else {
         return Ok(None);
     };
+    // A row recorded without its BLAKE3 (an older build) cannot say which
+    // version of the file its held ranges are of: received again.
+    let Some(recorded) = row.digest else {
+        return Ok(None);
+    };
     if e.flags & Entry::REVERIFY != 0 || row.verified.level < mode.level() {
         return Err(refuse(
             e,
@@ -433,7 +438,7 @@ fn held_range(
         list.push((index, d.as_bytes().to_vec()));
     }
     inc.whole.held = Some(HeldWhole {
-        digest: [0; 32],
+        digest: recorded,
         trusted: Some(row.verified),
         stamp,
     });

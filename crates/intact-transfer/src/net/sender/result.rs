@@ -82,6 +82,9 @@ impl Stream<'_> {
         }
         if let Some(range) = o.report.range.as_mut() {
             range.state = crate::report::RangeReport::state_of(r.split);
+            range.file_digest = <[u8; 32]>::try_from(r.digest.as_slice())
+                .ok()
+                .map(|d| blake3::Hash::from_bytes(d).to_hex().to_string());
             if range.state.is_none() {
                 o.report.level = None;
                 o.report.error = Some(format!(

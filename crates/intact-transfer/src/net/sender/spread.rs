@@ -308,11 +308,14 @@ fn join_file(
     let mut parts = parts.into_iter();
     let (first_id, mut row) = parts.next().expect("two ranges or more");
     let n = row.range.as_ref().map_or(0, |r| r.file_blocks);
+    let server_digest = |r: &FileReport| r.range.as_ref().and_then(|r| r.file_digest.clone());
     let mut states = vec![row.range.as_ref().and_then(|r| r.state)];
+    let mut theirs = vec![server_digest(&row)];
     let mut all_cvs = cvs.remove(&first_id);
     let mut level = row.level;
     for (id, p) in parts {
         states.push(p.range.as_ref().and_then(|r| r.state));
+        theirs.push(server_digest(&p));
         row.blocks += p.blocks;
         row.blocks_resent += p.blocks_resent;
         row.pages_resent += p.pages_resent;
@@ -371,17 +374,42 @@ fn join_file(
         row.note = None;
         return row;
     }
-    row.level = level;
-    row.unchanged = held;
-    row.note = None;
-    if let Some(h) = all_cvs
+    // The file under its final name must be the one these ranges make:
+    // every range that says it is committed or held names the BLAKE3 the
+    // server recorded, and all of them equal the one composed here from
+    // this sender's blocks (another version committed between two
+    // ranges' answers, or ranges of two senders interleaved, fail here).
+    let ours = all_cvs
         .filter(|c| c.len() as u64 == n)
         .and_then(|c| Blake3Blocks::from_cvs(e.size, block, c))
         .and_then(|t| t.finalize())
-    {
-        row.digest = Some(h.to_hex().to_string());
-        row.source_digest = Some(crate::SourceDigest::Transfer);
+        .map(|h| h.to_hex().to_string());
+    let named: Vec<&Option<String>> = states
+        .iter()
+        .zip(&theirs)
+        .filter(|(s, _)| matches!(s, Some("committed" | "held")))
+        .map(|(_, d)| d)
+        .collect();
+    let mismatch = match &ours {
+        None => Some("this sender could not compose its BLAKE3 from its ranges".to_string()),
+        Some(o) => named.iter().find(|d| d.as_ref() != Some(o)).map(|d| match d {
+            None => "the server named no BLAKE3 for the file it says it holds".to_string(),
+            Some(t) => format!(
+                "the server holds a file with BLAKE3 {t}, not {o} as this sender's ranges make                  (another version was sent meanwhile): send it again"
+            ),
+        }),
+    };
+    if let Some(why) = mismatch {
+        row.error = Some(format!("{}: {why}", row.path));
+        row.level = None;
+        row.note = None;
+        return row;
     }
+    row.level = level;
+    row.unchanged = held;
+    row.note = None;
+    row.digest = ours;
+    row.source_digest = Some(crate::SourceDigest::Transfer);
     row
 }
 
@@ -431,7 +459,7 @@ mod tests {
     }
 
     #[test]
-    fn join_gives_one_row_per_file_and_keeps_the_scans_errors() {
+    fn join_gives_one_row_per_file_and_checks_the_servers_digest() {
         use crate::report::simple_report;
         let mib = 1u64 << 20;
         let original = Scan {
@@ -444,7 +472,25 @@ mod tests {
         };
         let (cut, groups) = cut(&original, 4 << 20, &[7; 32]);
         assert_eq!(cut.entries.len(), 2 + 4, "64 MiB in 16 MiB ranges");
-        let rows = |states: &[Option<&'static str>]| {
+        // The chaining values each range left, and the file they make.
+        let cv = |i: u64| [i as u8; 32];
+        let made = Blake3Blocks::from_cvs(64 * mib, 4 << 20, (0..16).map(cv).collect())
+            .and_then(|t| t.finalize())
+            .unwrap()
+            .to_hex()
+            .to_string();
+        let cvs = || {
+            let m = RangeCvs::default();
+            for (k, e) in cut.entries.iter().enumerate() {
+                if let Some(r) = e.range {
+                    m.lock()
+                        .unwrap()
+                        .insert(k as u64, (r.first..r.end).map(cv).collect());
+                }
+            }
+            m
+        };
+        let rows = |states: &[Option<&'static str>], named: Option<&str>| {
             let mut k = 0;
             cut.entries
                 .iter()
@@ -453,6 +499,9 @@ mod tests {
                     r.level = Some(crate::VerifyLevel::Device);
                     if let Some(range) = r.range.as_mut() {
                         range.state = states[k];
+                        if matches!(states[k], Some("committed" | "held")) {
+                            range.file_digest = named.map(str::to_string);
+                        }
                         r.blocks = range.end - range.first;
                         k += 1;
                     }
@@ -460,39 +509,43 @@ mod tests {
                 })
                 .collect::<Vec<_>>()
         };
+        let joined = |states: &[Option<&'static str>], named: Option<&str>| {
+            let mut report =
+                CopyReport::new(rows(states, named), &cut, 0, std::time::Instant::now(), 4);
+            join(&mut report, &original, &groups, cvs(), 4 << 20);
+            report
+        };
         let waiting = Some("waiting");
-        let ok = [waiting, Some("committed"), waiting, waiting];
-        let mut report = CopyReport::new(rows(&ok), &cut, 0, std::time::Instant::now(), 4);
-        join(
-            &mut report,
-            &original,
-            &groups,
-            RangeCvs::default(),
-            4 << 20,
-        );
+        let report = joined(&[waiting, Some("committed"), waiting, waiting], Some(&made));
         let paths: Vec<&str> = report.files.iter().map(|f| f.path.as_str()).collect();
         assert_eq!(paths, ["a", "big", "z"]);
         let big = &report.files[1];
         assert_eq!((big.size, big.blocks), (64 * mib, 16));
         assert_eq!(big.level, Some(crate::VerifyLevel::Device));
-        assert!(big.range.is_none() && big.error.is_none());
+        assert!(big.range.is_none() && big.error.is_none(), "{big:?}");
+        assert_eq!(big.digest.as_deref(), Some(made.as_str()));
         assert_eq!(report.errors.len(), 1, "{:?}", report.errors);
         assert_eq!(report.skipped, ["fifo"]);
         assert_eq!(report.failed, 1, "the unreadable source counts");
 
-        // No range says the file was committed: it is not verified.
-        let mut report =
-            CopyReport::new(rows(&[waiting; 4]), &cut, 0, std::time::Instant::now(), 4);
-        join(
-            &mut report,
-            &original,
-            &groups,
-            RangeCvs::default(),
-            4 << 20,
-        );
-        assert!(report.files[1].error.is_some());
-        assert_eq!(report.files[1].level, None);
-        assert_eq!(report.failed, 2);
+        // All held, with the server's digest: unchanged.
+        let report = joined(&[Some("held"); 4], Some(&made));
+        assert!(report.files[1].unchanged && report.files[1].error.is_none());
+
+        // No range says the file was committed; the server holds another
+        // version than these ranges make; it names none: never verified.
+        let other = "00".repeat(32);
+        for (states, named) in [
+            ([waiting; 4], Some(made.as_str())),
+            ([Some("held"); 4], Some(other.as_str())),
+            ([Some("held"); 4], None),
+        ] {
+            let report = joined(&states, named);
+            let big = &report.files[1];
+            assert!(big.error.is_some(), "{named:?}: {big:?}");
+            assert!(!big.unchanged && big.level.is_none());
+            assert_eq!(report.failed, 2);
+        }
     }
 
     #[test]

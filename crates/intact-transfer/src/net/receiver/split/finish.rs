@@ -179,9 +179,10 @@ impl Session<'_> {
             }
         }
         match committed {
-            Ok(level) => {
+            Ok((level, digest)) => {
                 result.level = level.wire_id();
                 result.split = FileResult::SPLIT_COMMITTED;
+                result.digest = digest.to_vec();
                 result.message = format!(
                     "range {}..{} verified; with it all {} ranges: the file is committed at level {level}",
                     r.first,
@@ -202,15 +203,15 @@ impl Session<'_> {
 
     /// Commits a split file whose confirmed ranges (exactly those
     /// `known`) cover it: its BLAKE3 composed from their chaining values,
-    /// recorded as `verified` (the lowest of theirs). Returns its level,
-    /// or why it was not committed.
+    /// recorded as `verified` (the lowest of theirs). Returns its level
+    /// and BLAKE3, or why it was not committed.
     fn commit_split(
         &mut self,
         f: &mut Incoming,
         file_id: (u64, u64),
         known: &Known,
         verified: VerifiedAt,
-    ) -> Result<VerifyLevel, String> {
+    ) -> Result<(VerifyLevel, [u8; 32]), String> {
         let ranges = self
             .journal
             .ranges(f.row, file_id, true)
@@ -255,7 +256,7 @@ impl Session<'_> {
         // The file is durable and verified under its name; a journal
         // failure only means a later send may move it again.
         let _ = profile.time(Stage::Journal, || self.journal.done_batch(&[done]));
-        Ok(verified.level)
+        Ok((verified.level, *digest.as_bytes()))
     }
 
     /// FileEnd of a range of a committed file that the sender sent no
@@ -278,6 +279,9 @@ impl Session<'_> {
             trusted_level: v.level.wire_id(),
             trusted_at: v.at,
             split: FileResult::SPLIT_HELD,
+            // The digest recorded when the file was committed (held_range
+            // answers only rows that have one).
+            digest: held.digest.to_vec(),
             ..verified(
                 file,
                 v.level,
