@@ -14,7 +14,7 @@
 //! the per-file comparison with the source in the page cache instead
 //! ([`warm`]).
 
-mod datasets;
+pub(crate) mod datasets;
 pub(crate) mod sshd;
 mod stages;
 mod table;

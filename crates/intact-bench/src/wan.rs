@@ -21,6 +21,10 @@
 //!   and with AES-128-GCM; rsync checks a whole-file checksum the
 //!   receiver computes over the bytes it wrote, from memory.
 //!
+//! `--datasets` sends `intact-bench transfer`'s datasets as trees the
+//! same ways (each copy checked for its files and bytes), so that many
+//! files over the long link are measured against rsync too.
+//!
 //! Before the runs, iperf3 (4 streams) and raw TCP (4 streams) through the
 //! same link give its physical limit; the ratio printed is intact's
 //! median throughput over iperf3's. The source and the destination are a
@@ -39,6 +43,7 @@ use intact_transfer::{send, SendOptions, ServerConfig, Spread as SpreadWhen, Ver
 use crate::linkbed::{iperf3, raw_tcp, Dest};
 use crate::ramdisk::RamExt4;
 use crate::runner::{interleaved, self_cpu, stop_on_signals, Spread};
+use crate::transfer::datasets::{self, Shape};
 use crate::transfer::sshd::{Across, Sshd};
 
 const MIB: u64 = 1 << 20;
@@ -52,9 +57,16 @@ pub struct WanArgs {
     /// Put the source and the destination on one RAM-backed ext4 instead.
     #[arg(long)]
     ram: bool,
-    /// File sizes, MiB.
+    /// File sizes, MiB (one file each; 0: none).
     #[arg(long, value_delimiter = ',', default_value = "1024,4096")]
     sizes: Vec<u64>,
+    /// Datasets of `intact-bench transfer` to send as trees too (medium:
+    /// 2,000 × 1 MiB; small: 20,000 × 16 KiB; mixed; large; dirs).
+    #[arg(long, value_delimiter = ',')]
+    datasets: Vec<String>,
+    /// Scale of the datasets (1.0: full size).
+    #[arg(long, default_value_t = 1.0)]
+    scale: f64,
     /// Runs per way, interleaved in alternating order.
     #[arg(long, default_value_t = 7)]
     runs: usize,
@@ -118,7 +130,24 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
     if let Err(why) = intact_faults::netbed_usable().and(intact_faults::usable()) {
         bail!("cannot build the testbed here: {why}");
     }
-    let biggest = a.sizes.iter().copied().max().unwrap_or(1024);
+    let sizes: Vec<u64> = a.sizes.iter().copied().filter(|&m| m > 0).collect();
+    let shapes: Vec<Shape> = datasets::standard(a.scale)
+        .into_iter()
+        .filter(|s| a.datasets.iter().any(|d| d == s.name))
+        .collect();
+    if shapes.len() != a.datasets.len() {
+        bail!(
+            "unknown dataset among {:?} (known: {:?})",
+            a.datasets,
+            datasets::NAMES
+        );
+    }
+    // MiB the source and two copies (intact's, rsync's) need at most.
+    let biggest = sizes.iter().copied().max().unwrap_or(0)
+        + shapes
+            .iter()
+            .map(|s| s.bytes().div_ceil(MIB) + s.files() / 64)
+            .sum::<u64>();
     let bed = Netbed::with_wan(Wan {
         rtt: Duration::from_millis(a.rtt_ms),
         rate: 1_000_000_000,
@@ -127,7 +156,7 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
     })?;
     // The file systems: the source's directory and the destination's root.
     let (_ram, _lfs, src_dir, root, place) = if a.ram {
-        let ram = RamExt4::create(biggest * 2 + 512)?;
+        let ram = RamExt4::create(biggest * 3 + 512)?;
         let m = ram.mount.clone();
         (
             Some(ram),
@@ -138,7 +167,7 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
         )
     } else {
         std::fs::create_dir_all(&a.dir)?;
-        let lfs = Arc::new(LoopFs::new(&a.dir, biggest + 256)?);
+        let lfs = Arc::new(LoopFs::new(&a.dir, biggest * 2 + 256)?);
         let root = lfs.mnt().join("recv");
         (
             None,
@@ -233,21 +262,40 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
     if let Some(line) = &bed.wan {
         println!("delay line after the probes: {}", line.summary());
     }
-    for &mib in &a.sizes {
+    // What is sent: one file per size, then one tree per dataset.
+    let mut items: Vec<(String, PathBuf, u64, Option<&Shape>)> = Vec::new();
+    for &mib in &sizes {
         let src = src_dir.join(format!("wan-src-{mib}.dat"));
         if std::fs::metadata(&src).map(|m| m.len()).ok() != Some(mib * MIB) {
             std::fs::write(&src, intact_sample::bytes((mib * MIB) as usize, mib))?;
         }
+        items.push((format!("{mib} MiB, one file"), src, mib * MIB, None));
+    }
+    for shape in &shapes {
+        let src = src_dir.join(format!("wan-{}", shape.name)).join("data");
+        shape.make(&src)?;
+        items.push((shape.describe(), src, shape.bytes(), Some(shape)));
+    }
+    let clear = |p: &std::path::Path| {
+        let _ = std::fs::remove_file(p);
+        let _ = std::fs::remove_dir_all(p);
+    };
+    for (title, src, bytes, shape) in &items {
+        let (src, bytes) = (src.clone(), *bytes);
         let dst = root.join(src.file_name().unwrap());
+        let rsync_copy = rsync_dst.join(src.file_name().unwrap());
         let runs = interleaved(ways.len(), a.runs, |way| {
-            let _ = std::fs::remove_file(&dst);
-            let _ = std::fs::remove_file(rsync_dst.join(src.file_name().unwrap()));
+            clear(&dst);
+            clear(&rsync_copy);
             let spread = match ways[way].1 {
                 Way::Intact(s) => s,
                 Way::Rsync(cipher) => {
                     let s = sshd.as_ref().expect("rsync ways need the sshd");
                     let line0 = line_cpu();
                     let sample = s.timed_rsync(&src, &rsync_dst, cipher)?;
+                    if let Some(shape) = shape {
+                        shape.check_copy(&rsync_copy)?;
+                    }
                     return Ok(Run {
                         secs: sample.wall,
                         cpu: sample.cpu,
@@ -277,9 +325,14 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
             if report.failed != 0 {
                 bail!("a transfer failed: {report:?}");
             }
-            let f = report.files.iter().find(|f| f.kind == "file");
-            if f.and_then(|f| f.level) != Some(intact_transfer::VerifyLevel::Device) {
-                bail!("the file did not reach level device: {f:?}");
+            let below = report.files.iter().find(|f| {
+                f.kind == "file" && f.level != Some(intact_transfer::VerifyLevel::Device)
+            });
+            if let Some(f) = below {
+                bail!("a file did not reach level device: {f:?}");
+            }
+            if let Some(shape) = shape {
+                shape.check_copy(&dst)?;
             }
             if !report
                 .frames
@@ -297,10 +350,10 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
                 ranges: report.spread.map_or(0, |s| s.ranges),
             })
         })?;
-        let _ = std::fs::remove_file(&dst);
-        let _ = std::fs::remove_file(rsync_dst.join(src.file_name().unwrap()));
+        clear(&dst);
+        clear(&rsync_copy);
         println!();
-        println!("{mib} MiB, one file:");
+        println!("{title}:");
         println!(
             "{:<44} {:>26} {:>10} {:>22} {:>10} {:>8} {:>12}",
             "way",
@@ -315,7 +368,7 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
             let secs = Spread::of(&v.iter().map(|r| r.secs).collect::<Vec<_>>());
             let cpu = Spread::of(&v.iter().map(|r| r.cpu).collect::<Vec<_>>());
             let line = Spread::of(&v.iter().map(|r| r.line).collect::<Vec<_>>());
-            let mbps = (mib * MIB * 8) as f64 / secs.median / 1e6;
+            let mbps = (bytes * 8) as f64 / secs.median / 1e6;
             println!(
                 "{:<44} {:>26} {:>10.0} {:>22} {:>10.2} {:>8} {:>12}",
                 ways[way].0,
