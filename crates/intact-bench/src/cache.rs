@@ -45,10 +45,10 @@ use intact_netcache::service::Service;
 use intact_netcache::{Counters, RecoveryCaches, Store};
 use intact_proto::Key;
 use intact_transfer::{
-    send, CopyReport, ReceiveOptions, SendOptions, ServerConfig, VerifyMode, WriteHook,
+    CopyReport, ReceiveOptions, SendOptions, ServerConfig, VerifyMode, WriteHook,
 };
 
-use crate::linkbed::{iperf3, raw_tcp, Dest};
+use crate::linkbed::{iperf3, raw_tcp, send_from, Dest};
 use crate::runner::{interleaved, self_cpu, stop_on_signals, Spread};
 
 const MIB: u64 = 1 << 20;
@@ -218,19 +218,14 @@ pub fn run(a: &CacheArgs) -> anyhow::Result<()> {
             }
             let (src, to, key) = (src.clone(), to.to_string(), key.clone());
             let t = Instant::now();
-            let report = from
-                .spawn(move || {
-                    let o = SendOptions {
-                        verify: VerifyMode::Riva,
-                        block_size: bs,
-                        streams: 4,
-                        key: Some(key),
-                        ..SendOptions::default()
-                    };
-                    send(&[src], &to, &o, &|_| {})
-                })?
-                .join()
-                .map_err(|_| anyhow::anyhow!("the sender panicked"))??;
+            let o = SendOptions {
+                verify: VerifyMode::Riva,
+                block_size: bs,
+                streams: 4,
+                key: Some(key),
+                ..SendOptions::default()
+            };
+            let report = send_from(from, vec![src], to, o)?;
             let secs = t.elapsed().as_secs_f64();
             armed.store(u64::MAX, Ordering::SeqCst);
             if report.failed != 0 {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use intact_faults::{Host, Netbed};
-use intact_transfer::{LocalServer, ServerConfig};
+use intact_transfer::{send, CopyReport, LocalServer, SendOptions, ServerConfig};
 
 const MIB: u64 = 1 << 20;
 
@@ -137,4 +137,18 @@ impl Drop for Dest {
             let _ = t.join();
         }
     }
+}
+
+/// `intact send` of `sources` to `to` with `opts`, run from `host`'s
+/// namespace.
+pub fn send_from(
+    host: &Host,
+    sources: Vec<std::path::PathBuf>,
+    to: String,
+    opts: SendOptions,
+) -> anyhow::Result<CopyReport> {
+    Ok(host
+        .spawn(move || send(&sources, &to, &opts, &|_| {}))?
+        .join()
+        .map_err(|_| anyhow::anyhow!("the sender panicked"))??)
 }

@@ -38,9 +38,9 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use intact_faults::{LoopFs, Netbed, Wan};
 use intact_proto::Key;
-use intact_transfer::{send, SendOptions, ServerConfig, Spread as SpreadWhen, VerifyMode};
+use intact_transfer::{SendOptions, ServerConfig, Spread as SpreadWhen, VerifyMode};
 
-use crate::linkbed::{iperf3, raw_tcp, Dest};
+use crate::linkbed::{iperf3, raw_tcp, send_from, Dest};
 use crate::ramdisk::RamExt4;
 use crate::runner::{interleaved, self_cpu, stop_on_signals, Spread};
 use crate::transfer::datasets::{self, Shape};
@@ -308,19 +308,13 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
             let cpu0 = self_cpu();
             let line0 = line_cpu();
             let t = Instant::now();
-            let report = bed
-                .source
-                .spawn(move || {
-                    let o = SendOptions {
-                        verify: VerifyMode::Riva,
-                        key: Some(key),
-                        spread,
-                        ..SendOptions::default()
-                    };
-                    send(&[src], &to, &o, &|_| {})
-                })?
-                .join()
-                .map_err(|_| anyhow::anyhow!("the sender panicked"))??;
+            let o = SendOptions {
+                verify: VerifyMode::Riva,
+                key: Some(key),
+                spread,
+                ..SendOptions::default()
+            };
+            let report = send_from(&bed.source, vec![src], to, o)?;
             let secs = t.elapsed().as_secs_f64();
             if report.failed != 0 {
                 bail!("a transfer failed: {report:?}");

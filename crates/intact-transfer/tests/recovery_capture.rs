@@ -20,7 +20,10 @@ use intact_netcache::capture::{self, CaptureOptions};
 use intact_netcache::service::Service;
 use intact_netcache::{Counters, RecoveryCaches, Store};
 use intact_proto::Key;
-use intact_transfer::{send, LocalServer, ReceiveOptions, SendOptions, ServerConfig, VerifyMode};
+use intact_transfer::{send, ReceiveOptions, SendOptions, ServerConfig, VerifyMode};
+
+mod common;
+use common::ServerIn;
 
 const BS: usize = 1 << 20;
 
@@ -200,33 +203,20 @@ fn mirrored_packets_feed_the_cache_and_a_device_write_error_is_repaired_from_it(
     };
     let root = lfs.mnt().join("recv");
     fs::create_dir_all(&root).unwrap();
-    let (addr_tx, addr_rx) = mpsc::channel();
-    let (stop_tx, stop_rx) = mpsc::channel::<()>();
-    let server = {
-        let key = key.clone();
-        bed.destination
-            .spawn(move || {
-                let srv = LocalServer::start_on(
-                    ServerConfig {
-                        key: Some(key),
-                        encrypt: false,
-                        receive: ReceiveOptions {
-                            after_write: Some(hook),
-                            recovery: Some(RecoveryCaches::new(vec![cache_addr.to_string()])),
-                            ..ReceiveOptions::default()
-                        },
-                        ..ServerConfig::local(root)
-                    },
-                    "10.91.2.1:0",
-                )
-                .unwrap();
-                addr_tx.send(srv.addr()).unwrap();
-                let _ = stop_rx.recv();
-                srv.stop().unwrap();
-            })
-            .unwrap()
-    };
-    let server_addr: String = addr_rx.recv().unwrap();
+    let server = ServerIn::start(
+        &bed.destination,
+        ServerConfig {
+            key: Some(key.clone()),
+            encrypt: false,
+            receive: ReceiveOptions {
+                after_write: Some(hook),
+                recovery: Some(RecoveryCaches::new(vec![cache_addr.to_string()])),
+                ..ReceiveOptions::default()
+            },
+            ..ServerConfig::local(root)
+        },
+    );
+    let server_addr = server.addr.clone();
 
     // The source sends across the shaped link.
     let report = {
@@ -250,12 +240,7 @@ fn mirrored_packets_feed_the_cache_and_a_device_write_error_is_repaired_from_it(
         fired.load(Ordering::SeqCst),
         "the device fault was injected"
     );
-    let line = bed.wan.as_ref().unwrap();
-    assert!(
-        line.stats.iter().all(|s| !s.died.load(Ordering::SeqCst)),
-        "{}",
-        line.summary()
-    );
+    common::assert_line_lived(&bed);
     assert_eq!(report.failed, 0, "{report:?}");
     let f = report.files.iter().find(|f| f.kind == "file").unwrap();
     assert_eq!(f.blocks_from_cache, 1, "{f:?}");
@@ -309,8 +294,7 @@ fn mirrored_packets_feed_the_cache_and_a_device_write_error_is_repaired_from_it(
 
     stop.store(true, Ordering::SeqCst);
     cache.join().expect("the capture ended without a panic");
-    let _ = stop_tx.send(());
-    server.join().unwrap();
+    drop(server);
     lfs.remount().unwrap();
     assert_eq!(fs::read(lfs.mnt().join("recv/big.dat")).unwrap(), data);
 }

@@ -8,13 +8,14 @@
 
 use std::fs;
 use std::path::Path;
-use std::sync::atomic::Ordering;
-use std::sync::mpsc;
 use std::time::Duration;
 
 use intact_faults::{Netbed, Wan};
 use intact_proto::Key;
-use intact_transfer::{send, LocalServer, SendOptions, ServerConfig, VerifyLevel};
+use intact_transfer::{send, SendOptions, ServerConfig, VerifyLevel};
+
+mod common;
+use common::ServerIn;
 
 const MIB: usize = 1 << 20;
 const RTT: Duration = Duration::from_millis(30);
@@ -44,28 +45,15 @@ fn auto_spreads_a_large_file_over_the_streams_across_a_30_ms_link() {
     fs::create_dir_all(&root).unwrap();
     let key = Key::generate().unwrap();
 
-    let (addr_tx, addr_rx) = mpsc::channel();
-    let (stop_tx, stop_rx) = mpsc::channel::<()>();
-    let server = {
-        let (key, root) = (key.clone(), root.clone());
-        bed.destination
-            .spawn(move || {
-                let srv = LocalServer::start_on(
-                    ServerConfig {
-                        key: Some(key),
-                        encrypt: true,
-                        ..ServerConfig::local(root)
-                    },
-                    "10.91.2.1:0",
-                )
-                .unwrap();
-                addr_tx.send(srv.addr()).unwrap();
-                let _ = stop_rx.recv();
-                srv.stop().unwrap();
-            })
-            .unwrap()
-    };
-    let addr: String = addr_rx.recv().unwrap();
+    let server = ServerIn::start(
+        &bed.destination,
+        ServerConfig {
+            key: Some(key.clone()),
+            encrypt: true,
+            ..ServerConfig::local(&root)
+        },
+    );
+    let addr = server.addr.clone();
     let report = bed
         .source
         .spawn(move || {
@@ -78,14 +66,8 @@ fn auto_spreads_a_large_file_over_the_streams_across_a_30_ms_link() {
         .unwrap()
         .join()
         .unwrap();
-    stop_tx.send(()).unwrap();
-    server.join().unwrap();
-    let line = bed.wan.as_ref().unwrap();
-    assert!(
-        line.stats.iter().all(|s| !s.died.load(Ordering::SeqCst)),
-        "{}",
-        line.summary()
-    );
+    drop(server);
+    common::assert_line_lived(&bed);
 
     assert_eq!(report.failed, 0, "{report:?}");
     let spread = report.spread.as_ref().expect("send reports its spread");

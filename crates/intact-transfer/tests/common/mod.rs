@@ -194,3 +194,58 @@ impl Case {
         self.fs.device_byte_under(file, offset).unwrap()
     }
 }
+
+/// An in-process server run in a namespace of a testbed (on a thread
+/// that entered it), listening on `ip`:0; stopped when dropped.
+pub struct ServerIn {
+    pub addr: String,
+    stop: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ServerIn {
+    pub fn start(host: &intact_faults::Host, cfg: ServerConfig) -> ServerIn {
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let (stop, stop_rx) = std::sync::mpsc::channel::<()>();
+        let ip = host.ip;
+        let thread = host
+            .spawn(move || {
+                let srv = LocalServer::start_on(cfg, &format!("{ip}:0")).unwrap();
+                addr_tx.send(srv.addr()).unwrap();
+                let _ = stop_rx.recv();
+                srv.stop().unwrap();
+            })
+            .unwrap();
+        ServerIn {
+            addr: addr_rx.recv().unwrap(),
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for ServerIn {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            // A server thread that panicked fails the test here, unless
+            // the test is already failing.
+            if t.join().is_err() && !std::thread::panicking() {
+                panic!("the server in the namespace panicked");
+            }
+        }
+    }
+}
+
+/// Asserts that no thread of the bed's delay line ended on an error (a
+/// dead direction would stall what crosses it).
+pub fn assert_line_lived(bed: &intact_faults::Netbed) {
+    let line = bed.wan.as_ref().expect("a bed with a delay line");
+    assert!(
+        line.stats
+            .iter()
+            .all(|s| !s.died.load(std::sync::atomic::Ordering::SeqCst)),
+        "{}",
+        line.summary()
+    );
+}
