@@ -12,9 +12,12 @@ pub const PAGE: u64 = 4096;
 /// Rounds of flush + drop + check before giving up on stubborn pages,
 /// and the pause before each (in ms). Pages pinned for a moment (a
 /// writeback or a read another thread started, an LRU batch) usually go on
-/// the next round; a few need the pin to end first. At most ~20 ms is
-/// spent on a stubborn range, and only on one.
-const BACKOFF_MS: [u64; 6] = [0, 0, 1, 2, 5, 10];
+/// the next round; a few need the pin to end first, which on a loaded
+/// machine can take longer than 20 ms (seen: 1 block of 256 left resident
+/// after six rounds in 18 ms, while a 1 Gbit/s delay line's real-time
+/// threads kept both cores busy). At most ~190 ms is spent on a stubborn
+/// range, and only on one.
+const BACKOFF_MS: [u64; 9] = [0, 0, 1, 2, 5, 10, 20, 50, 100];
 const MAX_ROUNDS: u32 = BACKOFF_MS.len() as u32;
 
 /// The largest page-cache folio (PMD size on x86-64 and arm64 with 4 KiB

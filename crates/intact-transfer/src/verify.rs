@@ -317,6 +317,12 @@ impl DeviceStats {
     }
 }
 
+/// Why a receiver lowered a file to the level the source's reads reached
+/// (the sender, which knows the source's own reason, tells it instead).
+pub(crate) fn source_cap_note(level: VerifyLevel) -> String {
+    format!("the source's reads reached level {level}")
+}
+
 /// The level a file reached: the lowest level at which any of its bytes
 /// was checked (in this run, or as recorded when a trusted block was
 /// checked), with the reason it is below the mode's aim.

@@ -334,3 +334,46 @@ fn files_ride_one_stream_where_spreading_is_off_or_cannot_verify_a_range() {
         assert_eq!(fs::read(root.join("src/big.dat")).unwrap(), big);
     }
 }
+
+/// A spread file below the aim says why, whichever end lowered it: the
+/// reason one range gave reaches the joined row (a tmpfs the test mounted
+/// has no device below it, at the source or at the destination).
+#[test]
+fn a_spread_file_below_the_aim_says_which_end_lowered_it_and_why() {
+    let test = "a_spread_file_below_the_aim_says_which_end_lowered_it_and_why";
+    let Some(ext4) = common::loop_ext4(test, 128) else {
+        return;
+    };
+    let Some(shm) = intact_testkit::tmpfs(test) else {
+        return;
+    };
+    let big = intact_sample::bytes(40 * MIB + 777, 23);
+    for (src_on, dst_on, end) in [
+        (shm.path(), ext4.mnt(), "source"),
+        (ext4.mnt(), shm.path(), "destination"),
+    ] {
+        let src = src_on.join(format!("src-{end}"));
+        fs::create_dir_all(&src).unwrap();
+        fs::write(src.join("big.dat"), &big).unwrap();
+        let root = dst_on.join(format!("dst-{end}"));
+        let server = Server::start(&root);
+        let (code, report) = send(&src, &server.addr(), &["--spread", "always"], None);
+        assert_eq!(code, Some(0), "{report:#}");
+        assert_eq!(report["spread"]["files"], 1, "{report:#}");
+        let b = row(&report, &format!("src-{end}/big.dat"));
+        assert_eq!(b["level"], "cache", "{b:#}");
+        let note = b["note"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no note: {b:#}"));
+        assert!(
+            note.contains(&format!("the {end} is on tmpfs")) && note.contains("blocks "),
+            "{note}"
+        );
+        assert_eq!(b["digest"], blake3::hash(&big).to_hex().as_str(), "{b:#}");
+        let got = fs::read(root.join(format!("src-{end}/big.dat"))).unwrap();
+        assert!(got == big, "the bytes the server holds");
+        drop(server);
+        fs::remove_dir_all(&src).unwrap();
+        fs::remove_dir_all(&root).unwrap();
+    }
+}

@@ -222,7 +222,14 @@ pub fn send_scanned(
         let mut report = run_sender(&cut, opts, links, progress, start, &profile, Some(&cvs));
         let ranges = groups.iter().map(|g| g.len() as u64).sum();
         let files = groups.len() as u64;
-        spread::join(&mut report, &scanned, &groups, cvs, opts.block_size);
+        spread::join(
+            &mut report,
+            &scanned,
+            &groups,
+            cvs,
+            opts.block_size,
+            opts.verify.level(),
+        );
         report.spread = Some(spread::SpreadReport {
             rtt_seconds: rtt.as_secs_f64(),
             why,

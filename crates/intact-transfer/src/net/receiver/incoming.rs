@@ -143,10 +143,7 @@ impl Incoming {
         let mut r = Reached::aim(self.mode);
         self.verify.lower(&mut r);
         if let Some(level) = self.source_level {
-            r.lower(
-                level.as_source_cap(),
-                format!("the source's reads reached level {level}"),
-            );
+            r.lower(level.as_source_cap(), crate::verify::source_cap_note(level));
         }
         if let Some(level) = self.held.trusted_level() {
             r.lower(

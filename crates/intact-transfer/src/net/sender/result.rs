@@ -99,6 +99,10 @@ impl Stream<'_> {
             level: VerifyLevel::from_wire_id(r.level).unwrap_or(VerifyLevel::None),
             note: (!r.message.is_empty()).then(|| r.message.clone()),
         };
+        let mode = self.ctx.opts.verify;
+        // This end's own reason, which says more than the receiver's echo
+        // of the level the source's reads reached.
+        let mut own = Reached::aim(mode);
         if let Some(source) = &o.source {
             if let Some(stats) = source.device_stats() {
                 o.report.evict_seconds += stats.evict.as_secs_f64();
@@ -107,17 +111,43 @@ impl Stream<'_> {
                 }
                 o.report.pages_resident += stats.resident;
             }
-            source.lower(&mut reached);
+            source.lower(&mut own);
+        }
+        let own = own
+            .note
+            .filter(|_| own.level < mode.level())
+            .map(|n| (own.level, n));
+        if let Some((level, why)) = &own {
+            if *level < reached.level {
+                reached = Reached {
+                    level: *level,
+                    note: Some(why.clone()),
+                };
+            } else if *level == reached.level {
+                let echo = crate::verify::source_cap_note(*level);
+                reached.note = Some(match reached.note.take() {
+                    Some(theirs) if theirs != echo => format!("{why}; {theirs}"),
+                    _ => why.clone(),
+                });
+            }
         }
         o.report.level = Some(reached.level);
         // Below the aim, why; `flash` also says which window it waited for.
-        let mode = self.ctx.opts.verify;
         o.report.note = reached
             .note
+            .clone()
             .filter(|_| reached.level < mode.level() || mode == crate::VerifyMode::Flash);
         if o.report.range.is_some() {
-            // Where the split file stands (and, below the aim, why).
-            o.report.note = (!r.message.is_empty()).then(|| r.message.clone());
+            // Where the split file stands (and, below the aim, the
+            // receiver's why), then why this end lowered the range.
+            let mut note = r.message.clone();
+            if let Some((level, why)) = &own {
+                if !note.is_empty() {
+                    note.push_str("; ");
+                }
+                note.push_str(&format!("the sender's reads reached level {level}: {why}"));
+            }
+            o.report.note = (!note.is_empty()).then_some(note);
         }
         // The bytes the receiver holds have this run's digest of the source:
         // the next quick check can take it from the cache.

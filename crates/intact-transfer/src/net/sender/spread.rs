@@ -31,7 +31,7 @@ use intact_digest::Blake3Blocks;
 
 use crate::report::{CopyReport, FileReport};
 use crate::source::{Scan, SourceEntry, SourceKind, SourceRange};
-use crate::{MAX_RANGES, MAX_RANGE_BLOCKS, MIN_SPLIT_BLOCK};
+use crate::{VerifyLevel, MAX_RANGES, MAX_RANGE_BLOCKS, MIN_SPLIT_BLOCK};
 
 /// Whether large files are spread over the streams.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -259,6 +259,7 @@ pub(crate) fn join(
     groups: &[Group],
     cvs: RangeCvs,
     block: usize,
+    aim: VerifyLevel,
 ) {
     let mut cvs = cvs.into_inner().unwrap_or_else(|p| p.into_inner());
     let mut rows: Vec<Option<FileReport>> = std::mem::take(&mut report.files)
@@ -279,7 +280,7 @@ pub(crate) fn join(
             .clone()
             .map(|k| (k as u64, rows[k].take().expect("one row per range")))
             .collect();
-        files.push(join_file(e, parts, &mut cvs, block as u64));
+        files.push(join_file(e, parts, &mut cvs, block as u64, aim));
         next = g.ranges.end;
     }
     while next < rows.len() {
@@ -304,7 +305,9 @@ fn join_file(
     parts: Vec<(u64, FileReport)>,
     cvs: &mut HashMap<u64, Vec<[u8; 32]>>,
     block: u64,
+    aim: VerifyLevel,
 ) -> FileReport {
+    let why_lowest = lowest_reason(&parts);
     let mut parts = parts.into_iter();
     let (first_id, mut row) = parts.next().expect("two ranges or more");
     let n = row.range.as_ref().map_or(0, |r| r.file_blocks);
@@ -392,12 +395,16 @@ fn join_file(
         .collect();
     let mismatch = match &ours {
         None => Some("this sender could not compose its BLAKE3 from its ranges".to_string()),
-        Some(o) => named.iter().find(|d| d.as_ref() != Some(o)).map(|d| match d {
-            None => "the server named no BLAKE3 for the file it says it holds".to_string(),
-            Some(t) => format!(
-                "the server holds a file with BLAKE3 {t}, not {o} as this sender's ranges make                  (another version was sent meanwhile): send it again"
+        Some(o) => named
+            .iter()
+            .find(|d| d.as_ref() != Some(o))
+            .map(|d| match d {
+                None => "the server named no BLAKE3 for the file it says it holds".to_string(),
+                Some(t) => format!(
+                "the server holds a file with BLAKE3 {t}, not {o} as this sender's ranges make \
+                 (another version was sent meanwhile): send it again"
             ),
-        }),
+            }),
     };
     if let Some(why) = mismatch {
         row.error = Some(format!("{}: {why}", row.path));
@@ -407,10 +414,33 @@ fn join_file(
     }
     row.level = level;
     row.unchanged = held;
-    row.note = None;
+    // Below the aim, why: the reason the lowest range gave.
+    row.note = why_lowest.filter(|_| level.is_some_and(|l| l < aim));
     row.digest = ours;
     row.source_digest = Some(crate::SourceDigest::Transfer);
     row
+}
+
+/// Why the lowest of `parts` is where it is: the note of a range at the
+/// lowest level, preferring one that stands at its own level (a range
+/// that committed the file carries the file's level, lowered by another
+/// range, whose note says why), with the blocks it covers.
+fn lowest_reason(parts: &[(u64, FileReport)]) -> Option<String> {
+    let lowest = parts.iter().filter_map(|(_, p)| p.level).min()?;
+    parts
+        .iter()
+        .map(|(_, p)| p)
+        .filter(|p| p.level == Some(lowest) && p.note.is_some())
+        .min_by_key(|p| p.range.as_ref().and_then(|r| r.state) == Some("committed"))
+        .and_then(|p| {
+            let r = p.range.as_ref()?;
+            Some(format!(
+                "blocks {}..{} at level {lowest}: {}",
+                r.first,
+                r.end,
+                p.note.as_deref()?
+            ))
+        })
 }
 
 fn min_some<T: Ord>(a: Option<T>, b: Option<T>) -> Option<T> {
@@ -512,7 +542,14 @@ mod tests {
         let joined = |states: &[Option<&'static str>], named: Option<&str>| {
             let mut report =
                 CopyReport::new(rows(states, named), &cut, 0, std::time::Instant::now(), 4);
-            join(&mut report, &original, &groups, cvs(), 4 << 20);
+            join(
+                &mut report,
+                &original,
+                &groups,
+                cvs(),
+                4 << 20,
+                crate::VerifyLevel::Device,
+            );
             report
         };
         let waiting = Some("waiting");
@@ -524,9 +561,42 @@ mod tests {
         assert_eq!(big.level, Some(crate::VerifyLevel::Device));
         assert!(big.range.is_none() && big.error.is_none(), "{big:?}");
         assert_eq!(big.digest.as_deref(), Some(made.as_str()));
+        assert!(big.note.is_none(), "at the aim, no note: {big:?}");
         assert_eq!(report.errors.len(), 1, "{:?}", report.errors);
         assert_eq!(report.skipped, ["fifo"]);
         assert_eq!(report.failed, 1, "the unreadable source counts");
+
+        // One range below the aim, with its reason; the committing range
+        // carries the file's (lowered) level with its state message only:
+        // the joined row says why, naming the lower range.
+        let mut report = CopyReport::new(
+            rows(&[waiting, waiting, Some("committed"), waiting], Some(&made)),
+            &cut,
+            0,
+            std::time::Instant::now(),
+            4,
+        );
+        for (k, (level, note)) in [
+            (2, (crate::VerifyLevel::Cache, "2 of 4 re-reads at the source found pages still cached")),
+            (3, (crate::VerifyLevel::Cache, "range 8..12 verified; with it all 4 ranges: the file is committed at level cache")),
+        ] {
+            report.files[k].level = Some(level);
+            report.files[k].note = Some(note.into());
+        }
+        join(
+            &mut report,
+            &original,
+            &groups,
+            cvs(),
+            4 << 20,
+            crate::VerifyLevel::Device,
+        );
+        let big = &report.files[1];
+        assert_eq!(big.level, Some(crate::VerifyLevel::Cache), "{big:?}");
+        assert_eq!(
+            big.note.as_deref(),
+            Some("blocks 4..8 at level cache: 2 of 4 re-reads at the source found pages still cached"),
+        );
 
         // All held, with the server's digest: unchanged.
         let report = joined(&[Some("held"); 4], Some(&made));
