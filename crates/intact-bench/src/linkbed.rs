@@ -49,6 +49,42 @@ pub fn iperf3(bed: &Netbed) -> anyhow::Result<f64> {
         .context("iperf3 gave no sum_received")
 }
 
+/// `program` run in the namespace named `ns` (None: this one).
+pub fn netns_command(ns: Option<&str>, program: &str) -> std::process::Command {
+    match ns {
+        None => std::process::Command::new(program),
+        Some(ns) => {
+            let mut c = std::process::Command::new("ip");
+            c.args(["netns", "exec", ns, program]);
+            c
+        }
+    }
+}
+
+/// A free TCP port on `host`'s address, in its namespace.
+pub fn free_port(host: &Host) -> anyhow::Result<u16> {
+    let ip = host.ip;
+    host.spawn(move || -> std::io::Result<u16> {
+        Ok(TcpListener::bind((ip, 0))?.local_addr()?.port())
+    })?
+    .join()
+    .map_err(|_| anyhow::anyhow!("port probe panicked"))?
+    .map_err(Into::into)
+}
+
+/// Whether something accepts TCP connections on `host`'s address at
+/// `port` now (asked from inside its namespace).
+pub fn wait_listening(host: &Host, port: u16) -> anyhow::Result<bool> {
+    let ip = host.ip;
+    host.spawn(move || {
+        let addr = std::net::SocketAddr::from((ip.parse::<std::net::Ipv4Addr>().ok()?, port));
+        Some(TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok())
+    })?
+    .join()
+    .map_err(|_| anyhow::anyhow!("connect probe panicked"))?
+    .ok_or_else(|| anyhow::anyhow!("{} is not an IPv4 address", host.ip))
+}
+
 /// Raw TCP from the source to the destination over `streams` connections,
 /// `mib` MiB in all: the link's limit as iperf3 would give it. Bits/s.
 pub fn raw_tcp(bed: &Netbed, mib: u64, streams: u64) -> anyhow::Result<f64> {

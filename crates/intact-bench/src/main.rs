@@ -10,6 +10,7 @@ mod linkbed;
 mod model;
 mod mount;
 mod netns;
+mod peers;
 mod pipe;
 mod ramdisk;
 mod runner;

@@ -116,6 +116,41 @@ pub fn children_cpu() -> f64 {
     rusage_cpu(libc::RUSAGE_CHILDREN)
 }
 
+/// CPU seconds in a `/proc/…/stat` text: the task's own (utime + stime)
+/// and its reaped children's (cutime + cstime).
+pub fn stat_cpu(stat: &str) -> Option<(f64, f64)> {
+    // Fields after the command's closing parenthesis start at field 3;
+    // utime, stime, cutime and cstime are fields 14 to 17.
+    let rest = stat.rsplit_once(')')?.1;
+    let f: Vec<f64> = rest
+        .split_whitespace()
+        .skip(11)
+        .take(4)
+        .map(|v| v.parse().unwrap_or(0.0))
+        .collect();
+    if f.len() < 4 {
+        return None;
+    }
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Some(((f[0] + f[1]) / hz, (f[2] + f[3]) / hz))
+}
+
+/// CPU seconds of process `pid`, its own and its reaped children's, once
+/// it has reaped all of them (a server whose sessions just ended; at
+/// most 2 s is waited).
+pub fn settled_cpu(pid: u32) -> anyhow::Result<(f64, f64)> {
+    let children = format!("/proc/{pid}/task/{pid}/children");
+    for _ in 0..200 {
+        if std::fs::read_to_string(&children)?.trim().is_empty() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    stat_cpu(&stat).ok_or_else(|| anyhow::anyhow!("/proc/{pid}/stat: too few fields"))
+}
+
 /// CPU seconds (user and system) of this process's threads so far.
 pub fn self_cpu() -> f64 {
     rusage_cpu(libc::RUSAGE_SELF)

@@ -41,8 +41,9 @@ use intact_proto::Key;
 use intact_transfer::{SendOptions, ServerConfig, Spread as SpreadWhen, VerifyMode};
 
 use crate::linkbed::{iperf3, raw_tcp, send_from, Dest};
+use crate::peers::{Gridftp, Resolver, Xrootd, GRIDFTP_VERIFIES, XROOTD_VERIFIES};
 use crate::ramdisk::RamExt4;
-use crate::runner::{interleaved, self_cpu, stop_on_signals, Spread};
+use crate::runner::{interleaved, self_cpu, stat_cpu, stop_on_signals, Spread};
 use crate::transfer::datasets::{self, Shape};
 use crate::transfer::sshd::{Across, Sshd};
 
@@ -76,7 +77,7 @@ pub struct WanArgs {
     /// MTU of the testbed's links (see `intact-bench cache --mtu`).
     #[arg(long, default_value_t = 9000)]
     mtu: u32,
-    /// Leave out rsync over ssh.
+    /// Leave out the peers (rsync and rclone over ssh, xrdcp, GridFTP).
     #[arg(long)]
     no_peers: bool,
 }
@@ -86,9 +87,17 @@ enum Way {
     Intact(SpreadWhen),
     /// rsync -a -e ssh, with this cipher (None: ssh's default).
     Rsync(Option<&'static str>),
+    /// rclone copy over SFTP through the same sshd.
+    Rclone,
+    /// xrdcp to an xrootd.
+    Xrdcp,
+    /// globus-url-copy to a GridFTP server.
+    Gridftp,
 }
 
 const WHAT: &str = "what each verifies: intact riva checks every block's XXH3 on arrival and re-reads it from the destination's device after evicting it (level device), at both ends, frames encrypted (AES-256-GCM or ChaCha20-Poly1305); rsync compares a whole-file checksum the receiver computes over the bytes it wrote, from memory (never re-read), over ssh's encryption";
+
+const RCLONE_VERIFIES: &str = "rclone over SFTP compares each file's size and the source's MD5 with the one md5sum computes at the far end over the file it wrote, read through the page cache, over ssh's encryption";
 
 struct Run {
     secs: f64,
@@ -105,24 +114,15 @@ fn line_cpu() -> f64 {
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
         return 0.0;
     };
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    let mut ticks = 0.0;
-    for t in tasks.flatten() {
-        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-        if !comm.starts_with("delayline") {
-            continue;
-        }
-        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
-        if let Some((_, rest)) = stat.rsplit_once(')') {
-            let f: Vec<&str> = rest.split_whitespace().collect();
-            // utime and stime: fields 14 and 15, the 12th and 13th after ')'.
-            if f.len() > 12 {
-                ticks += f[11].parse::<f64>().unwrap_or(0.0) + f[12].parse::<f64>().unwrap_or(0.0);
-            }
-        }
-    }
-    ticks / hz
+    tasks
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with("delayline"))
+        })
+        .filter_map(|t| std::fs::read_to_string(t.path().join("stat")).ok())
+        .filter_map(|stat| stat_cpu(&stat))
+        .map(|(own, _)| own)
+        .sum()
 }
 
 pub fn run(a: &WanArgs) -> anyhow::Result<()> {
@@ -185,6 +185,13 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
     let key = Key::generate()?;
     let rsync_dst = root.join("rsync");
     std::fs::create_dir_all(&rsync_dst)?;
+    let rclone_dst = root.join("rclone");
+    let ftp_dst = root.join("gridftp");
+    let _resolver = if a.no_peers {
+        None
+    } else {
+        Some(Resolver::for_hosts(&[&bed.source, &bed.destination])?)
+    };
     let sshd = if a.no_peers {
         None
     } else {
@@ -223,6 +230,32 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
             "rsync -a -e \"ssh -c aes128-gcm@openssh.com\"".to_string(),
             Way::Rsync(Some("aes128-gcm@openssh.com")),
         ));
+        ways.push(("rclone copy, sftp".to_string(), Way::Rclone));
+    }
+    let across = || Across {
+        server: &bed.destination,
+        client: &bed.source,
+    };
+    let mut xrootd = None;
+    let mut gridftp = None;
+    if !a.no_peers {
+        match Xrootd::start(&a.dir.join("xrootd-wan"), &root.join("xrootd"), across()) {
+            Ok(x) => {
+                xrootd = Some(x);
+                ways.push(("xrdcp --cksum adler32, 4 streams".to_string(), Way::Xrdcp));
+            }
+            Err(why) => println!("xrdcp not measured: {why:#}"),
+        }
+        match Gridftp::start(&a.dir.join("gridftp-wan"), across()) {
+            Ok(g) => {
+                gridftp = Some(g);
+                ways.push((
+                    "globus-url-copy -p 4 -verify-checksum".to_string(),
+                    Way::Gridftp,
+                ));
+            }
+            Err(why) => println!("GridFTP not measured: {why:#}"),
+        }
     }
     let dest = Dest::start(
         &bed.destination,
@@ -282,19 +315,54 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
     };
     for (title, src, bytes, shape) in &items {
         let (src, bytes) = (src.clone(), *bytes);
-        let dst = root.join(src.file_name().unwrap());
-        let rsync_copy = rsync_dst.join(src.file_name().unwrap());
+        let name = src.file_name().unwrap();
+        let dst = root.join(name);
+        let rsync_copy = rsync_dst.join(name);
+        let rclone_copy = rclone_dst.join(name);
+        let xrd_copy = xrootd.as_ref().map(|x| x.copy_of(&src));
+        let ftp_copy = ftp_dst.join(name);
+        let copies = [&dst, &rsync_copy, &rclone_copy, &ftp_copy];
         let runs = interleaved(ways.len(), a.runs, |way| {
-            clear(&dst);
-            clear(&rsync_copy);
-            let spread = match ways[way].1 {
-                Way::Intact(s) => s,
+            for c in copies.iter().copied().chain(xrd_copy.as_ref()) {
+                clear(c);
+            }
+            let sshd = || sshd.as_ref().expect("the ssh ways need the sshd");
+            let line0 = line_cpu();
+            let peer = match ways[way].1 {
+                Way::Intact(s) => Err(s),
                 Way::Rsync(cipher) => {
-                    let s = sshd.as_ref().expect("rsync ways need the sshd");
-                    let line0 = line_cpu();
-                    let sample = s.timed_rsync(&src, &rsync_dst, cipher)?;
-                    if let Some(shape) = shape {
-                        shape.check_copy(&rsync_copy)?;
+                    Ok((sshd().timed_rsync(&src, &rsync_dst, cipher)?, &rsync_copy))
+                }
+                Way::Rclone => {
+                    // A tree's contents go into the directory named.
+                    let into = if shape.is_some() {
+                        &rclone_copy
+                    } else {
+                        &rclone_dst
+                    };
+                    Ok((sshd().timed_rclone(&src, into)?, &rclone_copy))
+                }
+                Way::Xrdcp => {
+                    let x = xrootd.as_mut().expect("the xrdcp way needs the xrootd");
+                    Ok((
+                        x.timed_copy(&src)?,
+                        xrd_copy.as_ref().expect("with the xrootd"),
+                    ))
+                }
+                Way::Gridftp => {
+                    let g = gridftp.as_mut().expect("the GridFTP way needs its server");
+                    Ok((g.timed_copy(&src, &ftp_dst)?, &ftp_copy))
+                }
+            };
+            let spread = match peer {
+                Err(s) => s,
+                Ok((sample, copy)) => {
+                    match shape {
+                        Some(shape) => shape.check_copy(copy)?,
+                        None if std::fs::metadata(copy)?.len() != bytes => {
+                            bail!("{} holds another size than the source", copy.display())
+                        }
+                        None => {}
                     }
                     return Ok(Run {
                         secs: sample.wall,
@@ -306,7 +374,6 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
             };
             let (src, to, key) = (src.clone(), dest.addr.clone(), key.clone());
             let cpu0 = self_cpu();
-            let line0 = line_cpu();
             let t = Instant::now();
             let o = SendOptions {
                 verify: VerifyMode::Riva,
@@ -344,8 +411,9 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
                 ranges: report.spread.map_or(0, |s| s.ranges),
             })
         })?;
-        clear(&dst);
-        clear(&rsync_copy);
+        for c in copies.iter().copied().chain(xrd_copy.as_ref()) {
+            clear(c);
+        }
         println!();
         println!("{title}:");
         println!(
@@ -378,8 +446,10 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
             println!("delay line so far: {}", line.summary());
         }
     }
-    println!("\n{WHAT}.");
-    println!("CPU: intact's both ends run in this process: its CPU seconds less the delay line's threads (named delayline-…, read from /proc/self/task), shown apart as line CPU (median); rsync's: its processes at both ends, the sshd sessions' included.");
+    println!("\n{WHAT}; {RCLONE_VERIFIES}; {XROOTD_VERIFIES}; {GRIDFTP_VERIFIES}.");
+    println!("CPU: intact's both ends run in this process: its CPU seconds less the delay line's threads (named delayline-…, read from /proc/self/task), shown apart as line CPU (median); the peers': the client's processes and the server's (the sshd sessions, xrootd, GridFTP's sessions) meanwhile.");
+    drop(xrootd);
+    drop(gridftp);
     drop(sshd);
     drop(dest);
     drop(bed);

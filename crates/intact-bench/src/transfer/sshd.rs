@@ -9,10 +9,11 @@ use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use intact_faults::Host;
 
-use crate::runner::{Meter, Sample};
+use crate::linkbed::{free_port, netns_command};
+use crate::runner::{settled_cpu, Meter, Sample};
 
 use super::run_cmd;
 
@@ -68,22 +69,15 @@ impl Sshd {
             .to_string();
         let port = match &across {
             None => TcpListener::bind("127.0.0.1:0")?.local_addr()?.port(),
-            Some(a) => {
-                let ip = ip.clone();
-                a.server
-                    .spawn(move || -> std::io::Result<u16> {
-                        Ok(TcpListener::bind((ip.as_str(), 0))?.local_addr()?.port())
-                    })?
-                    .join()
-                    .map_err(|_| anyhow::anyhow!("port probe panicked"))??
-            }
+            Some(a) => free_port(a.server)?,
         };
         let config = dir.join("sshd_config");
         std::fs::write(
             &config,
             format!(
                 "Port {port}\nListenAddress {ip}\nHostKey {}\nAuthorizedKeysFile {}\nPermitRootLogin prohibit-password\n\
-                 PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nPidFile {}\n",
+                 PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nPidFile {}\n\
+                 Subsystem sftp internal-sftp\n",
                 dir.join("host").display(),
                 dir.join("authorized_keys").display(),
                 dir.join("sshd.pid").display()
@@ -135,14 +129,7 @@ impl Sshd {
 
     /// `program` run where the clients run.
     fn client(&self, program: &str) -> Command {
-        match &self.client_ns {
-            None => Command::new(program),
-            Some(ns) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns, program]);
-                c
-            }
-        }
+        netns_command(self.client_ns.as_deref(), program)
     }
 
     fn ssh_command(&self) -> Command {
@@ -180,26 +167,35 @@ impl Sshd {
         Ok(m.finish(after - before))
     }
 
+    /// One timed `rclone copy` of `src` (a file, or a tree's contents)
+    /// into the directory `dst` over SFTP through this sshd, 4 files at
+    /// once; rclone then compares each file's MD5 with the one `md5sum`
+    /// computes at the far end. Its CPU includes the sshd's sessions
+    /// (sftp-server and md5sum).
+    pub(crate) fn timed_rclone(&self, src: &Path, dst: &Path) -> anyhow::Result<Sample> {
+        let before = self.sessions_cpu()?;
+        let mut m = Meter::start();
+        run_cmd(
+            self.client("rclone")
+                .args(["copy", "--transfers", "4", "--config", "/dev/null"])
+                .args(["--sftp-host", &self.ip, "--sftp-user", "root"])
+                .args(["--sftp-port", &self.port.to_string()])
+                .arg("--sftp-key-file")
+                .arg(&self.key)
+                .args(["--sftp-md5sum-command", "md5sum"])
+                .arg(src)
+                .arg(format!(":sftp:{}", dst.display())),
+        )?;
+        run_cmd(&mut Command::new("sync"))?;
+        m.stop();
+        let after = self.sessions_cpu()?;
+        Ok(m.finish(after - before))
+    }
+
     /// CPU seconds of the sshd's sessions it has reaped so far, once it
     /// has reaped all of them.
     fn sessions_cpu(&self) -> anyhow::Result<f64> {
-        let pid = self.child.id();
-        let children = format!("/proc/{pid}/task/{pid}/children");
-        for _ in 0..200 {
-            if std::fs::read_to_string(&children)?.trim().is_empty() {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-        // Fields after the command's closing parenthesis start at field 3;
-        // cutime and cstime are fields 16 and 17.
-        let rest = stat.rsplit_once(')').context("/proc/PID/stat")?.1;
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        let ticks: f64 = f[13].parse::<f64>()? + f[14].parse::<f64>()?;
-        // SAFETY: sysconf has no preconditions.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-        Ok(ticks / hz)
+        Ok(settled_cpu(self.child.id())?.1)
     }
 }
 
