@@ -28,8 +28,9 @@ use crate::runner::{settled_cpu, Meter, Sample};
 use crate::transfer::run_cmd;
 use crate::transfer::sshd::Across;
 
-/// What `xrdcp --cksum adler32:source` checks.
-pub const XROOTD_VERIFIES: &str = "xrdcp --cksum adler32:source compares the source's Adler-32 with the one the server computes over the file it wrote, read back through the page cache; no encryption here (XRootD's TLS needs certificates)";
+/// What `xrdcp --cksum adler32` checks (`adler32:source` would only
+/// print the source's).
+pub const XROOTD_VERIFIES: &str = "xrdcp --cksum adler32 (end to end) compares the source's Adler-32 with the one the server computes over the file it wrote, read back through the page cache; no encryption here (XRootD's TLS needs certificates)";
 
 /// What `globus-url-copy -verify-checksum` checks.
 pub const GRIDFTP_VERIFIES: &str = "globus-url-copy -verify-checksum compares the source's MD5 with the one the server computes (CKSM) over the file it wrote, read back through the page cache; no encryption here (GSI needs certificates; anonymous, data in clear)";
@@ -54,7 +55,9 @@ impl Resolver {
         let mut r = Resolver { dirs: Vec::new() };
         for h in hosts {
             let dir = Path::new("/etc/netns").join(&h.name);
-            std::fs::create_dir_all(&dir)?;
+            std::fs::create_dir_all("/etc/netns")?;
+            // Only a directory it made is its to remove.
+            std::fs::create_dir(&dir).with_context(|| format!("{}", dir.display()))?;
             r.dirs.push(dir.clone());
             // The machine's own name, as servers look it up (xrootd
             // will not start without it), is this host's address.
@@ -203,7 +206,7 @@ impl Xrootd {
     pub fn timed_copy(&mut self, src: &Path) -> anyhow::Result<Sample> {
         for_nobody(&self.export.join("x"))?;
         let mut cmd = netns_command(Some(&self.client_ns), "xrdcp");
-        cmd.args(["-f", "-s", "--cksum", "adler32:source"]);
+        cmd.args(["-f", "-s", "--cksum", "adler32"]);
         if src.is_dir() {
             cmd.args(["-r", "--parallel", "4"])
                 .arg(src)

@@ -140,10 +140,21 @@ pub fn stat_cpu(stat: &str) -> Option<(f64, f64)> {
 /// it has reaped all of them (a server whose sessions just ended; at
 /// most 2 s is waited).
 pub fn settled_cpu(pid: u32) -> anyhow::Result<(f64, f64)> {
-    let children = format!("/proc/{pid}/task/{pid}/children");
-    for _ in 0..200 {
-        if std::fs::read_to_string(&children)?.trim().is_empty() {
-            break;
+    // Children of any of its threads (a server may fork from any).
+    let unreaped = || -> anyhow::Result<bool> {
+        for t in std::fs::read_dir(format!("/proc/{pid}/task"))?.flatten() {
+            let kids = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+            if !kids.trim().is_empty() {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    };
+    let mut tries = 0;
+    while unreaped()? {
+        tries += 1;
+        if tries > 200 {
+            anyhow::bail!("process {pid} still has children after 2 s: its CPU is not settled");
         }
         std::thread::sleep(std::time::Duration::from_millis(10));
     }

@@ -176,13 +176,8 @@ impl Sshd {
         let before = self.sessions_cpu()?;
         let mut m = Meter::start();
         run_cmd(
-            self.client("rclone")
-                .args(["copy", "--transfers", "4", "--config", "/dev/null"])
-                .args(["--sftp-host", &self.ip, "--sftp-user", "root"])
-                .args(["--sftp-port", &self.port.to_string()])
-                .arg("--sftp-key-file")
-                .arg(&self.key)
-                .args(["--sftp-md5sum-command", "md5sum"])
+            self.rclone("copy")
+                .args(["--transfers", "4"])
                 .arg(src)
                 .arg(format!(":sftp:{}", dst.display())),
         )?;
@@ -190,6 +185,40 @@ impl Sshd {
         m.stop();
         let after = self.sessions_cpu()?;
         Ok(m.finish(after - before))
+    }
+
+    /// `rclone VERB` with the SFTP remote `:sftp:` reaching this sshd, its
+    /// hashes from `md5sum` at the far end (the shell named, so that no
+    /// probe decides it per connection).
+    fn rclone(&self, verb: &str) -> Command {
+        let mut c = self.client("rclone");
+        c.args([verb, "--config", "/dev/null"])
+            .args(["--sftp-host", &self.ip, "--sftp-user", "root"])
+            .args(["--sftp-port", &self.port.to_string()])
+            .arg("--sftp-key-file")
+            .arg(&self.key)
+            .args(["--sftp-shell-type", "unix"])
+            .args(["--sftp-md5sum-command", "md5sum"]);
+        c
+    }
+
+    /// The MD5 rclone gets for `path` at the far end, as its copies'
+    /// checks get it: fails unless it is one (rclone would otherwise
+    /// check sizes only, silently).
+    pub(crate) fn rclone_md5(&self, path: &Path) -> anyhow::Result<String> {
+        let out = self
+            .rclone("md5sum")
+            .arg(format!(":sftp:{}", path.display()))
+            .output()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let md5 = text.split_whitespace().next().unwrap_or("");
+        if !out.status.success() || md5.len() != 32 || !md5.bytes().all(|b| b.is_ascii_hexdigit()) {
+            bail!(
+                "rclone gets no MD5 over SFTP here, so its copies would be checked by size only: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(md5.to_string())
     }
 
     /// CPU seconds of the sshd's sessions it has reaped so far, once it

@@ -51,6 +51,11 @@ pub const MAX_FILES_IN_FLIGHT: usize = 1024;
 /// Bytes one stream keeps unacknowledged at most (with 4 streams, 64 MiB
 /// in flight: enough for 10 Gbit/s at 50 ms round trip).
 pub const MAX_BYTES_IN_FLIGHT: u64 = 16 << 20;
+/// Bytes one stream keeps unacknowledged at most when every file it holds
+/// is a range of a spread file whose blocks have all left: it may then
+/// begin its next entry past [`MAX_BYTES_IN_FLIGHT`] instead of idling a
+/// round trip and more for their verdicts. Two of the largest ranges.
+pub const MAX_SENT_UNACKED: u64 = 2 * spread::MAX_RANGE_BYTES;
 /// The same in `--verify flash`, where the receiver answers a block only
 /// once its device's write cache window (up to 1 GiB by default) has
 /// passed: less would stall each stream on every window. What it costs is

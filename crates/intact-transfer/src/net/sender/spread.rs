@@ -421,26 +421,37 @@ fn join_file(
     row
 }
 
-/// Why the lowest of `parts` is where it is: the note of a range at the
-/// lowest level, preferring one that stands at its own level (a range
-/// that committed the file carries the file's level, lowered by another
-/// range, whose note says why), with the blocks it covers.
+/// Why the lowest of `parts` is where it is: the note of a range that
+/// stands at the lowest level itself, with the blocks it covers. A range
+/// that committed the file carries the file's level, the lowest of every
+/// range the server confirmed (some perhaps in an earlier run, or from
+/// another sender): where no range of this run stands that low, that is
+/// what the note says.
 fn lowest_reason(parts: &[(u64, FileReport)]) -> Option<String> {
     let lowest = parts.iter().filter_map(|(_, p)| p.level).min()?;
-    parts
+    let committed = |p: &FileReport| p.range.as_ref().and_then(|r| r.state) == Some("committed");
+    let at_lowest: Vec<&FileReport> = parts
         .iter()
         .map(|(_, p)| p)
-        .filter(|p| p.level == Some(lowest) && p.note.is_some())
-        .min_by_key(|p| p.range.as_ref().and_then(|r| r.state) == Some("committed"))
-        .and_then(|p| {
-            let r = p.range.as_ref()?;
-            Some(format!(
-                "blocks {}..{} at level {lowest}: {}",
-                r.first,
-                r.end,
-                p.note.as_deref()?
-            ))
-        })
+        .filter(|p| p.level == Some(lowest) && !committed(p) && p.range.is_some())
+        .collect();
+    // The first that says why, else the first.
+    let own = at_lowest
+        .iter()
+        .find(|p| p.note.is_some())
+        .or(at_lowest.first());
+    match own.and_then(|p| Some((p.range.as_ref()?, p.note.as_deref()))) {
+        Some((r, note)) => Some(format!(
+            "blocks {}..{} at level {lowest}: {}",
+            r.first,
+            r.end,
+            note.unwrap_or("no reason given")
+        )),
+        None => Some(format!(
+            "committed at level {lowest}, the lowest of the ranges the server confirmed \
+             (not one sent in this run, or its reason not given)"
+        )),
+    }
 }
 
 fn min_some<T: Ord>(a: Option<T>, b: Option<T>) -> Option<T> {
@@ -596,6 +607,32 @@ mod tests {
         assert_eq!(
             big.note.as_deref(),
             Some("blocks 4..8 at level cache: 2 of 4 re-reads at the source found pages still cached"),
+        );
+
+        // Only the committing range carries the lower level (the range
+        // that lowered it was confirmed before this run): the note says
+        // so, naming no blocks of this run.
+        let mut report = CopyReport::new(
+            rows(&[waiting, waiting, Some("committed"), waiting], Some(&made)),
+            &cut,
+            0,
+            std::time::Instant::now(),
+            4,
+        );
+        report.files[3].level = Some(crate::VerifyLevel::Cache);
+        report.files[3].note = Some("range 8..12 verified; the file is committed".into());
+        join(
+            &mut report,
+            &original,
+            &groups,
+            cvs(),
+            4 << 20,
+            crate::VerifyLevel::Device,
+        );
+        let note = report.files[1].note.as_deref().unwrap_or("");
+        assert!(
+            note.starts_with("committed at level cache, the lowest of the ranges"),
+            "{note}"
         );
 
         // All held, with the server's digest: unchanged.

@@ -11,7 +11,7 @@ use intact_proto::{Block, Entry, EntryKind, EntryRange, Message, ProtoError};
 use super::link::TcpEnd;
 use super::{
     entry_flags, Ctx, SenderLink, FLUSH_EVERY, MAX_BYTES_IN_FLIGHT, MAX_BYTES_IN_FLIGHT_FLASH,
-    MAX_FILES_IN_FLIGHT,
+    MAX_FILES_IN_FLIGHT, MAX_SENT_UNACKED,
 };
 use crate::link::{Arrival, Outbound};
 use crate::profile::Stage;
@@ -105,7 +105,7 @@ impl<'a> Stream<'a> {
             while self.broken.is_none()
                 && !exhausted
                 && self.out.len() < MAX_FILES_IN_FLIGHT
-                && self.in_flight < max_bytes
+                && (self.in_flight < max_bytes || self.next_range_may_begin(flash))
                 && self.unsent < MAX_BYTES_IN_FLIGHT
             {
                 match next() {
@@ -129,6 +129,23 @@ impl<'a> Stream<'a> {
             }
             self.drain(true);
         }
+    }
+
+    /// Past [`MAX_BYTES_IN_FLIGHT`], whether the next entry may begin
+    /// anyway: when every file this stream holds is a range of a spread
+    /// file whose blocks have all left (the receiver answers a range as
+    /// soon as it is verified, without waiting for a group commit), up to
+    /// [`MAX_SENT_UNACKED`] unacknowledged. The stream then does not idle
+    /// a round trip and more per range for its verdict, and its TCP window
+    /// stays open. Not in `flash`, whose verdicts wait for the device.
+    fn next_range_may_begin(&self, flash: bool) -> bool {
+        !flash
+            && self.unsent == 0
+            && self.in_flight < MAX_SENT_UNACKED
+            && self
+                .out
+                .keys()
+                .all(|id| self.ctx.entries[*id as usize].range.is_some())
     }
 
     /// Handles pending events; with `wait`, sends what is queued and
