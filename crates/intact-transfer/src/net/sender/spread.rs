@@ -550,18 +550,27 @@ mod tests {
                 })
                 .collect::<Vec<_>>()
         };
+        // The rows at `lowered` (index, note) at level cache.
+        let joined_lowered =
+            |states: &[Option<&'static str>], named: Option<&str>, lowered: &[(usize, &str)]| {
+                let mut report =
+                    CopyReport::new(rows(states, named), &cut, 0, std::time::Instant::now(), 4);
+                for (k, note) in lowered {
+                    report.files[*k].level = Some(crate::VerifyLevel::Cache);
+                    report.files[*k].note = Some(note.to_string());
+                }
+                join(
+                    &mut report,
+                    &original,
+                    &groups,
+                    cvs(),
+                    4 << 20,
+                    crate::VerifyLevel::Device,
+                );
+                report
+            };
         let joined = |states: &[Option<&'static str>], named: Option<&str>| {
-            let mut report =
-                CopyReport::new(rows(states, named), &cut, 0, std::time::Instant::now(), 4);
-            join(
-                &mut report,
-                &original,
-                &groups,
-                cvs(),
-                4 << 20,
-                crate::VerifyLevel::Device,
-            );
-            report
+            joined_lowered(states, named, &[])
         };
         let waiting = Some("waiting");
         let report = joined(&[waiting, Some("committed"), waiting, waiting], Some(&made));
@@ -580,27 +589,14 @@ mod tests {
         // One range below the aim, with its reason; the committing range
         // carries the file's (lowered) level with its state message only:
         // the joined row says why, naming the lower range.
-        let mut report = CopyReport::new(
-            rows(&[waiting, waiting, Some("committed"), waiting], Some(&made)),
-            &cut,
-            0,
-            std::time::Instant::now(),
-            4,
-        );
-        for (k, (level, note)) in [
-            (2, (crate::VerifyLevel::Cache, "2 of 4 re-reads at the source found pages still cached")),
-            (3, (crate::VerifyLevel::Cache, "range 8..12 verified; with it all 4 ranges: the file is committed at level cache")),
-        ] {
-            report.files[k].level = Some(level);
-            report.files[k].note = Some(note.into());
-        }
-        join(
-            &mut report,
-            &original,
-            &groups,
-            cvs(),
-            4 << 20,
-            crate::VerifyLevel::Device,
+        let lowest = [waiting, waiting, Some("committed"), waiting];
+        let report = joined_lowered(
+            &lowest,
+            Some(&made),
+            &[
+                (2, "2 of 4 re-reads at the source found pages still cached"),
+                (3, "range 8..12 verified; with it all 4 ranges: the file is committed at level cache"),
+            ],
         );
         let big = &report.files[1];
         assert_eq!(big.level, Some(crate::VerifyLevel::Cache), "{big:?}");
@@ -612,22 +608,10 @@ mod tests {
         // Only the committing range carries the lower level (the range
         // that lowered it was confirmed before this run): the note says
         // so, naming no blocks of this run.
-        let mut report = CopyReport::new(
-            rows(&[waiting, waiting, Some("committed"), waiting], Some(&made)),
-            &cut,
-            0,
-            std::time::Instant::now(),
-            4,
-        );
-        report.files[3].level = Some(crate::VerifyLevel::Cache);
-        report.files[3].note = Some("range 8..12 verified; the file is committed".into());
-        join(
-            &mut report,
-            &original,
-            &groups,
-            cvs(),
-            4 << 20,
-            crate::VerifyLevel::Device,
+        let report = joined_lowered(
+            &lowest,
+            Some(&made),
+            &[(3, "range 8..12 verified; the file is committed")],
         );
         let note = report.files[1].note.as_deref().unwrap_or("");
         assert!(
