@@ -106,6 +106,9 @@ struct Run {
     /// The delay line's threads' CPU seconds meanwhile.
     line: f64,
     ranges: u64,
+    /// A peer's run that failed (its tool's error, or a copy that did not
+    /// check): left out of the figures, reported beside them.
+    failed: Option<String>,
 }
 
 /// CPU seconds of this process's delay line threads so far (named
@@ -350,10 +353,12 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
             let sshd = || sshd.as_ref().expect("the ssh ways need the sshd");
             let line0 = line_cpu();
             let peer = match ways[way].1 {
-                Way::Intact(s) => Err(s),
-                Way::Rsync(cipher) => {
-                    Ok((sshd().timed_rsync(&src, &rsync_dst, cipher)?, &rsync_copy))
-                }
+                Way::Intact(_) => None,
+                Way::Rsync(cipher) => Some(
+                    sshd()
+                        .timed_rsync(&src, &rsync_dst, cipher)
+                        .map(|s| (s, &rsync_copy)),
+                ),
                 Way::Rclone => {
                     // A tree's contents go into the directory named.
                     let into = if shape.is_some() {
@@ -361,23 +366,21 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
                     } else {
                         &rclone_dst
                     };
-                    Ok((sshd().timed_rclone(&src, into)?, &rclone_copy))
+                    Some(sshd().timed_rclone(&src, into).map(|s| (s, &rclone_copy)))
                 }
                 Way::Xrdcp => {
                     let x = xrootd.as_mut().expect("the xrdcp way needs the xrootd");
-                    Ok((
-                        x.timed_copy(&src)?,
-                        xrd_copy.as_ref().expect("with the xrootd"),
-                    ))
+                    let copy = xrd_copy.as_ref().expect("with the xrootd");
+                    Some(x.timed_copy(&src).map(|s| (s, copy)))
                 }
                 Way::Gridftp => {
                     let g = gridftp.as_mut().expect("the GridFTP way needs its server");
-                    Ok((g.timed_copy(&src, &ftp_dst)?, &ftp_copy))
+                    Some(g.timed_copy(&src, &ftp_dst).map(|s| (s, &ftp_copy)))
                 }
             };
-            let spread = match peer {
-                Err(s) => s,
-                Ok((sample, copy)) => {
+            if let Some(peer) = peer {
+                // A peer that fails is reported, not fatal to the others.
+                let checked = peer.and_then(|(sample, copy)| {
                     match shape {
                         Some(shape) => shape.check_copy(copy)?,
                         // Untimed: the copy's bytes are the source's.
@@ -386,13 +389,27 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
                         }
                         None => {}
                     }
-                    return Ok(Run {
+                    Ok(sample)
+                });
+                return Ok(match checked {
+                    Ok(sample) => Run {
                         secs: sample.wall,
                         cpu: sample.cpu,
                         line: line_cpu() - line0,
                         ranges: 0,
-                    });
-                }
+                        failed: None,
+                    },
+                    Err(e) => Run {
+                        secs: f64::NAN,
+                        cpu: f64::NAN,
+                        line: 0.0,
+                        ranges: 0,
+                        failed: Some(format!("{e:#}")),
+                    },
+                });
+            }
+            let Way::Intact(spread) = ways[way].1 else {
+                unreachable!("every other way is a peer")
             };
             let (src, to, key) = (src.clone(), dest.addr.clone(), key.clone());
             let cpu0 = self_cpu();
@@ -431,6 +448,7 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
                 cpu: self_cpu() - cpu0 - line,
                 line,
                 ranges: report.spread.map_or(0, |s| s.ranges),
+                failed: None,
             })
         })?;
         for c in copies.iter().copied().chain(xrd_copy.as_ref()) {
@@ -448,7 +466,20 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
             "ranges",
             "÷ iperf3"
         );
-        for (way, v) in runs.iter().enumerate() {
+        for (way, all) in runs.iter().enumerate() {
+            let v: Vec<&Run> = all.iter().filter(|r| r.failed.is_none()).collect();
+            if let Some(why) = all.iter().find_map(|r| r.failed.as_deref()) {
+                let why: String = why.chars().take(400).collect();
+                println!(
+                    "{:<44} failed in {} of {} runs, first: {why}",
+                    ways[way].0,
+                    all.len() - v.len(),
+                    all.len()
+                );
+            }
+            if v.is_empty() {
+                continue;
+            }
             let secs = Spread::of(&v.iter().map(|r| r.secs).collect::<Vec<_>>());
             let cpu = Spread::of(&v.iter().map(|r| r.cpu).collect::<Vec<_>>());
             let line = Spread::of(&v.iter().map(|r| r.line).collect::<Vec<_>>());
