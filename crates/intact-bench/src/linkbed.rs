@@ -74,7 +74,7 @@ pub fn free_port(host: &Host) -> anyhow::Result<u16> {
 
 /// Whether something accepts TCP connections on `host`'s address at
 /// `port` now (asked from inside its namespace).
-pub fn wait_listening(host: &Host, port: u16) -> anyhow::Result<bool> {
+pub fn listening(host: &Host, port: u16) -> anyhow::Result<bool> {
     let ip = host.ip;
     host.spawn(move || {
         let addr = std::net::SocketAddr::from((ip.parse::<std::net::Ipv4Addr>().ok()?, port));

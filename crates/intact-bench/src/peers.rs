@@ -23,10 +23,10 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use intact_faults::Host;
 
-use crate::linkbed::{free_port, netns_command, wait_listening};
-use crate::runner::{settled_cpu, Meter, Sample};
-use crate::transfer::run_cmd;
+use crate::linkbed::{free_port, listening, netns_command};
+use crate::runner::{settled_cpu, Sample};
 use crate::transfer::sshd::Across;
+use crate::transfer::{run_cmd, timed_run};
 
 /// What `xrdcp --cksum adler32` checks (`adler32:source` would only
 /// print the source's).
@@ -52,17 +52,17 @@ impl Resolver {
         for h in hosts {
             known.push_str(&format!("{} {}\n", h.ip, h.name));
         }
+        // The machine's own name, as servers look it up (xrootd will not
+        // start without it), is each host's own address.
+        let me = std::fs::read_to_string("/proc/sys/kernel/hostname")?;
+        let me = me.trim();
+        std::fs::create_dir_all("/etc/netns")?;
         let mut r = Resolver { dirs: Vec::new() };
         for h in hosts {
             let dir = Path::new("/etc/netns").join(&h.name);
-            std::fs::create_dir_all("/etc/netns")?;
             // Only a directory it made is its to remove.
             std::fs::create_dir(&dir).with_context(|| format!("{}", dir.display()))?;
             r.dirs.push(dir.clone());
-            // The machine's own name, as servers look it up (xrootd
-            // will not start without it), is this host's address.
-            let me = std::fs::read_to_string("/proc/sys/kernel/hostname")?;
-            let me = me.trim();
             std::fs::write(dir.join("hosts"), format!("{known}{} {me}\n", h.ip))?;
             std::fs::write(
                 dir.join("resolv.conf"),
@@ -120,13 +120,7 @@ fn for_nobody(dir: &Path) -> anyhow::Result<()> {
 /// One timed client command; its CPU includes `daemon`'s meanwhile.
 fn timed(daemon: &mut Daemon, cmd: &mut Command) -> anyhow::Result<Sample> {
     daemon.alive()?;
-    let before = daemon.cpu()?;
-    let mut m = Meter::start();
-    run_cmd(cmd)?;
-    run_cmd(&mut Command::new("sync"))?;
-    m.stop();
-    let after = daemon.cpu()?;
-    Ok(m.finish(after - before))
+    timed_run(cmd, || daemon.cpu())
 }
 
 /// Starts `cmd` (a server in `host`'s namespace, listening on `port`)
@@ -140,7 +134,7 @@ fn start(host: &Host, port: u16, what: &'static str, cmd: &mut Command) -> anyho
     let mut d = Daemon { child, what };
     for _ in 0..100 {
         d.alive()?;
-        if wait_listening(host, port)? {
+        if listening(host, port)? {
             return Ok(d);
         }
         std::thread::sleep(Duration::from_millis(100));

@@ -317,6 +317,22 @@ pub(crate) fn run_cmd(cmd: &mut Command) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// One timed run of a peer's client `cmd`, synced after; its CPU also
+/// counts what `server_cpu` (a server's CPU seconds so far, settled) grew
+/// by meanwhile.
+pub(crate) fn timed_run(
+    cmd: &mut Command,
+    server_cpu: impl Fn() -> anyhow::Result<f64>,
+) -> anyhow::Result<crate::runner::Sample> {
+    let before = server_cpu()?;
+    let mut m = crate::runner::Meter::start();
+    run_cmd(cmd)?;
+    run_cmd(&mut Command::new("sync"))?;
+    m.stop();
+    let after = server_cpu()?;
+    Ok(m.finish(after - before))
+}
+
 /// Starts an `intact serve` command line; returns it and the address it
 /// printed.
 pub(crate) fn start_server(cmd: &mut Command) -> anyhow::Result<(Child, String)> {

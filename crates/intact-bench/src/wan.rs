@@ -469,7 +469,12 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
         for (way, all) in runs.iter().enumerate() {
             let v: Vec<&Run> = all.iter().filter(|r| r.failed.is_none()).collect();
             if let Some(why) = all.iter().find_map(|r| r.failed.as_deref()) {
-                let why: String = why.chars().take(400).collect();
+                // A tool's message may hold control bytes (xrootd's, a NUL).
+                let why: String = why
+                    .chars()
+                    .take(400)
+                    .map(|c| if c.is_control() { ' ' } else { c })
+                    .collect();
                 println!(
                     "{:<44} failed in {} of {} runs, first: {why}",
                     ways[way].0,

@@ -401,9 +401,9 @@ fn join_file(
             .map(|d| match d {
                 None => "the server named no BLAKE3 for the file it says it holds".to_string(),
                 Some(t) => format!(
-                "the server holds a file with BLAKE3 {t}, not {o} as this sender's ranges make \
-                 (another version was sent meanwhile): send it again"
-            ),
+                    "the server holds a file with BLAKE3 {t}, not {o} as this sender's \
+                     ranges make (another version was sent meanwhile): send it again"
+                ),
             }),
     };
     if let Some(why) = mismatch {
@@ -430,17 +430,15 @@ fn join_file(
 fn lowest_reason(parts: &[(u64, FileReport)]) -> Option<String> {
     let lowest = parts.iter().filter_map(|(_, p)| p.level).min()?;
     let committed = |p: &FileReport| p.range.as_ref().and_then(|r| r.state) == Some("committed");
-    let at_lowest: Vec<&FileReport> = parts
+    let at_lowest: Vec<_> = parts
         .iter()
         .map(|(_, p)| p)
-        .filter(|p| p.level == Some(lowest) && !committed(p) && p.range.is_some())
+        .filter(|p| p.level == Some(lowest) && !committed(p))
+        .filter_map(|p| Some((p.range.as_ref()?, p.note.as_deref())))
         .collect();
     // The first that says why, else the first.
-    let own = at_lowest
-        .iter()
-        .find(|p| p.note.is_some())
-        .or(at_lowest.first());
-    match own.and_then(|p| Some((p.range.as_ref()?, p.note.as_deref()))) {
+    let own = at_lowest.iter().find(|(_, note)| note.is_some());
+    match own.or(at_lowest.first()) {
         Some((r, note)) => Some(format!(
             "blocks {}..{} at level {lowest}: {}",
             r.first,
