@@ -80,11 +80,23 @@ pub struct WanArgs {
     /// Leave out the peers (rsync and rclone over ssh, xrdcp, GridFTP).
     #[arg(long)]
     no_peers: bool,
+    /// Also send with `--spread auto` and these fixed stream counts
+    /// (beside the default, `--streams auto`), e.g. 4,6,8.
+    #[arg(long, value_delimiter = ',')]
+    streams: Vec<usize>,
+    /// Cap the source host's TCP send buffers at this many bytes
+    /// (`net.ipv4.tcp_wmem`'s largest value; Linux's default is 4 MiB),
+    /// as a host with smaller buffers, or one on a faster link, has it:
+    /// four streams then leave the link partly idle.
+    #[arg(long, value_name = "BYTES")]
+    sender_wmem: Option<u64>,
 }
 
 /// One way to move the file.
 enum Way {
-    Intact(SpreadWhen),
+    /// intact send with this --spread and this many streams (None:
+    /// `--streams auto`).
+    Intact(SpreadWhen, Option<usize>),
     /// rsync -a -e ssh, with this cipher (None: ssh's default).
     Rsync(Option<&'static str>),
     /// rclone copy over SFTP through the same sshd.
@@ -106,6 +118,9 @@ struct Run {
     /// The delay line's threads' CPU seconds meanwhile.
     line: f64,
     ranges: u64,
+    /// intact's streams at the end of the run (`--streams auto` grows
+    /// them); 0 for a peer.
+    streams: usize,
     /// A peer's run that failed (its tool's error, or a copy that did not
     /// check): left out of the figures, reported beside them.
     failed: Option<String>,
@@ -126,6 +141,17 @@ fn line_cpu() -> f64 {
         .filter_map(|stat| stat_cpu(&stat))
         .map(|(own, _)| own)
         .sum()
+}
+
+/// The streams intact ended its runs with, `a` or `a–b` (– for a peer).
+fn streams_range(runs: &[&Run]) -> String {
+    let lo = runs.iter().map(|r| r.streams).min().unwrap_or(0);
+    let hi = runs.iter().map(|r| r.streams).max().unwrap_or(0);
+    match (lo, hi) {
+        (0, 0) => "–".into(),
+        (a, b) if a == b => a.to_string(),
+        (a, b) => format!("{a}–{b}"),
+    }
 }
 
 /// A single file's BLAKE3, to check a peer's copy.
@@ -163,6 +189,16 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
         loss: 0.0,
         mtu: a.mtu,
     })?;
+    if let Some(bytes) = a.sender_wmem {
+        bed.source.cap_send_buffer(bytes)?;
+    }
+    let buffers = match a.sender_wmem {
+        Some(b) => format!(
+            "the source's TCP send buffers capped at {} KiB (tcp_wmem), the destination's Linux's defaults",
+            b >> 10
+        ),
+        None => "in namespaces with Linux's default socket buffer limits".to_string(),
+    };
     // The file systems: the source's directory and the destination's root.
     let (_ram, _lfs, src_dir, root, place) = if a.ram {
         let ram = RamExt4::create(biggest * 3 + 512)?;
@@ -223,13 +259,19 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
     let mut ways = vec![
         (
             "intact riva, --spread never".to_string(),
-            Way::Intact(SpreadWhen::Never),
+            Way::Intact(SpreadWhen::Never, Some(4)),
         ),
         (
-            "intact riva, --spread auto (default)".to_string(),
-            Way::Intact(SpreadWhen::Auto),
+            "intact riva, --spread auto --streams auto (default)".to_string(),
+            Way::Intact(SpreadWhen::Auto, None),
         ),
     ];
+    for &n in &a.streams {
+        ways.push((
+            format!("intact riva, --spread auto --streams {n}"),
+            Way::Intact(SpreadWhen::Auto, Some(n)),
+        ));
+    }
     if let Some(s) = &sshd {
         ways.push((
             format!("rsync -a -e ssh ({})", s.default_cipher),
@@ -286,7 +328,7 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
         },
     )?;
     println!(
-        "intact-bench wan: source –1 Gbit/s, {} ms round trip, MTU {} (user-space delay line, queue one BDP)– switch – destination, in namespaces with Linux's default socket buffer limits; {place}; riva, 4 MiB blocks, 4 streams, frames encrypted; {} interleaved runs per way",
+        "intact-bench wan: source –1 Gbit/s, {} ms round trip, MTU {} (user-space delay line, queue one BDP)– switch – destination, {buffers}; {place}; riva, 4 MiB blocks, --streams auto (4, growing to 16 while their send buffers hold them back) unless a way says otherwise, frames encrypted; {} interleaved runs per way",
         a.rtt_ms, a.mtu, a.runs
     );
     let tcp = raw_tcp(&bed, 512, 4)?;
@@ -353,7 +395,7 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
             let sshd = || sshd.as_ref().expect("the ssh ways need the sshd");
             let line0 = line_cpu();
             let peer = match ways[way].1 {
-                Way::Intact(_) => None,
+                Way::Intact(..) => None,
                 Way::Rsync(cipher) => Some(
                     sshd()
                         .timed_rsync(&src, &rsync_dst, cipher)
@@ -397,6 +439,7 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
                         cpu: sample.cpu,
                         line: line_cpu() - line0,
                         ranges: 0,
+                        streams: 0,
                         failed: None,
                     },
                     Err(e) => Run {
@@ -404,11 +447,12 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
                         cpu: f64::NAN,
                         line: 0.0,
                         ranges: 0,
+                        streams: 0,
                         failed: Some(format!("{e:#}")),
                     },
                 });
             }
-            let Way::Intact(spread) = ways[way].1 else {
+            let Way::Intact(spread, streams) = ways[way].1 else {
                 unreachable!("every other way is a peer")
             };
             let (src, to, key) = (src.clone(), dest.addr.clone(), key.clone());
@@ -418,8 +462,11 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
                 verify: VerifyMode::Riva,
                 key: Some(key),
                 spread,
+                streams: streams.unwrap_or(intact_transfer::AUTO_START_STREAMS),
+                max_streams: streams.unwrap_or(intact_transfer::AUTO_MAX_STREAMS),
                 ..SendOptions::default()
             };
+            let o_streams = o.streams;
             let report = send_from(&bed.source, vec![src], to, o)?;
             let secs = t.elapsed().as_secs_f64();
             if report.failed != 0 {
@@ -448,6 +495,7 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
                 cpu: self_cpu() - cpu0 - line,
                 line,
                 ranges: report.spread.map_or(0, |s| s.ranges),
+                streams: report.streams.map_or(o_streams, |t| t.ended),
                 failed: None,
             })
         })?;
@@ -457,13 +505,14 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
         println!();
         println!("{title}:");
         println!(
-            "{:<44} {:>26} {:>10} {:>22} {:>10} {:>8} {:>12}",
+            "{:<52} {:>26} {:>10} {:>22} {:>10} {:>8} {:>9} {:>12}",
             "way",
             "seconds min / median / max",
             "Mbit/s",
             "CPU s (both ends)",
             "line CPU s",
             "ranges",
+            "streams",
             "÷ iperf3"
         );
         for (way, all) in runs.iter().enumerate() {
@@ -476,7 +525,7 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
                     .map(|c| if c.is_control() { ' ' } else { c })
                     .collect();
                 println!(
-                    "{:<44} failed in {} of {} runs, first: {why}",
+                    "{:<52} failed in {} of {} runs, first: {why}",
                     ways[way].0,
                     all.len() - v.len(),
                     all.len()
@@ -490,13 +539,14 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
             let line = Spread::of(&v.iter().map(|r| r.line).collect::<Vec<_>>());
             let mbps = (bytes * 8) as f64 / secs.median / 1e6;
             println!(
-                "{:<44} {:>26} {:>10.0} {:>22} {:>10.2} {:>8} {:>12}",
+                "{:<52} {:>26} {:>10.0} {:>22} {:>10.2} {:>8} {:>9} {:>12}",
                 ways[way].0,
                 format!("{:.2} / {:.2} / {:.2}", secs.min, secs.median, secs.max),
                 mbps,
                 format!("{:.2} / {:.2} / {:.2}", cpu.min, cpu.median, cpu.max),
                 line.median,
                 v.first().map_or(0, |r| r.ranges),
+                streams_range(&v),
                 iperf.map_or("–".into(), |b| format!("{:.2}", mbps * 1e6 / b)),
             );
         }

@@ -66,6 +66,26 @@ impl Host {
         c.args(["netns", "exec", &self.name, program]);
         c
     }
+
+    /// Caps the send buffer a TCP socket of this host may grow to
+    /// (`net.ipv4.tcp_wmem`'s largest value, per namespace), as a host
+    /// with smaller buffers, or one on a faster link, has it: each stream
+    /// then carries at most `bytes` per round trip. Gone with the
+    /// namespace.
+    pub fn cap_send_buffer(&self, bytes: u64) -> io::Result<()> {
+        let out = self
+            .command("sysctl")
+            .args(["-w", &format!("net.ipv4.tcp_wmem=4096 16384 {bytes}")])
+            .output()?;
+        if !out.status.success() {
+            return Err(io::Error::other(format!(
+                "sysctl net.ipv4.tcp_wmem in {}: {}",
+                self.name,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// The four hosts; the namespaces are deleted on drop.

@@ -79,6 +79,7 @@ impl Victim {
 /// A running proxy; it stops accepting when dropped (connections already
 /// carried end with their peers).
 pub struct FlipProxy {
+    ip: std::net::IpAddr,
     port: u16,
     flipped: Arc<AtomicU64>,
     forwarded: Arc<AtomicU64>,
@@ -91,7 +92,14 @@ pub struct FlipProxy {
 impl FlipProxy {
     /// Listens on 127.0.0.1:0 and forwards to `target` with `fault`.
     pub fn start(target: String, fault: ProxyFault) -> std::io::Result<FlipProxy> {
-        let listener = TcpListener::bind("127.0.0.1:0")?;
+        FlipProxy::start_on("127.0.0.1:0", target, fault)
+    }
+
+    /// Listens on `listen` (e.g. a namespace's address, port 0) and
+    /// forwards to `target` with `fault`.
+    pub fn start_on(listen: &str, target: String, fault: ProxyFault) -> std::io::Result<FlipProxy> {
+        let listener = TcpListener::bind(listen)?;
+        let ip = listener.local_addr()?.ip();
         let port = listener.local_addr()?.port();
         let flipped = Arc::new(AtomicU64::new(0));
         let forwarded = Arc::new(AtomicU64::new(0));
@@ -128,6 +136,7 @@ impl FlipProxy {
             }
         });
         Ok(FlipProxy {
+            ip,
             port,
             flipped,
             forwarded,
@@ -139,7 +148,7 @@ impl FlipProxy {
 
     /// host:port to connect to instead of the target.
     pub fn addr(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        format!("{}:{}", self.ip, self.port)
     }
 
     /// Bits flipped so far, over all connections.

@@ -113,6 +113,8 @@ impl CopyOptions {
             verify: self.verify,
             block_size: self.block_size,
             streams: self.streams.max(1),
+            // No TCP windows to grow past.
+            max_streams: self.streams.max(1),
             retries: self.retries,
             key: None,
             subdir: None,
@@ -268,7 +270,9 @@ pub fn copy_scanned(
             }));
             links.push(SenderLink::local(to_receiver, answers));
         }
-        let mut report = run_sender(&scanned, &send_opts, links, progress, start, &profile, None);
+        let mut report = run_sender(
+            &scanned, &send_opts, links, progress, start, &profile, None, None,
+        );
         for r in receivers {
             match r.join() {
                 Ok(Ok(_)) => {}

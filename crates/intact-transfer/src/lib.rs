@@ -61,8 +61,9 @@ pub use model::RivaModel;
 pub use net::{
     delete_remote, receive, send, send_scanned, serve, wake, DeleteRequest, LocalServer,
     ReceiveLimits, ReceiveOptions, RootError, RootLock, ScrubSchedule, SendOptions, Server,
-    ServerConfig, SessionSummary, Spread, SpreadReport, Working, WorkingNow, AUTO_MIN_RTT,
-    MAX_BYTES_IN_FLIGHT, MAX_FILES_IN_FLIGHT, MAX_KEEP_PATHS, MAX_RANGE_BYTES, MIN_RANGE_BYTES,
+    ServerConfig, SessionSummary, Spread, SpreadReport, StreamsReport, Working, WorkingNow,
+    AUTO_MAX_STREAMS, AUTO_MIN_RTT, AUTO_START_STREAMS, MAX_BYTES_IN_FLIGHT, MAX_FILES_IN_FLIGHT,
+    MAX_KEEP_PATHS, MAX_RANGE_BYTES, MIN_RANGE_BYTES,
 };
 pub use profile::{Profile, Stage, StageTime};
 

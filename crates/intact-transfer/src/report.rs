@@ -191,6 +191,10 @@ pub struct CopyReport {
     /// ranges, why, and the round trip that decided it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub spread: Option<crate::SpreadReport>,
+    /// `send --streams auto` over a long round trip: how many streams it
+    /// started with and ended with, and why it added each.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub streams: Option<crate::StreamsReport>,
 }
 
 /// Progress callback: bytes sent so far.
@@ -226,6 +230,7 @@ impl CopyReport {
             stages: Vec::new(),
             filler_bytes: None,
             spread: None,
+            streams: None,
         }
         .with_model(streams)
     }

@@ -481,9 +481,14 @@ pub struct PipelineArgs {
     #[arg(long, value_name = "SIZE", default_value = "4MiB", value_parser = crate::block_size::parse_block_size)]
     pub block_size: usize,
 
-    /// Files in flight at once (streams).
-    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256))]
-    pub streams: u16,
+    /// Streams: files (or a large file's ranges) in flight at once, each
+    /// its own TCP connection for send. auto (the default): 4; a send
+    /// whose round trip is 1 ms or more adds streams, up to 16, while the
+    /// kernel reports their send buffers, not the link, holding them back
+    /// (TCP_INFO), and its report says when and why. N: exactly N (1 to
+    /// 256).
+    #[arg(long, value_name = "N|auto", default_value = "auto", value_parser = parse_streams)]
+    pub streams: Streams,
 
     /// Resends of one block before its file fails.
     #[arg(long, value_name = "N", default_value_t = 3)]
@@ -766,6 +771,45 @@ fn parse_cache_addr(s: &str) -> Result<String, String> {
     }
 }
 
+/// `--streams`: how many streams a transfer runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Streams {
+    /// [`intact_transfer::AUTO_START_STREAMS`], growing on a long link.
+    Auto,
+    /// Exactly this many.
+    Fixed(u16),
+}
+
+impl Streams {
+    /// Streams connected before data moves.
+    pub fn start(self) -> usize {
+        match self {
+            Streams::Auto => intact_transfer::AUTO_START_STREAMS,
+            Streams::Fixed(n) => usize::from(n),
+        }
+    }
+
+    /// Streams a send may grow to.
+    pub fn max(self) -> usize {
+        match self {
+            Streams::Auto => intact_transfer::AUTO_MAX_STREAMS,
+            Streams::Fixed(n) => usize::from(n),
+        }
+    }
+}
+
+fn parse_streams(s: &str) -> Result<Streams, String> {
+    if s == "auto" {
+        return Ok(Streams::Auto);
+    }
+    match s.parse::<u16>() {
+        Ok(n @ 1..=256) => Ok(Streams::Fixed(n)),
+        _ => Err(format!(
+            "{s:?} is not a stream count: auto, or a number from 1 to 256"
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -783,6 +827,19 @@ mod tests {
     #[test]
     fn cli_definition_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn streams_are_auto_or_a_count_from_1_to_256() {
+        assert_eq!(parse_streams("auto"), Ok(Streams::Auto));
+        assert_eq!(parse_streams("1"), Ok(Streams::Fixed(1)));
+        assert_eq!(parse_streams("256"), Ok(Streams::Fixed(256)));
+        for bad in ["0", "257", "-1", "", "Auto", "4x"] {
+            assert!(parse_streams(bad).is_err(), "{bad}");
+        }
+        assert_eq!(Streams::Auto.start(), 4);
+        assert_eq!(Streams::Auto.max(), 16);
+        assert_eq!(Streams::Fixed(7).start(), Streams::Fixed(7).max());
     }
 
     #[test]

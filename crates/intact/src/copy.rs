@@ -65,7 +65,8 @@ pub fn run(args: &CopyArgs) -> anyhow::Result<ExitCode> {
     let opts = CopyOptions {
         verify: p.verify,
         block_size: p.block_size,
-        streams: usize::from(p.streams),
+        // A local copy has no windows to grow past: auto is its start.
+        streams: p.streams.start(),
         retries: p.retries,
         read_path: p.read_path,
         require_level: p.require_level,
@@ -198,7 +199,8 @@ pub fn run_send(args: &SendArgs) -> anyhow::Result<ExitCode> {
     let opts = SendOptions {
         verify: p.verify,
         block_size,
-        streams: usize::from(p.streams),
+        streams: p.streams.start(),
+        max_streams: p.streams.max(),
         retries: p.retries,
         key,
         subdir,

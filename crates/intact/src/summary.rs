@@ -241,6 +241,19 @@ fn print_summary(report: &CopyReport, p: &PipelineArgs) -> std::io::Result<()> {
             s.why
         )?;
     }
+    if let Some(t) = &report.streams {
+        if t.ended > t.started {
+            outln!(
+                "streams: {} → {} (--streams auto; their send buffers, not the link, held them back: {})",
+                t.started,
+                t.ended,
+                t.steps.join("; ")
+            )?;
+        }
+        if let Some(why) = &t.stopped {
+            outln!("streams: stopped growing at {}: {why}", t.ended)?;
+        }
+    }
     if let Some(frames) = &report.frames {
         outln!("frames: {frames}")?;
     }

@@ -25,8 +25,9 @@ pub use delete::{DeleteRequest, MAX_KEEP_PATHS};
 pub use receiver::{receive, ReceiveOptions, SessionSummary};
 pub use root::{lock_holder, RootError, RootLock, LOCK_FILE};
 pub use sender::{
-    delete_remote, send, send_scanned, SendOptions, Spread, SpreadReport, AUTO_MIN_RTT,
-    MAX_BYTES_IN_FLIGHT, MAX_FILES_IN_FLIGHT, MAX_RANGE_BYTES, MIN_RANGE_BYTES,
+    delete_remote, send, send_scanned, SendOptions, Spread, SpreadReport, StreamsReport,
+    AUTO_MAX_STREAMS, AUTO_MIN_RTT, AUTO_START_STREAMS, MAX_BYTES_IN_FLIGHT, MAX_FILES_IN_FLIGHT,
+    MAX_RANGE_BYTES, MIN_RANGE_BYTES,
 };
 pub use server::{serve, wake, LocalServer, Server, ServerConfig};
 pub use watchdog::{Working, WorkingNow};

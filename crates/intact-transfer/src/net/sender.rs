@@ -39,10 +39,12 @@ mod link;
 mod result;
 mod spread;
 mod stream;
+mod tune;
 
 pub(crate) use link::SenderLink;
 pub use spread::{Spread, SpreadReport, AUTO_MIN_RTT, MAX_RANGE_BYTES, MIN_RANGE_BYTES};
 use stream::Stream;
+pub use tune::{StreamsReport, AUTO_MAX_STREAMS, AUTO_START_STREAMS};
 
 /// Files one stream keeps unacknowledged at most. The receiver commits a
 /// group of files when it runs out of input, so this also bounds its group
@@ -67,6 +69,11 @@ pub const MAX_BYTES_IN_FLIGHT_FLASH: u64 = 4 << 30;
 /// receiver starts on the first files while the rest are announced.
 const FLUSH_EVERY: usize = 64;
 
+/// How often the sender half checks whether its streams are done and the
+/// tuner has something to say (it looks at the sockets only every
+/// [`tune::interval`]).
+const TUNER_TICK: Duration = Duration::from_millis(20);
+
 /// How to send.
 #[derive(Clone)]
 pub struct SendOptions {
@@ -74,8 +81,12 @@ pub struct SendOptions {
     pub verify: VerifyMode,
     /// Block size in bytes.
     pub block_size: usize,
-    /// TCP streams.
+    /// TCP streams connected before data moves.
     pub streams: usize,
+    /// `send`: streams it may grow to while the sockets show their send
+    /// buffers, not the link, hold them back (`--streams auto`, see
+    /// [`tune`]); at most `streams` keeps the count fixed.
+    pub max_streams: usize,
     /// Resends of one block before its file fails.
     pub retries: u32,
     /// Pre-shared key.
@@ -101,12 +112,14 @@ pub struct SendOptions {
 }
 
 impl Default for SendOptions {
-    /// intact's defaults: riva, 4 MiB blocks, 4 streams, 3 retries, no key.
+    /// intact's defaults: riva, 4 MiB blocks, 4 streams growing to 16 on
+    /// long links, 3 retries, no key.
     fn default() -> Self {
         SendOptions {
             verify: VerifyMode::DEFAULT,
             block_size: defaults::BLOCK_BYTES,
-            streams: 4,
+            streams: AUTO_START_STREAMS,
+            max_streams: AUTO_MAX_STREAMS,
             retries: 3,
             key: None,
             subdir: None,
@@ -141,7 +154,7 @@ fn connect_timed(
     addr: &str,
     key: Option<&Key>,
     secret: &SessionSecret,
-) -> Result<(Connection<TcpStream>, Security, Duration), TransferError> {
+) -> Result<Connected, TransferError> {
     let t = Instant::now();
     let stream = TcpStream::connect(addr).map_err(|e| TransferError::Connect {
         addr: addr.to_string(),
@@ -152,6 +165,65 @@ fn connect_timed(
     let mut conn = Connection::new(stream);
     let security = client_handshake_with(&mut conn, key, secret, true)?;
     Ok((conn, security, rtt))
+}
+
+/// Connects and authenticates the options' streams of one session, all
+/// at once: one after another, each connect and handshake costs its own
+/// round trips, a second at 89 ms for four streams before any data moves.
+/// Returns the links, the frames' security and the fastest TCP connect
+/// (one round trip).
+fn connect_all(
+    addr: &str,
+    opts: &SendOptions,
+    session: &SessionSecret,
+) -> Result<(Vec<SenderLink<'static>>, Option<Security>, Duration), TransferError> {
+    let connected = connect_n_timed(addr, opts.key.as_ref(), session, opts.streams.max(1));
+    let mut links = Vec::with_capacity(connected.len());
+    let mut security = None;
+    let mut rtt = Duration::MAX;
+    for c in connected {
+        let (conn, s, took) = c?;
+        security = Some(s);
+        rtt = rtt.min(took);
+        links.push(SenderLink::tcp(conn)?);
+    }
+    Ok((links, security, rtt))
+}
+
+/// One authenticated stream, its frames' security and how long its TCP
+/// connect took.
+type Connected = (Connection<TcpStream>, Security, Duration);
+
+/// Connects `n` streams of the session at once, each with how long its
+/// TCP connect took.
+fn connect_n_timed(
+    addr: &str,
+    key: Option<&Key>,
+    session: &SessionSecret,
+    n: usize,
+) -> Vec<Result<Connected, TransferError>> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .map(|_| s.spawn(|| connect_timed(addr, key, session)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a connecting thread panicked"))
+            .collect()
+    })
+}
+
+/// [`connect_n_timed`] without the times.
+pub(crate) fn connect_n(
+    addr: &str,
+    key: Option<&Key>,
+    session: &SessionSecret,
+    n: usize,
+) -> Vec<Result<(Connection<TcpStream>, Security), TransferError>> {
+    connect_n_timed(addr, key, session, n)
+        .into_iter()
+        .map(|r| r.map(|(conn, security, _)| (conn, security)))
+        .collect()
 }
 
 /// `send --delete`: asks the server at `addr` to prune what `req` does
@@ -199,24 +271,24 @@ pub fn send_scanned(
     // Every stream is connected and authenticated before any data moves,
     // so a wrong key or an unreachable server fails the whole run at once.
     let session = SessionSecret::random()?;
-    let mut links = Vec::new();
-    let mut security = None;
-    let mut rtt = Duration::MAX;
-    for _ in 0..opts.streams.max(1) {
-        let (conn, s, took) = connect_timed(addr, opts.key.as_ref(), &session)?;
-        security = Some(s);
-        rtt = rtt.min(took);
-        links.push(SenderLink::tcp(conn)?);
-    }
+    let (links, security, rtt) = connect_all(addr, opts, &session)?;
     let profile = Profile::default();
     let (spreading, why) = spread::decide(
         opts.spread,
         opts.verify,
         opts.block_size,
-        links.len(),
+        links.len().max(opts.max_streams),
         opts.reverify,
         rtt,
     );
+    // More streams only where a window can bind: the same round trip
+    // from which files are spread.
+    let grow = (opts.max_streams > links.len() && rtt >= AUTO_MIN_RTT).then_some(tune::Grow {
+        addr,
+        key: opts.key.as_ref(),
+        session: &session,
+        rtt,
+    });
     let mut report = if spreading {
         let secret = opts
             .key
@@ -224,7 +296,16 @@ pub fn send_scanned(
             .map_or([0; 32], |k| k.derive(spread::SPLIT_SECRET_CONTEXT));
         let (cut, groups) = spread::cut(&scanned, opts.block_size, &secret);
         let cvs = spread::RangeCvs::default();
-        let mut report = run_sender(&cut, opts, links, progress, start, &profile, Some(&cvs));
+        let mut report = run_sender(
+            &cut,
+            opts,
+            links,
+            progress,
+            start,
+            &profile,
+            Some(&cvs),
+            grow,
+        );
         let ranges = groups.iter().map(|g| g.len() as u64).sum();
         let files = groups.len() as u64;
         spread::join(
@@ -243,7 +324,7 @@ pub fn send_scanned(
         });
         report
     } else {
-        let mut report = run_sender(&scanned, opts, links, progress, start, &profile, None);
+        let mut report = run_sender(&scanned, opts, links, progress, start, &profile, None, grow);
         report.spread = Some(spread::SpreadReport {
             rtt_seconds: rtt.as_secs_f64(),
             why,
@@ -258,18 +339,21 @@ pub fn send_scanned(
 }
 
 /// The sender half: sends every entry of `scanned` over `links` (one
-/// stream each) and reports what the receiver half answered, per entry.
-pub(crate) fn run_sender(
+/// stream each, more joining while `grow` finds them held back by their
+/// send buffers) and reports what the receiver half answered, per entry.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run_sender<'l>(
     scanned: &Scan,
     opts: &SendOptions,
-    links: Vec<SenderLink<'_>>,
+    links: Vec<SenderLink<'l>>,
     progress: Progress<'_>,
     start: Instant,
     profile: &Profile,
     range_cvs: Option<&spread::RangeCvs>,
+    grow: Option<tune::Grow<'_>>,
 ) -> CopyReport {
     let entries = &scanned.entries;
-    let streams = links.len();
+    let mut tuner = grow.map(|g| tune::Tuner::new(g, &links, opts.max_streams));
     let (first, dirs): (Vec<usize>, Vec<usize>) =
         (0..entries.len()).partition(|&i| entries[i].kind != SourceKind::Dir);
     let next = AtomicUsize::new(0);
@@ -287,17 +371,31 @@ pub(crate) fn run_sender(
         range_cvs,
     };
 
-    std::thread::scope(|s| {
-        let mut handles = Vec::new();
-        for (n, link) in links.into_iter().enumerate() {
-            let (ctx, first, next) = (&ctx, &first, &next);
-            handles.push(s.spawn(move || {
+    let streams = std::thread::scope(|s| {
+        let (ctx, first, next) = (&ctx, &first, &next);
+        let spawn = |n: usize, link: SenderLink<'l>| {
+            s.spawn(move || {
                 let mut stream = Stream::new(link, ctx);
                 stream.run(|| first.get(next.fetch_add(1, Ordering::Relaxed)).copied());
                 // Directories once all files are in: stream 0 after the others.
                 (n, stream)
-            }));
+            })
+        };
+        let mut handles: Vec<_> = links
+            .into_iter()
+            .enumerate()
+            .map(|(n, link)| spawn(n, link))
+            .collect();
+        if let Some(t) = tuner.as_mut() {
+            while !handles.iter().all(|h| h.is_finished()) {
+                std::thread::sleep(TUNER_TICK);
+                let taken = next.load(Ordering::Relaxed).min(first.len());
+                for link in t.poll(first.len() - taken) {
+                    handles.push(spawn(handles.len(), link));
+                }
+            }
         }
+        let count = handles.len();
         let mut streams: Vec<_> = handles
             .into_iter()
             .map(|h| h.join().expect("stream thread panicked"))
@@ -310,6 +408,7 @@ pub(crate) fn run_sender(
         for (_, st) in streams {
             st.finish();
         }
+        count
     });
 
     let mut files: Vec<FileReport> = Vec::with_capacity(entries.len());
@@ -332,13 +431,15 @@ pub(crate) fn run_sender(
             r
         }));
     }
-    CopyReport::new(
+    let mut report = CopyReport::new(
         files,
         scanned,
         sent.load(Ordering::Relaxed),
         start,
         streams.max(1),
-    )
+    );
+    report.streams = tuner.map(|t| t.report);
+    report
 }
 
 /// The flags of an Entry under these options.
