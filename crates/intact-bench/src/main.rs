@@ -12,6 +12,7 @@ mod mount;
 mod netns;
 mod peers;
 mod pipe;
+mod plot;
 mod ramdisk;
 mod runner;
 mod scale;

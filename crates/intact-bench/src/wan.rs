@@ -90,6 +90,11 @@ pub struct WanArgs {
     /// four streams then leave the link partly idle.
     #[arg(long, value_name = "BYTES")]
     sender_wmem: Option<u64>,
+    /// Also write every run as a CSV row (DIR/wan-RTTms[-wmemK].csv) and
+    /// each item's chart, throughput beside CPU seconds, as a PNG
+    /// (DIR/wan-RTTms[-wmemK]-ITEM.png).
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
 }
 
 /// One way to move the file.
@@ -375,6 +380,34 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
         let _ = std::fs::remove_file(p);
         let _ = std::fs::remove_dir_all(p);
     };
+    let stem = match a.sender_wmem {
+        Some(b) => format!("wan-{}ms-wmem{}k", a.rtt_ms, b >> 10),
+        None => format!("wan-{}ms", a.rtt_ms),
+    };
+    let mut csv = match &a.out {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)?;
+            let mut w = csv::Writer::from_path(dir.join(format!("{stem}.csv")))?;
+            w.write_record([
+                "rtt_ms",
+                "rate_mbit",
+                "sender_wmem",
+                "item",
+                "way",
+                "run",
+                "seconds",
+                "mbit_s",
+                "cpu_s",
+                "line_cpu_s",
+                "ranges",
+                "streams",
+                "iperf3_mbit",
+                "failed",
+            ])?;
+            Some(w)
+        }
+        None => None,
+    };
     for (title, src, bytes, shape) in &items {
         let (src, bytes) = (src.clone(), *bytes);
         let name = src.file_name().unwrap();
@@ -515,6 +548,31 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
             "streams",
             "÷ iperf3"
         );
+        if let Some(w) = csv.as_mut() {
+            for (way, all) in runs.iter().enumerate() {
+                for (n, r) in all.iter().enumerate() {
+                    let mbps = (bytes * 8) as f64 / r.secs / 1e6;
+                    w.write_record([
+                        a.rtt_ms.to_string(),
+                        "1000".into(),
+                        a.sender_wmem.map_or(String::new(), |b| b.to_string()),
+                        title.clone(),
+                        ways[way].0.clone(),
+                        (n + 1).to_string(),
+                        format!("{:.3}", r.secs),
+                        format!("{mbps:.1}"),
+                        format!("{:.3}", r.cpu),
+                        format!("{:.3}", r.line),
+                        r.ranges.to_string(),
+                        r.streams.to_string(),
+                        iperf.map_or(String::new(), |b| format!("{:.0}", b / 1e6)),
+                        r.failed.clone().unwrap_or_default(),
+                    ])?;
+                }
+            }
+            w.flush()?;
+        }
+        let mut bars = Vec::new();
         for (way, all) in runs.iter().enumerate() {
             let v: Vec<&Run> = all.iter().filter(|r| r.failed.is_none()).collect();
             if let Some(why) = all.iter().find_map(|r| r.failed.as_deref()) {
@@ -538,6 +596,13 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
             let cpu = Spread::of(&v.iter().map(|r| r.cpu).collect::<Vec<_>>());
             let line = Spread::of(&v.iter().map(|r| r.line).collect::<Vec<_>>());
             let mbps = (bytes * 8) as f64 / secs.median / 1e6;
+            bars.push(crate::plot::Bar {
+                label: ways[way].0.clone(),
+                min: (bytes * 8) as f64 / secs.max / 1e6,
+                median: mbps,
+                max: (bytes * 8) as f64 / secs.min / 1e6,
+                cpu: cpu.median,
+            });
             println!(
                 "{:<52} {:>26} {:>10.0} {:>22} {:>10.2} {:>8} {:>9} {:>12}",
                 ways[way].0,
@@ -552,6 +617,15 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
         }
         if let Some(line) = &bed.wan {
             println!("delay line so far: {}", line.summary());
+        }
+        if let Some(dir) = &a.out {
+            let png = dir.join(format!("{stem}-{}.png", crate::plot::slug(title)));
+            let chart = format!(
+                "{title}: 1 Gbit/s, {} ms round trip, {} runs each",
+                a.rtt_ms, a.runs
+            );
+            crate::plot::bars_png(&png, &chart, &bars, iperf.map(|b| b / 1e6))?;
+            println!("chart: {}", png.display());
         }
     }
     println!("\n{WHAT}; {RCLONE_VERIFIES}; {XROOTD_VERIFIES}; {GRIDFTP_VERIFIES}.");
