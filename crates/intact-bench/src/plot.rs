@@ -108,7 +108,7 @@ pub fn bars_png(path: &Path, title: &str, bars: &[Bar], limit: Option<f64>) -> a
             .background_style(WHITE.mix(0.8))
             .border_style(BLACK)
             .label_font(("sans-serif", 13))
-            .position(SeriesLabelPosition::LowerRight)
+            .position(SeriesLabelPosition::UpperRight)
             .draw()?;
     }
 

@@ -621,8 +621,13 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
         if let Some(dir) = &a.out {
             let png = dir.join(format!("{stem}-{}.png", crate::plot::slug(title)));
             let chart = format!(
-                "{title}: 1 Gbit/s, {} ms round trip, {} runs each",
-                a.rtt_ms, a.runs
+                "{title}: 1 Gbit/s, {} ms round trip{}, {} runs each",
+                a.rtt_ms,
+                a.sender_wmem.map_or(String::new(), |b| format!(
+                    ", sender's buffers {} KiB",
+                    b >> 10
+                )),
+                a.runs
             );
             crate::plot::bars_png(&png, &chart, &bars, iperf.map(|b| b / 1e6))?;
             println!("chart: {}", png.display());
