@@ -27,15 +27,7 @@ use common::ServerIn;
 
 const BS: usize = 1 << 20;
 
-fn usable(name: &str) -> bool {
-    for check in [intact_faults::netbed_usable, intact_faults::usable] {
-        if let Err(why) = check() {
-            intact_testkit::skip(name, &why);
-            return false;
-        }
-    }
-    true
-}
+use common::bed_usable as usable;
 
 /// Sends `frames` as they are onto `dev` of `host` (a packet socket).
 fn inject(host: &Host, dev: &'static str, frames: Vec<Vec<u8>>) {

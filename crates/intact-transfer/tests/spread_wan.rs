@@ -23,11 +23,8 @@ const RTT: Duration = Duration::from_millis(30);
 #[test]
 fn auto_spreads_a_large_file_over_the_streams_across_a_30_ms_link() {
     let name = "auto_spreads_a_large_file_over_the_streams_across_a_30_ms_link";
-    for check in [intact_faults::netbed_usable, intact_faults::usable] {
-        if let Err(why) = check() {
-            intact_testkit::skip(name, &why);
-            return;
-        }
+    if !common::bed_usable(name) {
+        return;
     }
     let bed = Netbed::with_wan(Wan {
         rtt: RTT,

@@ -28,6 +28,20 @@ struct Seen {
     per_connection: Vec<u64>,
 }
 
+impl Seen {
+    /// The report's account of the streams' growth (printed, with the
+    /// proxy's count, for a failing run's log).
+    fn tuning(&self) -> &intact_transfer::StreamsReport {
+        let t = self
+            .report
+            .streams
+            .as_ref()
+            .expect("a tuned send reports it");
+        println!("{t:?}; per connection {:?}", self.per_connection);
+        t
+    }
+}
+
 /// Sends `files` files of `size` bytes from the bed's source, starting
 /// with one stream and allowed up to eight, to a server in the
 /// destination behind a counting proxy there; checks every file arrived
@@ -104,19 +118,11 @@ fn bed(rate: u64) -> Netbed {
     .unwrap()
 }
 
-fn usable(name: &str) -> bool {
-    for check in [intact_faults::netbed_usable, intact_faults::usable] {
-        if let Err(why) = check() {
-            intact_testkit::skip(name, &why);
-            return false;
-        }
-    }
-    true
-}
-
 #[test]
 fn streams_are_added_where_their_send_buffers_bound_them_and_the_link_had_room() {
-    if !usable("streams_are_added_where_their_send_buffers_bound_them_and_the_link_had_room") {
+    if !common::bed_usable(
+        "streams_are_added_where_their_send_buffers_bound_them_and_the_link_had_room",
+    ) {
         return;
     }
     // 1 Gbit/s at 30 ms with the sender's buffers capped at 512 KiB: one
@@ -124,12 +130,7 @@ fn streams_are_added_where_their_send_buffers_bound_them_and_the_link_had_room()
     let bed = bed(1_000_000_000);
     bed.source.cap_send_buffer(512 << 10).unwrap();
     let seen = send_across(&bed, 1, 12, 4 * MIB);
-    let t = seen
-        .report
-        .streams
-        .as_ref()
-        .expect("a tuned send reports it");
-    println!("{t:?}; per connection {:?}", seen.per_connection);
+    let t = seen.tuning();
     let carried: Vec<&u64> = seen
         .per_connection
         .iter()
@@ -151,7 +152,7 @@ fn streams_are_added_where_their_send_buffers_bound_them_and_the_link_had_room()
 
 #[test]
 fn no_stream_is_added_where_one_fills_the_link() {
-    if !usable("no_stream_is_added_where_one_fills_the_link") {
+    if !common::bed_usable("no_stream_is_added_where_one_fills_the_link") {
         return;
     }
     // 100 Mbit/s at 30 ms: the bandwidth-delay product (375 KB) is far
@@ -159,12 +160,7 @@ fn no_stream_is_added_where_one_fills_the_link() {
     // link and queues at its bottleneck.
     let bed = bed(100_000_000);
     let seen = send_across(&bed, 1, 12, 2 * MIB);
-    let t = seen
-        .report
-        .streams
-        .as_ref()
-        .expect("a tuned send reports it");
-    println!("{t:?}; per connection {:?}", seen.per_connection);
+    let t = seen.tuning();
     assert_eq!(
         seen.per_connection.len(),
         1,

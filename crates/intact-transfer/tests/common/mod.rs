@@ -29,6 +29,19 @@ pub fn usable(test: &str) -> bool {
     }
 }
 
+/// Whether the lab's network testbed (namespaces, TUN, the delay line)
+/// and its loop devices can be built here; if not, the test is skipped,
+/// loudly (and fails in CI).
+pub fn bed_usable(test: &str) -> bool {
+    for check in [intact_faults::netbed_usable, intact_faults::usable] {
+        if let Err(why) = check() {
+            intact_testkit::skip(test, &why);
+            return false;
+        }
+    }
+    true
+}
+
 /// Unmounts and mounts the file system again: nothing of it stays cached.
 pub fn remount(fs: &LoopFs) {
     fs.remount().unwrap();
