@@ -18,7 +18,8 @@ const FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
 /// One way's bar.
 pub struct Bar {
     pub label: String,
-    /// Throughput of its fastest, median and slowest run, Mbit/s.
+    /// Its lowest, median and highest throughput (slowest, median and
+    /// fastest run), Mbit/s.
     pub min: f64,
     pub median: f64,
     pub max: f64,

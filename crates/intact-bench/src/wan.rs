@@ -551,6 +551,7 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
         if let Some(w) = csv.as_mut() {
             for (way, all) in runs.iter().enumerate() {
                 for (n, r) in all.iter().enumerate() {
+                    let ok = |v: String| if r.failed.is_some() { String::new() } else { v };
                     let mbps = (bytes * 8) as f64 / r.secs / 1e6;
                     w.write_record([
                         a.rtt_ms.to_string(),
@@ -559,10 +560,11 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
                         title.clone(),
                         ways[way].0.clone(),
                         (n + 1).to_string(),
-                        format!("{:.3}", r.secs),
-                        format!("{mbps:.1}"),
-                        format!("{:.3}", r.cpu),
-                        format!("{:.3}", r.line),
+                        // A failed run's time and CPU measure nothing.
+                        ok(format!("{:.3}", r.secs)),
+                        ok(format!("{mbps:.1}")),
+                        ok(format!("{:.3}", r.cpu)),
+                        ok(format!("{:.3}", r.line)),
                         r.ranges.to_string(),
                         r.streams.to_string(),
                         iperf.map_or(String::new(), |b| format!("{:.0}", b / 1e6)),

@@ -43,10 +43,10 @@ impl Seen {
 }
 
 /// Sends `files` files of `size` bytes from the bed's source, starting
-/// with one stream and allowed up to eight, to a server in the
+/// with `start` streams and allowed up to `max`, to a server in the
 /// destination behind a counting proxy there; checks every file arrived
 /// whole.
-fn send_across(bed: &Netbed, start: usize, files: usize, size: usize) -> Seen {
+fn send_across(bed: &Netbed, start: usize, max: usize, files: usize, size: usize) -> Seen {
     let src = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let root = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let mut paths: Vec<PathBuf> = Vec::new();
@@ -85,7 +85,7 @@ fn send_across(bed: &Netbed, start: usize, files: usize, size: usize) -> Seen {
                 key: Some(key),
                 verify: intact_transfer::VerifyMode::Block,
                 streams: start,
-                max_streams: 8,
+                max_streams: max,
                 block_size: MIB,
                 ..SendOptions::default()
             };
@@ -129,7 +129,7 @@ fn streams_are_added_where_their_send_buffers_bound_them_and_the_link_had_room()
     // stream carries ~100 Mbit/s, a tenth of the link.
     let bed = bed(1_000_000_000);
     bed.source.cap_send_buffer(512 << 10).unwrap();
-    let seen = send_across(&bed, 1, 12, 4 * MIB);
+    let seen = send_across(&bed, 1, 8, 12, 4 * MIB);
     let t = seen.tuning();
     let carried: Vec<&u64> = seen
         .per_connection
@@ -159,7 +159,7 @@ fn no_stream_is_added_where_one_fills_the_link() {
     // below one stream's default 4 MiB buffer, so one stream fills the
     // link and queues at its bottleneck.
     let bed = bed(100_000_000);
-    let seen = send_across(&bed, 1, 12, 2 * MIB);
+    let seen = send_across(&bed, 1, 8, 12, 2 * MIB);
     let t = seen.tuning();
     assert_eq!(
         seen.per_connection.len(),
@@ -167,4 +167,17 @@ fn no_stream_is_added_where_one_fills_the_link() {
         "streams were added on a link one fills: {t:?}"
     );
     assert_eq!((t.started, t.ended), (1, 1), "{t:?}");
+}
+
+#[test]
+fn twenty_streams_connect_across_a_long_link_although_a_server_takes_sixteen_handshakes_at_once() {
+    if !common::bed_usable("twenty_streams_connect_across_a_long_link") {
+        return;
+    }
+    // Every handshake takes a round trip or more, so connects started all
+    // at once would have twenty in progress at the server, which refuses
+    // a seventeenth from one address: a send's streams connect in waves.
+    let bed = bed(1_000_000_000);
+    let seen = send_across(&bed, 20, 20, 24, 256 << 10);
+    assert_eq!(seen.per_connection.len(), 20, "{:?}", seen.per_connection);
 }

@@ -84,8 +84,9 @@ pub struct SendOptions {
     /// TCP streams connected before data moves.
     pub streams: usize,
     /// `send`: streams it may grow to while the sockets show their send
-    /// buffers, not the link, hold them back (`--streams auto`, see
-    /// [`tune`]); at most `streams` keeps the count fixed.
+    /// buffers, not the link, hold them back (`--streams auto` sets
+    /// [`AUTO_MAX_STREAMS`], see [`tune`]); at most `streams` (0, the
+    /// default here) keeps the count fixed.
     pub max_streams: usize,
     /// Resends of one block before its file fails.
     pub retries: u32,
@@ -112,14 +113,15 @@ pub struct SendOptions {
 }
 
 impl Default for SendOptions {
-    /// intact's defaults: riva, 4 MiB blocks, 4 streams growing to 16 on
-    /// long links, 3 retries, no key.
+    /// intact's defaults: riva, 4 MiB blocks, 4 streams (fixed: the
+    /// command line's `--streams auto` sets `max_streams`), 3 retries, no
+    /// key.
     fn default() -> Self {
         SendOptions {
             verify: VerifyMode::DEFAULT,
             block_size: defaults::BLOCK_BYTES,
             streams: AUTO_START_STREAMS,
-            max_streams: AUTO_MAX_STREAMS,
+            max_streams: 0,
             retries: 3,
             key: None,
             subdir: None,
@@ -145,27 +147,59 @@ pub(crate) fn connect(
     key: Option<&Key>,
     secret: &SessionSecret,
 ) -> Result<(Connection<TcpStream>, Security), TransferError> {
-    connect_timed(addr, key, secret).map(|(conn, security, _)| (conn, security))
+    connect_timed(addr, key, secret, None).map(|(conn, security, _)| (conn, security))
 }
 
 /// [`connect`], and how long the TCP connect took (one round trip: SYN
-/// out, SYN-ACK back), before the handshake.
+/// out, SYN-ACK back), before the handshake. With `limit`, the connect
+/// and each read and write of the handshake give up after it (a stream
+/// added mid-send must not hold the send up for the kernel's two
+/// minutes of SYN retries).
 fn connect_timed(
     addr: &str,
     key: Option<&Key>,
     secret: &SessionSecret,
+    limit: Option<Duration>,
 ) -> Result<Connected, TransferError> {
-    let t = Instant::now();
-    let stream = TcpStream::connect(addr).map_err(|e| TransferError::Connect {
+    let failed = |e: std::io::Error| TransferError::Connect {
         addr: addr.to_string(),
         source: e,
-    })?;
+    };
+    let t = Instant::now();
+    let stream = match limit {
+        None => TcpStream::connect(addr).map_err(failed)?,
+        Some(limit) => connect_within(addr, limit).map_err(failed)?,
+    };
     let rtt = t.elapsed();
     stream.set_nodelay(true).map_err(conn_err)?;
+    stream.set_read_timeout(limit).map_err(conn_err)?;
+    stream.set_write_timeout(limit).map_err(conn_err)?;
     let mut conn = Connection::new(stream);
     let security = client_handshake_with(&mut conn, key, secret, true)?;
+    if limit.is_some() {
+        conn.get_ref().set_read_timeout(None).map_err(conn_err)?;
+        conn.get_ref().set_write_timeout(None).map_err(conn_err)?;
+    }
     Ok((conn, security, rtt))
 }
+
+/// A TCP connect to the first of `addr`'s addresses that answers within
+/// `limit` each.
+fn connect_within(addr: &str, limit: Duration) -> std::io::Result<TcpStream> {
+    let mut last = None;
+    for a in std::net::ToSocketAddrs::to_socket_addrs(addr)? {
+        match TcpStream::connect_timeout(&a, limit) {
+            Ok(s) => return Ok(s),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("the name resolved to no address")))
+}
+
+/// Connects, at most, that many streams at once: a server takes only so
+/// many handshakes from one address at a time (16 for intact's,
+/// `net/handshakes.rs`), and refuses the rest.
+const PARALLEL_CONNECTS: usize = 8;
 
 /// Connects and authenticates the options' streams of one session, all
 /// at once: one after another, each connect and handshake costs its own
@@ -177,7 +211,7 @@ fn connect_all(
     opts: &SendOptions,
     session: &SessionSecret,
 ) -> Result<(Vec<SenderLink<'static>>, Option<Security>, Duration), TransferError> {
-    let connected = connect_n_timed(addr, opts.key.as_ref(), session, opts.streams.max(1));
+    let connected = connect_n_timed(addr, opts.key.as_ref(), session, opts.streams.max(1), None);
     let mut links = Vec::with_capacity(connected.len());
     let mut security = None;
     let mut rtt = Duration::MAX;
@@ -194,23 +228,30 @@ fn connect_all(
 /// connect took.
 type Connected = (Connection<TcpStream>, Security, Duration);
 
-/// Connects `n` streams of the session at once, each with how long its
-/// TCP connect took.
+/// Connects `n` streams of the session, [`PARALLEL_CONNECTS`] at a time,
+/// each with how long its TCP connect took.
 fn connect_n_timed(
     addr: &str,
     key: Option<&Key>,
     session: &SessionSecret,
     n: usize,
+    limit: Option<Duration>,
 ) -> Vec<Result<Connected, TransferError>> {
-    std::thread::scope(|s| {
-        let handles: Vec<_> = (0..n)
-            .map(|_| s.spawn(|| connect_timed(addr, key, session)))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("a connecting thread panicked"))
-            .collect()
-    })
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        let wave = (n - out.len()).min(PARALLEL_CONNECTS);
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..wave)
+                .map(|_| s.spawn(|| connect_timed(addr, key, session, limit)))
+                .collect();
+            out.extend(
+                handles
+                    .into_iter()
+                    .map(|h| h.join().expect("a connecting thread panicked")),
+            );
+        });
+    }
+    out
 }
 
 /// [`connect_n_timed`] without the times.
@@ -219,8 +260,9 @@ pub(crate) fn connect_n(
     key: Option<&Key>,
     session: &SessionSecret,
     n: usize,
+    limit: Option<Duration>,
 ) -> Vec<Result<(Connection<TcpStream>, Security), TransferError>> {
-    connect_n_timed(addr, key, session, n)
+    connect_n_timed(addr, key, session, n, limit)
         .into_iter()
         .map(|r| r.map(|(conn, security, _)| (conn, security)))
         .collect()

@@ -4,7 +4,8 @@
 //! Why: one TCP stream keeps at most its send buffer in flight
 //! (`net.ipv4.tcp_wmem`, 4 MiB at most by default), so it carries at most
 //! that buffer per round trip: about 230 Mbit/s at 89 ms here, and a
-//! 10 Gbit/s link at 30 ms needs some 40 such windows. How many streams a
+//! 10 Gbit/s link at 30 ms (37.5 MB in flight) needs at least nine such
+//! windows, some fifteen at the 680 Mbit/s one stream gets at 30 ms here. How many streams a
 //! link needs is its bandwidth-delay product over one window, and neither
 //! the bandwidth nor the far end's window is known before data moves.
 //!
@@ -13,7 +14,9 @@
 //! it ran out of data to send because its send buffer was full
 //! (`tcpi_sndbuf_limited`), and its smoothed and its least round trip.
 //! Every [`interval`] the tuner sums those over the streams that have run
-//! a whole interval. Where the buffers held them back for at least
+//! a whole interval, the smoothed round trip taken as its least over the
+//! interval (read every tick, so one late packet of a jittery path does
+//! not count as a queue). Where the buffers held them back for at least
 //! [`GROW_SHARE`] of their busy time *and* their round trip is still
 //! within [`QUEUE_SHARE`] of the least one (no standing queue at the
 //! bottleneck: the link has room), a further window would be used, and it
@@ -27,9 +30,10 @@
 //! of the time but queue 25 ms at the bottleneck (more streams there only
 //! made the send slower, 11.2 → 13.6 s with twelve). A stream the server
 //! refuses (its `--max-streams-per-session`) ends the growth, with the
-//! server's reason in the report. Streams held back by the receiver's
-//! window (`tcpi_rwnd_limited`) are reported but never grown for: a
-//! receiver that reads slowly is not helped by more streams.
+//! server's reason in the report. Time held back by the receiver's
+//! window (`tcpi_rwnd_limited`) is shown in each growth step's line but
+//! never grown for: a receiver that reads slowly is not helped by more
+//! streams.
 //!
 //! Where this never runs: local copies, fixed `--streams N`, and round
 //! trips under [`super::AUTO_MIN_RTT`] (one window is plenty there).
@@ -48,8 +52,8 @@ pub const AUTO_START_STREAMS: usize = 4;
 pub const AUTO_MAX_STREAMS: usize = 16;
 /// The share of their busy time the streams' send buffers must have held
 /// them back for a step to add streams. At 89 ms and 1 Gbit/s, four
-/// streams are held back about a fifth of the time, and six carry the
-/// file 2–3% faster.
+/// streams are held back about a fifth of the time (while their round
+/// trip shows the link full), one stream about half.
 pub const GROW_SHARE: f64 = 0.10;
 /// The streams' smoothed round trip may exceed their least one by at most
 /// this share of it (and [`QUEUE_FLOOR`]) for a step to add streams: more
@@ -123,7 +127,8 @@ pub struct Sample {
     pub busy_us: u64,
     pub sndbuf_us: u64,
     pub rwnd_us: u64,
-    /// Their smoothed round trips now, summed.
+    /// Their smoothed round trips (each its least over the interval),
+    /// summed.
     pub srtt_us: u64,
     /// Their least round trips, summed.
     pub min_rtt_us: u64,
@@ -201,6 +206,8 @@ struct Watched {
     socket: TcpStream,
     since: Instant,
     last: Chrono,
+    /// The least smoothed round trip read since the last sample, µs.
+    least_srtt_us: u64,
 }
 
 /// The tuner of one send: looks at the sockets every [`interval`] and
@@ -251,6 +258,7 @@ impl<'a> Tuner<'a> {
                 socket,
                 since: Instant::now(),
                 last,
+                least_srtt_us: u64::MAX,
             }),
             None => self.stop("this kernel does not report TCP_INFO's send-buffer time".into()),
         }
@@ -268,13 +276,22 @@ impl<'a> Tuner<'a> {
     /// stream has taken yet.
     pub(crate) fn poll(&mut self, queued: usize) -> Vec<SenderLink<'static>> {
         let now = Instant::now();
-        if self.done || now < self.next {
+        if self.done {
+            return Vec::new();
+        }
+        if now < self.next {
+            for w in &mut self.watched {
+                if let Some(c) = chrono(&w.socket) {
+                    w.least_srtt_us = w.least_srtt_us.min(c.srtt_us);
+                }
+            }
             return Vec::new();
         }
         self.next = now + self.every;
         let mut sample = Sample::default();
         for w in &mut self.watched {
             let Some(c) = chrono(&w.socket) else { continue };
+            let srtt = std::mem::replace(&mut w.least_srtt_us, u64::MAX).min(c.srtt_us);
             let whole = now.duration_since(w.since) >= self.every;
             if whole {
                 sample.streams += 1;
@@ -282,7 +299,7 @@ impl<'a> Tuner<'a> {
                 sample.busy_us += c.busy_us.saturating_sub(w.last.busy_us);
                 sample.sndbuf_us += c.sndbuf_us.saturating_sub(w.last.sndbuf_us);
                 sample.rwnd_us += c.rwnd_us.saturating_sub(w.last.rwnd_us);
-                sample.srtt_us += c.srtt_us;
+                sample.srtt_us += srtt;
                 sample.min_rtt_us += c.min_rtt_us;
             }
             w.last = c;
@@ -292,7 +309,16 @@ impl<'a> Tuner<'a> {
         if add == 0 {
             return Vec::new();
         }
-        let links = super::connect_n(self.grow.addr, self.grow.key, self.grow.session, add);
+        // A stream that cannot join within this gives up, and the send
+        // goes on with the streams it has.
+        let limit = (self.grow.rtt * 10).max(Duration::from_secs(3));
+        let links = super::connect_n(
+            self.grow.addr,
+            self.grow.key,
+            self.grow.session,
+            add,
+            Some(limit),
+        );
         let mut added = Vec::new();
         for l in links {
             match l.and_then(|(conn, _)| SenderLink::tcp(conn)) {
