@@ -84,6 +84,10 @@ pub struct WanArgs {
     /// (beside the default, `--streams auto`), e.g. 4,6,8.
     #[arg(long, value_delimiter = ',')]
     streams: Vec<usize>,
+    /// Also send with `--spread auto --streams auto` and these block
+    /// sizes, KiB (beside the default, 4096), e.g. 1024,16384.
+    #[arg(long, value_delimiter = ',', value_name = "KIB")]
+    block_kib: Vec<usize>,
     /// Cap the source host's TCP send buffers at this many bytes
     /// (`net.ipv4.tcp_wmem`'s largest value; Linux's default is 4 MiB),
     /// as a host with smaller buffers, or one on a faster link, has it:
@@ -99,9 +103,9 @@ pub struct WanArgs {
 
 /// One way to move the file.
 enum Way {
-    /// intact send with this --spread and this many streams (None:
-    /// `--streams auto`).
-    Intact(SpreadWhen, Option<usize>),
+    /// intact send with this --spread, this many streams (None:
+    /// `--streams auto`) and this block size (None: the default).
+    Intact(SpreadWhen, Option<usize>, Option<usize>),
     /// rsync -a -e ssh, with this cipher (None: ssh's default).
     Rsync(Option<&'static str>),
     /// rclone copy over SFTP through the same sshd.
@@ -126,6 +130,8 @@ struct Run {
     /// intact's streams at the end of the run (`--streams auto` grows
     /// them); 0 for a peer.
     streams: usize,
+    /// Why `--streams auto` added streams, step by step.
+    steps: Vec<String>,
     /// A peer's run that failed (its tool's error, or a copy that did not
     /// check): left out of the figures, reported beside them.
     failed: Option<String>,
@@ -264,17 +270,23 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
     let mut ways = vec![
         (
             "intact riva, --spread never".to_string(),
-            Way::Intact(SpreadWhen::Never, Some(4)),
+            Way::Intact(SpreadWhen::Never, Some(4), None),
         ),
         (
             "intact riva, --spread auto --streams auto (default)".to_string(),
-            Way::Intact(SpreadWhen::Auto, None),
+            Way::Intact(SpreadWhen::Auto, None, None),
         ),
     ];
+    for &kib in &a.block_kib {
+        ways.push((
+            format!("intact riva, --streams auto --block-size {kib}KiB"),
+            Way::Intact(SpreadWhen::Auto, None, Some(kib << 10)),
+        ));
+    }
     for &n in &a.streams {
         ways.push((
             format!("intact riva, --spread auto --streams {n}"),
-            Way::Intact(SpreadWhen::Auto, Some(n)),
+            Way::Intact(SpreadWhen::Auto, Some(n), None),
         ));
     }
     if let Some(s) = &sshd {
@@ -473,6 +485,7 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
                         line: line_cpu() - line0,
                         ranges: 0,
                         streams: 0,
+                        steps: Vec::new(),
                         failed: None,
                     },
                     Err(e) => Run {
@@ -481,11 +494,12 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
                         line: 0.0,
                         ranges: 0,
                         streams: 0,
+                        steps: Vec::new(),
                         failed: Some(format!("{e:#}")),
                     },
                 });
             }
-            let Way::Intact(spread, streams) = ways[way].1 else {
+            let Way::Intact(spread, streams, block) = ways[way].1 else {
                 unreachable!("every other way is a peer")
             };
             let (src, to, key) = (src.clone(), dest.addr.clone(), key.clone());
@@ -497,6 +511,7 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
                 spread,
                 streams: streams.unwrap_or(intact_transfer::AUTO_START_STREAMS),
                 max_streams: streams.unwrap_or(intact_transfer::AUTO_MAX_STREAMS),
+                block_size: block.unwrap_or(intact_digest::defaults::BLOCK_BYTES),
                 ..SendOptions::default()
             };
             let o_streams = o.streams;
@@ -528,7 +543,8 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
                 cpu: self_cpu() - cpu0 - line,
                 line,
                 ranges: report.spread.map_or(0, |s| s.ranges),
-                streams: report.streams.map_or(o_streams, |t| t.ended),
+                streams: report.streams.as_ref().map_or(o_streams, |t| t.ended),
+                steps: report.streams.map_or(Vec::new(), |t| t.steps),
                 failed: None,
             })
         })?;
@@ -616,6 +632,11 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
                 streams_range(&v),
                 iperf.map_or("–".into(), |b| format!("{:.2}", mbps * 1e6 / b)),
             );
+        }
+        for (way, all) in runs.iter().enumerate() {
+            for (n, r) in all.iter().enumerate().filter(|(_, r)| !r.steps.is_empty()) {
+                println!("{}, run {}: {}", ways[way].0, n + 1, r.steps.join("; "));
+            }
         }
         if let Some(line) = &bed.wan {
             println!("delay line so far: {}", line.summary());

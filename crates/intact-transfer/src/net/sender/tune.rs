@@ -14,9 +14,10 @@
 //! it ran out of data to send because its send buffer was full
 //! (`tcpi_sndbuf_limited`), and its smoothed and its least round trip.
 //! Every [`interval`] the tuner sums those over the streams that have run
-//! a whole interval, the smoothed round trip taken as its least over the
-//! interval (read every tick, so one late packet of a jittery path does
-//! not count as a queue). Where the buffers held them back for at least
+//! a whole interval, the smoothed round trip taken as its mean over the
+//! interval (read every 20 ms tick: a queue that comes and goes with the
+//! congestion control's cycles counts for the time it stands, and one
+//! late packet of a jittery path for little). Where the buffers held them back for at least
 //! [`GROW_SHARE`] of their busy time *and* their round trip is still
 //! within [`QUEUE_SHARE`] of the least one (no standing queue at the
 //! bottleneck: the link has room), a further window would be used, and it
@@ -127,7 +128,7 @@ pub struct Sample {
     pub busy_us: u64,
     pub sndbuf_us: u64,
     pub rwnd_us: u64,
-    /// Their smoothed round trips (each its least over the interval),
+    /// Their smoothed round trips (each its mean over the interval),
     /// summed.
     pub srtt_us: u64,
     /// Their least round trips, summed.
@@ -206,8 +207,10 @@ struct Watched {
     socket: TcpStream,
     since: Instant,
     last: Chrono,
-    /// The least smoothed round trip read since the last sample, µs.
-    least_srtt_us: u64,
+    /// The smoothed round trips read since the last sample: their sum,
+    /// µs, and how many.
+    srtt_sum_us: u64,
+    srtt_reads: u64,
 }
 
 /// The tuner of one send: looks at the sockets every [`interval`] and
@@ -258,7 +261,8 @@ impl<'a> Tuner<'a> {
                 socket,
                 since: Instant::now(),
                 last,
-                least_srtt_us: u64::MAX,
+                srtt_sum_us: 0,
+                srtt_reads: 0,
             }),
             None => self.stop("this kernel does not report TCP_INFO's send-buffer time".into()),
         }
@@ -282,7 +286,8 @@ impl<'a> Tuner<'a> {
         if now < self.next {
             for w in &mut self.watched {
                 if let Some(c) = chrono(&w.socket) {
-                    w.least_srtt_us = w.least_srtt_us.min(c.srtt_us);
+                    w.srtt_sum_us += c.srtt_us;
+                    w.srtt_reads += 1;
                 }
             }
             return Vec::new();
@@ -291,7 +296,8 @@ impl<'a> Tuner<'a> {
         let mut sample = Sample::default();
         for w in &mut self.watched {
             let Some(c) = chrono(&w.socket) else { continue };
-            let srtt = std::mem::replace(&mut w.least_srtt_us, u64::MAX).min(c.srtt_us);
+            let sum = std::mem::take(&mut w.srtt_sum_us) + c.srtt_us;
+            let srtt = sum / (std::mem::take(&mut w.srtt_reads) + 1);
             let whole = now.duration_since(w.since) >= self.every;
             if whole {
                 sample.streams += 1;
@@ -333,10 +339,13 @@ impl<'a> Tuner<'a> {
             self.watch(l);
         }
         self.report.ended += added.len();
+        let (noun, their) = match streams {
+            1 => ("stream", "its"),
+            _ => ("streams", "their"),
+        };
         self.report.steps.push(format!(
-            "at {:.1} s: {streams} {} held back by their send buffers {:.0}% of their busy time (by the receiver's window {:.0}%), round trip {:.1} ms over its least: {} more",
+            "at {:.1} s: {streams} {noun} held back by {their} send buffers {:.0}% of {their} busy time (by the receiver's window {:.0}%), round trip {:.1} ms over its least: {} more",
             now.duration_since(self.start).as_secs_f64(),
-            if streams == 1 { "stream" } else { "streams" },
             sample.sndbuf_share() * 100.0,
             sample.rwnd_share() * 100.0,
             sample.queue().as_secs_f64() * 1e3,
