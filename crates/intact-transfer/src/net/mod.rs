@@ -16,6 +16,7 @@ pub(crate) mod sender;
 mod server;
 mod session_dirs;
 mod sessions;
+mod tcp_info;
 mod watchdog;
 mod whole_digest;
 

@@ -344,25 +344,9 @@ pub(crate) fn progressed(before: &Counters, now: &Counters) -> bool {
 pub(crate) fn counters(s: &TcpStream) -> Option<Counters> {
     use std::os::fd::AsRawFd;
     let fd = s.as_raw_fd();
-    // SAFETY: all-zero is a valid tcp_info (plain integers).
-    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
-    // SAFETY: `info` is writable for `len` bytes; the kernel writes at
-    // most that and says how many.
-    let r = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::IPPROTO_TCP,
-            libc::TCP_INFO,
-            (&mut info as *mut libc::tcp_info).cast(),
-            &mut len,
-        )
-    };
     // tcpi_bytes_received is the last field used (Linux 4.1 and later).
     let need = std::mem::offset_of!(libc::tcp_info, tcpi_bytes_received) + 8;
-    if r != 0 || (len as usize) < need {
-        return None;
-    }
+    let info = super::tcp_info::tcp_info(s, need)?;
     let queue = |req| {
         let mut n: libc::c_int = 0;
         // SAFETY: FIONREAD/TIOCOUTQ on a socket write one int.

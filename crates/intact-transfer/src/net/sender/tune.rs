@@ -40,7 +40,6 @@
 //! trips under [`super::AUTO_MIN_RTT`] (one window is plenty there).
 
 use std::net::TcpStream;
-use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use intact_proto::{Key, SessionSecret};
@@ -91,23 +90,9 @@ pub struct Chrono {
 /// The socket's [`Chrono`] from `TCP_INFO`; None where the kernel does not
 /// report it (before Linux 4.10) or the socket is gone.
 pub fn chrono(socket: &TcpStream) -> Option<Chrono> {
-    // SAFETY: tcp_info is plain integers, valid when zeroed; the kernel
-    // writes at most `len` bytes into it and sets `len` to what it wrote.
-    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
-    let rc = unsafe {
-        libc::getsockopt(
-            socket.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_INFO,
-            (&mut info as *mut libc::tcp_info).cast(),
-            &mut len,
-        )
-    };
+    // tcpi_sndbuf_limited is the last field used (Linux 4.10 and later).
     let end_of_sndbuf = std::mem::offset_of!(libc::tcp_info, tcpi_sndbuf_limited) + 8;
-    if rc != 0 || (len as usize) < end_of_sndbuf {
-        return None;
-    }
+    let info = crate::net::tcp_info::tcp_info(socket, end_of_sndbuf)?;
     Some(Chrono {
         busy_us: info.tcpi_busy_time,
         sndbuf_us: info.tcpi_sndbuf_limited,
