@@ -76,17 +76,7 @@ pub fn bars_png(path: &Path, title: &str, bars: &[Bar], limit: Option<f64>) -> a
         .y_labels(n)
         .label_style(("sans-serif", 13))
         .draw()?;
-    chart.draw_series(bars.iter().enumerate().map(|(i, b)| {
-        let mut r = Rectangle::new(
-            [
-                (0.0, SegmentValue::Exact(i)),
-                (b.median, SegmentValue::Exact(i + 1)),
-            ],
-            BLUE.mix(0.6).filled(),
-        );
-        r.set_margin(6, 6, 0, 0);
-        r
-    }))?;
+    chart.draw_series(bars.iter().enumerate().map(|(i, b)| bar(i, b.median, BLUE)))?;
     chart.draw_series(bars.iter().enumerate().map(|(i, b)| {
         PathElement::new(
             vec![
@@ -125,20 +115,23 @@ pub fn bars_png(path: &Path, title: &str, bars: &[Bar], limit: Option<f64>) -> a
         .y_label_formatter(&|_| String::new())
         .label_style(("sans-serif", 13))
         .draw()?;
-    cpu.draw_series(bars.iter().enumerate().map(|(i, b)| {
-        let mut r = Rectangle::new(
-            [
-                (0.0, SegmentValue::Exact(i)),
-                (b.cpu, SegmentValue::Exact(i + 1)),
-            ],
-            GREEN.mix(0.6).filled(),
-        );
-        r.set_margin(6, 6, 0, 0);
-        r
-    }))?;
+    cpu.draw_series(bars.iter().enumerate().map(|(i, b)| bar(i, b.cpu, GREEN)))?;
     root.present()
         .with_context(|| format!("writing {}", path.display()))?;
     Ok(())
+}
+
+/// The `i`th bar, from 0 to `value`, in `color`.
+fn bar(i: usize, value: f64, color: RGBColor) -> Rectangle<(f64, SegmentValue<usize>)> {
+    let mut r = Rectangle::new(
+        [
+            (0.0, SegmentValue::Exact(i)),
+            (value, SegmentValue::Exact(i + 1)),
+        ],
+        color.mix(0.6).filled(),
+    );
+    r.set_margin(6, 6, 0, 0);
+    r
 }
 
 /// A file name's part made of `text`: letters and digits kept, runs of

@@ -564,11 +564,12 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
             "streams",
             "÷ iperf3"
         );
+        let mbit_s = |secs: f64| (bytes * 8) as f64 / secs / 1e6;
         if let Some(w) = csv.as_mut() {
             for (way, all) in runs.iter().enumerate() {
                 for (n, r) in all.iter().enumerate() {
                     let ok = |v: String| if r.failed.is_some() { String::new() } else { v };
-                    let mbps = (bytes * 8) as f64 / r.secs / 1e6;
+                    let mbps = mbit_s(r.secs);
                     w.write_record([
                         a.rtt_ms.to_string(),
                         "1000".into(),
@@ -613,12 +614,12 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
             let secs = Spread::of(&v.iter().map(|r| r.secs).collect::<Vec<_>>());
             let cpu = Spread::of(&v.iter().map(|r| r.cpu).collect::<Vec<_>>());
             let line = Spread::of(&v.iter().map(|r| r.line).collect::<Vec<_>>());
-            let mbps = (bytes * 8) as f64 / secs.median / 1e6;
+            let mbps = mbit_s(secs.median);
             bars.push(crate::plot::Bar {
                 label: ways[way].0.clone(),
-                min: (bytes * 8) as f64 / secs.max / 1e6,
+                min: mbit_s(secs.max),
                 median: mbps,
-                max: (bytes * 8) as f64 / secs.min / 1e6,
+                max: mbit_s(secs.min),
                 cpu: cpu.median,
             });
             println!(

@@ -230,7 +230,7 @@ type Connected = (Connection<TcpStream>, Security, Duration);
 
 /// Connects `n` streams of the session, [`PARALLEL_CONNECTS`] at a time,
 /// each with how long its TCP connect took.
-fn connect_n_timed(
+pub(crate) fn connect_n_timed(
     addr: &str,
     key: Option<&Key>,
     session: &SessionSecret,
@@ -252,20 +252,6 @@ fn connect_n_timed(
         });
     }
     out
-}
-
-/// [`connect_n_timed`] without the times.
-pub(crate) fn connect_n(
-    addr: &str,
-    key: Option<&Key>,
-    session: &SessionSecret,
-    n: usize,
-    limit: Option<Duration>,
-) -> Vec<Result<(Connection<TcpStream>, Security), TransferError>> {
-    connect_n_timed(addr, key, session, n, limit)
-        .into_iter()
-        .map(|r| r.map(|(conn, security, _)| (conn, security)))
-        .collect()
 }
 
 /// `send --delete`: asks the server at `addr` to prune what `req` does

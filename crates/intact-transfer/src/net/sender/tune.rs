@@ -5,9 +5,10 @@
 //! (`net.ipv4.tcp_wmem`, 4 MiB at most by default), so it carries at most
 //! that buffer per round trip: about 230 Mbit/s at 89 ms here, and a
 //! 10 Gbit/s link at 30 ms (37.5 MB in flight) needs at least nine such
-//! windows, some fifteen at the 680 Mbit/s one stream gets at 30 ms here. How many streams a
-//! link needs is its bandwidth-delay product over one window, and neither
-//! the bandwidth nor the far end's window is known before data moves.
+//! windows, some fifteen at the 680 Mbit/s one stream gets at 30 ms here.
+//! How many streams a link needs is its bandwidth-delay product over one
+//! window, and neither the bandwidth nor the far end's window is known
+//! before data moves.
 //!
 //! How: the kernel measures it. Since Linux 4.10 `TCP_INFO` reports, per
 //! socket, how long it was busy delivering data and how much of that time
@@ -17,8 +18,9 @@
 //! a whole interval, the smoothed round trip taken as its mean over the
 //! interval (read every 20 ms tick: a queue that comes and goes with the
 //! congestion control's cycles counts for the time it stands, and one
-//! late packet of a jittery path for little). Where the buffers held them back for at least
-//! [`GROW_SHARE`] of their busy time *and* their round trip is still
+//! late packet of a jittery path for little). Where the buffers held them
+//! back for at least [`GROW_SHARE`] of their busy time *and* their round
+//! trip is still
 //! within [`QUEUE_SHARE`] of the least one (no standing queue at the
 //! bottleneck: the link has room), a further window would be used, and it
 //! connects `ceil(streams × share)` more streams of the same session (so
@@ -303,7 +305,7 @@ impl<'a> Tuner<'a> {
         // A stream that cannot join within this gives up, and the send
         // goes on with the streams it has.
         let limit = (self.grow.rtt * 10).max(Duration::from_secs(3));
-        let links = super::connect_n(
+        let links = super::connect_n_timed(
             self.grow.addr,
             self.grow.key,
             self.grow.session,
@@ -312,7 +314,7 @@ impl<'a> Tuner<'a> {
         );
         let mut added = Vec::new();
         for l in links {
-            match l.and_then(|(conn, _)| SenderLink::tcp(conn)) {
+            match l.and_then(|(conn, _, _)| SenderLink::tcp(conn)) {
                 Ok(link) => added.push(link),
                 Err(e) => self.stop(format!(
                     "stream {} could not join: {e}",
