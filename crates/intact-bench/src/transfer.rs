@@ -75,6 +75,11 @@ pub struct TransferArgs {
     /// take the destination's device out too).
     #[arg(long, conflicts_with = "keyed")]
     warm: bool,
+    /// Instead of the tools: intact copy and intact send (riva) at each of
+    /// these block sizes, e.g. 1MiB,4MiB,16MiB,auto; ratios against copy
+    /// and send at the default, 4MiB (give it in the list).
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["warm", "keyed"])]
+    block_sizes: Vec<String>,
 }
 
 /// What every cold table says about encryption.
@@ -173,7 +178,16 @@ pub fn run(a: &TransferArgs) -> anyhow::Result<()> {
             src: &src,
             dst: &dst,
         };
-        let tools = tools::cold(p, key.as_deref(), ssh.as_ref());
+        let tools = if a.block_sizes.is_empty() {
+            tools::cold(p, key.as_deref(), ssh.as_ref())
+        } else {
+            tools::block_sizes(p, &a.block_sizes)
+        };
+        let baselines: &[Baseline] = if a.block_sizes.is_empty() {
+            &BASELINES
+        } else {
+            &tools::BLOCK_BASELINES
+        };
         let rows = measure(&tools, a.runs, shape, &dst, || {
             drop_caches();
             Ok(())
@@ -186,7 +200,7 @@ pub fn run(a: &TransferArgs) -> anyhow::Result<()> {
         );
         print!(
             "{}",
-            render(&rows, &Work::of(shape), &BASELINES, Style::Cold)
+            render(&rows, &Work::of(shape), baselines, Style::Cold)
         );
         println!("\n{ENCRYPTION_NOTE}.");
         stages::print(p, shape)?;

@@ -88,6 +88,9 @@ pub struct WanArgs {
     /// sizes, KiB (beside the default, 4096), e.g. 1024,16384.
     #[arg(long, value_delimiter = ',', value_name = "KIB")]
     block_kib: Vec<usize>,
+    /// Also send with `--spread auto --streams auto --block-size auto`.
+    #[arg(long)]
+    block_auto: bool,
     /// Cap the source host's TCP send buffers at this many bytes
     /// (`net.ipv4.tcp_wmem`'s largest value; Linux's default is 4 MiB),
     /// as a host with smaller buffers, or one on a faster link, has it:
@@ -170,6 +173,9 @@ fn digest_of(path: &std::path::Path) -> anyhow::Result<String> {
     let bytes = std::fs::read(path)?;
     Ok(intact_digest::hash_parallel(intact_digest::Algorithm::Blake3, &bytes).to_hex())
 }
+
+/// A way's block size that stands for `--block-size auto`.
+const AUTO_BLOCK: usize = 0;
 
 pub fn run(a: &WanArgs) -> anyhow::Result<()> {
     stop_on_signals();
@@ -281,6 +287,12 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
         ways.push((
             format!("intact riva, --streams auto --block-size {kib}KiB"),
             Way::Intact(SpreadWhen::Auto, None, Some(kib << 10)),
+        ));
+    }
+    if a.block_auto {
+        ways.push((
+            "intact riva, --streams auto --block-size auto".to_string(),
+            Way::Intact(SpreadWhen::Auto, None, Some(AUTO_BLOCK)),
         ));
     }
     for &n in &a.streams {
@@ -511,7 +523,10 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
                 spread,
                 streams: streams.unwrap_or(intact_transfer::AUTO_START_STREAMS),
                 max_streams: streams.unwrap_or(intact_transfer::AUTO_MAX_STREAMS),
-                block_size: block.unwrap_or(intact_digest::defaults::BLOCK_BYTES),
+                block_size: block
+                    .filter(|&b| b != AUTO_BLOCK)
+                    .unwrap_or(intact_digest::defaults::BLOCK_BYTES),
+                block_auto: block == Some(AUTO_BLOCK),
                 ..SendOptions::default()
             };
             let o_streams = o.streams;
@@ -544,7 +559,12 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
                 line,
                 ranges: report.spread.map_or(0, |s| s.ranges),
                 streams: report.streams.as_ref().map_or(o_streams, |t| t.ended),
-                steps: report.streams.map_or(Vec::new(), |t| t.steps),
+                steps: report
+                    .block_size
+                    .map(|b| format!("block size {} KiB: {}", b.chosen >> 10, b.why))
+                    .into_iter()
+                    .chain(report.streams.map_or(Vec::new(), |t| t.steps))
+                    .collect(),
                 failed: None,
             })
         })?;

@@ -44,6 +44,10 @@ pub struct CopyOptions {
     pub verify: VerifyMode,
     /// Block size in bytes.
     pub block_size: usize,
+    /// `--block-size auto`: choose the block size before copying, from
+    /// Eq. 1 and a short probe of the source and the destination's file
+    /// system (see the `block_size` module).
+    pub block_auto: bool,
     /// Streams (sender and receiver pairs) at once.
     pub streams: usize,
     /// Resends of one block before its file fails.
@@ -74,6 +78,11 @@ pub struct CopyOptions {
     /// `ReceiveOptions::without_page_crcs`).
     #[cfg(feature = "fault-hooks")]
     pub without_page_crcs: bool,
+    /// `block_auto` with these stage costs instead of the probe's (tests
+    /// only: a choice other than the default, which no device here
+    /// forces).
+    #[cfg(feature = "fault-hooks")]
+    pub block_stages: Option<crate::Stages>,
     /// `--verify flash`: the destination device's write-cache window and
     /// the filler budget (`--device-cache`, `--max-filler`).
     pub flash: crate::flash::FlashSettings,
@@ -86,6 +95,7 @@ impl Default for CopyOptions {
         CopyOptions {
             verify: VerifyMode::DEFAULT,
             block_size: defaults::BLOCK_BYTES,
+            block_auto: false,
             streams: 4,
             retries: 3,
             read_path: ReadPath::default(),
@@ -100,6 +110,8 @@ impl Default for CopyOptions {
             after_check: None,
             #[cfg(feature = "fault-hooks")]
             without_page_crcs: false,
+            #[cfg(feature = "fault-hooks")]
+            block_stages: None,
             flash: Default::default(),
             verifiers: Default::default(),
         }
@@ -112,6 +124,7 @@ impl CopyOptions {
         SendOptions {
             verify: self.verify,
             block_size: self.block_size,
+            block_auto: false,
             streams: self.streams.max(1),
             // No TCP windows to grow past.
             max_streams: self.streams.max(1),
@@ -240,7 +253,23 @@ pub fn copy_scanned(
     let journal = Journal::open_in(&state)?;
     // What a mount that did not end cleanly left in its intent log.
     crate::journal::recover_intents(&journal, &state, dest_root)?;
-    let send_opts = opts.send_options();
+    #[cfg(feature = "fault-hooks")]
+    let given = opts.block_stages;
+    #[cfg(not(feature = "fault-hooks"))]
+    let given = None;
+    let auto = opts.block_auto.then(|| {
+        crate::block_size::auto::decide(
+            &scanned,
+            opts.verify,
+            opts.streams.max(1),
+            crate::block_size::auto::Receiver::Local(dest_root),
+            given,
+        )
+    });
+    let mut send_opts = opts.send_options();
+    if let Some(a) = &auto {
+        send_opts.block_size = a.chosen as usize;
+    }
     let mut recv_opts = opts.receive_options();
     // Both halves sum their stage times into one profile.
     let profile = Arc::new(Profile::default());
@@ -281,6 +310,7 @@ pub fn copy_scanned(
             }
         }
         report.stages = profile.stages();
+        report.block_size = auto;
         if opts.verify == VerifyMode::Flash {
             report.filler_bytes = Some(recv_opts.flash.filler_written() - filler_before);
         }

@@ -18,6 +18,7 @@
 //! intact-cache and reports the level each file really reached.
 
 mod adopt;
+mod block_size;
 mod copy;
 mod dest;
 mod error;
@@ -42,6 +43,10 @@ mod stage;
 mod verify;
 
 pub use adopt::{catalog_add, AdoptOptions, AdoptReport, Adopted};
+pub use block_size::{
+    mib as block_size_name, BlockSizeReport, Cost, Predicted, Stages,
+    CANDIDATES as AUTO_BLOCK_CANDIDATES,
+};
 pub use copy::{copy, copy_scanned, CopyOptions};
 pub use dest::{partial_name, Destination, Mtime, PartialFile};
 pub use error::TransferError;

@@ -195,6 +195,10 @@ pub struct CopyReport {
     /// started with and ended with, and why it added each.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub streams: Option<crate::StreamsReport>,
+    /// `--block-size auto`: the block size chosen, Eq. 1's prediction per
+    /// candidate, and what was probed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub block_size: Option<crate::BlockSizeReport>,
 }
 
 /// Progress callback: bytes sent so far.
@@ -231,6 +235,7 @@ impl CopyReport {
             filler_bytes: None,
             spread: None,
             streams: None,
+            block_size: None,
         }
         .with_model(streams)
     }

@@ -477,9 +477,16 @@ pub struct PipelineArgs {
     #[arg(long, value_name = "LEVEL", value_parser = parse_level)]
     pub require_level: Option<intact_transfer::VerifyLevel>,
 
-    /// Block size: a multiple of 4KiB from 4KiB to 16MiB.
-    #[arg(long, value_name = "SIZE", default_value = "4MiB", value_parser = crate::block_size::parse_block_size)]
-    pub block_size: usize,
+    /// Block size: a multiple of 4KiB from 4KiB to 16MiB, or auto: chosen
+    /// among 1 to 16MiB by the RIVA paper's model (Eq. 1) from a probe of
+    /// about a tenth of a second reading, writing, evicting and re-reading
+    /// a few blocks (copy: the source and the destination's file system;
+    /// send: the source, and the round trip; the server's device is not
+    /// probed). Transfers with under 1GiB in files larger than 1MiB keep
+    /// 4MiB unprobed. The --json report's block_size says what was
+    /// measured and predicted.
+    #[arg(long, value_name = "SIZE|auto", default_value = "4MiB", value_parser = crate::block_size::parse_block_size_or_auto)]
+    pub block_size: crate::block_size::BlockSize,
 
     /// Streams: files (or a large file's ranges) in flight at once, each
     /// its own TCP connection for send. auto (the default): 4; a send

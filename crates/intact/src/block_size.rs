@@ -9,6 +9,39 @@
 
 use crate::args::parse_size;
 
+/// `--block-size`: a fixed size, or `auto`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockSize {
+    /// Chosen per transfer from the RIVA model (Eq. 1) and a short probe.
+    Auto,
+    /// This many bytes.
+    Fixed(usize),
+}
+
+impl BlockSize {
+    /// The size to cut at unless `auto` chooses another: the fixed one,
+    /// or the default.
+    pub fn bytes(self) -> usize {
+        match self {
+            BlockSize::Auto => intact_digest::defaults::BLOCK_BYTES,
+            BlockSize::Fixed(n) => n,
+        }
+    }
+
+    /// Whether the transfer chooses.
+    pub fn auto(self) -> bool {
+        self == BlockSize::Auto
+    }
+}
+
+/// Parses `--block-size`: `auto`, or a size as [`parse_block_size`].
+pub fn parse_block_size_or_auto(s: &str) -> Result<BlockSize, String> {
+    if s == "auto" {
+        return Ok(BlockSize::Auto);
+    }
+    parse_block_size(s).map(BlockSize::Fixed)
+}
+
 /// The smallest block, and the unit every block size is a multiple of.
 pub const MIN: usize = 4 << 10;
 
@@ -48,6 +81,13 @@ mod tests {
         assert_eq!(parse_block_size("16MiB"), Ok(16 << 20));
         for bad in ["3", "4095", "6KiB", "17MiB", "1G", "0"] {
             assert!(parse_block_size(bad).is_err(), "{bad}");
+            assert!(parse_block_size_or_auto(bad).is_err(), "{bad}");
         }
+        assert_eq!(parse_block_size_or_auto("auto"), Ok(BlockSize::Auto));
+        assert_eq!(
+            parse_block_size_or_auto("1MiB"),
+            Ok(BlockSize::Fixed(1 << 20))
+        );
+        assert!(parse_block_size_or_auto("Auto").is_err());
     }
 }

@@ -64,7 +64,8 @@ pub fn run(args: &CopyArgs) -> anyhow::Result<ExitCode> {
     let throttle = Throttle::new(args.tree.bwlimit);
     let opts = CopyOptions {
         verify: p.verify,
-        block_size: p.block_size,
+        block_size: p.block_size.bytes(),
+        block_auto: p.block_size.auto(),
         // A local copy has no windows to grow past: auto is its start.
         streams: p.streams.start(),
         retries: p.retries,
@@ -114,7 +115,7 @@ fn shard_block_size(
 ) -> anyhow::Result<usize> {
     let given = matches.and_then(|m| m.value_source("block_size"))
         == Some(clap::parser::ValueSource::CommandLine);
-    if given && p.block_size as u64 != plan.block_size {
+    if given && p.block_size != crate::block_size::BlockSize::Fixed(plan.block_size as usize) {
         return Err(usage(format!(
             "the plan was made for --block-size {} (its split files are cut at it); leave --block-size out",
             plan.block_size
@@ -188,8 +189,9 @@ pub fn run_send(args: &SendArgs) -> anyhow::Result<ExitCode> {
     symlink_notes(sources, scan_opts.copy_links, p);
     let block_size = match &shard {
         Some(s) => shard_block_size(&s.plan, p, matches.as_ref())?,
-        None => p.block_size,
+        None => p.block_size.bytes(),
     };
+    let sharded = shard.is_some();
     let specs: Vec<SourceSpec> = sources.iter().map(|s| SourceSpec::from_arg(s)).collect();
     let scanned = match shard {
         Some(s) => s.scan,
@@ -199,6 +201,8 @@ pub fn run_send(args: &SendArgs) -> anyhow::Result<ExitCode> {
     let opts = SendOptions {
         verify: p.verify,
         block_size,
+        // A shard's plan fixes the size its split files are cut at.
+        block_auto: p.block_size.auto() && !sharded,
         streams: p.streams.start(),
         max_streams: p.streams.max(),
         retries: p.retries,

@@ -254,6 +254,14 @@ fn print_summary(report: &CopyReport, p: &PipelineArgs) -> std::io::Result<()> {
             outln!("streams: stopped growing at {}: {why}", t.ended)?;
         }
     }
+    if let Some(b) = &report.block_size {
+        outln!(
+            "block size: {} (--block-size auto: {}; probed in {:.2} s)",
+            intact_transfer::block_size_name(b.chosen),
+            b.why,
+            b.probe_seconds
+        )?;
+    }
     if let Some(frames) = &report.frames {
         outln!("frames: {frames}")?;
     }

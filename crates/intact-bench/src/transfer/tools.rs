@@ -7,6 +7,7 @@
 use std::path::Path;
 use std::process::Command;
 
+use super::table::Baseline;
 use crate::runner::{Meter, Sample};
 
 use super::sshd::Sshd;
@@ -87,6 +88,47 @@ pub(super) fn warm(p: Paths<'_>) -> Vec<Tool<'_>> {
     ]
 }
 
+/// The block-size table's tools: intact copy and intact send, riva, at
+/// each of `sizes` (`--block-size` values).
+pub(super) fn block_sizes<'a>(p: Paths<'a>, sizes: &'a [String]) -> Vec<Tool<'a>> {
+    let mut tools: Vec<Tool<'a>> = Vec::new();
+    for size in sizes {
+        tools.push((
+            format!("intact copy --verify riva --block-size {size}"),
+            Box::new(move || {
+                timed(|| {
+                    run_cmd(
+                        Command::new(p.intact)
+                            .env("XDG_STATE_HOME", super::copy_state_home(p.dst))
+                            .args(["copy", "--verify", "riva", "--block-size", size])
+                            .arg(p.src)
+                            .arg(p.dst),
+                    )
+                })
+            }),
+        ));
+    }
+    for size in sizes {
+        tools.push((
+            format!("intact send --verify riva --block-size {size}"),
+            Box::new(move || intact_send_with(p, "riva", Keying::None, &["--block-size", size])),
+        ));
+    }
+    tools
+}
+
+/// The block-size table's ratio columns: copy and send at the default.
+pub(super) const BLOCK_BASELINES: [Baseline; 2] = [
+    Baseline {
+        label: "copy 4MiB",
+        prefix: "intact copy --verify riva --block-size 4MiB",
+    },
+    Baseline {
+        label: "send 4MiB",
+        prefix: "intact send --verify riva --block-size 4MiB",
+    },
+];
+
 fn intact_send_tool<'a>(p: Paths<'a>, mode: &'static str, keying: Keying<'a>) -> Tool<'a> {
     let name = match keying {
         Keying::None => format!("intact send --verify {mode}"),
@@ -149,12 +191,22 @@ fn timed(f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<Sample> {
 /// from the send's start to the end of the final sync; the server's CPU
 /// is counted.
 fn intact_send(p: Paths<'_>, verify: &str, keying: Keying<'_>) -> anyhow::Result<Sample> {
+    intact_send_with(p, verify, keying, &[])
+}
+
+/// [`intact_send`] with more arguments to `intact send`.
+fn intact_send_with(
+    p: Paths<'_>,
+    verify: &str,
+    keying: Keying<'_>,
+    extra: &[&str],
+) -> anyhow::Result<Sample> {
     let mut m = Meter::start();
     let mut cmd = Command::new(p.intact);
     cmd.args(["serve", "--listen", "127.0.0.1:0", "--root"])
         .arg(p.dst);
     let mut send = Command::new(p.intact);
-    send.args(["send", "--verify", verify]);
+    send.args(["send", "--verify", verify]).args(extra);
     if let Keying::Key(key, encrypt) = keying {
         cmd.arg("--key-file").arg(key);
         if !encrypt {

@@ -79,8 +79,14 @@ const TUNER_TICK: Duration = Duration::from_millis(20);
 pub struct SendOptions {
     /// Verification mode.
     pub verify: VerifyMode,
-    /// Block size in bytes.
+    /// Block size in bytes (with `block_auto`, what the probe falls back
+    /// to: the default).
     pub block_size: usize,
+    /// `--block-size auto`: choose the block size after the streams
+    /// connect, from Eq. 1 and a short probe of this host's source (see
+    /// the `block_size` module); the report's `block_size` says what and
+    /// why.
+    pub block_auto: bool,
     /// TCP streams connected before data moves.
     pub streams: usize,
     /// `send`: streams it may grow to while the sockets show their send
@@ -120,6 +126,7 @@ impl Default for SendOptions {
         SendOptions {
             verify: VerifyMode::DEFAULT,
             block_size: defaults::BLOCK_BYTES,
+            block_auto: false,
             streams: AUTO_START_STREAMS,
             max_streams: 0,
             retries: 3,
@@ -301,6 +308,30 @@ pub fn send_scanned(
     let session = SessionSecret::random()?;
     let (links, security, rtt) = connect_all(addr, opts, &session)?;
     let profile = Profile::default();
+    let auto = opts.block_auto.then(|| {
+        crate::block_size::auto::decide(
+            &scanned,
+            opts.verify,
+            links.len(),
+            crate::block_size::auto::Receiver::Remote {
+                rtt,
+                spread: opts.spread == Spread::Always
+                    || (opts.spread == Spread::Auto && rtt >= AUTO_MIN_RTT),
+            },
+            None,
+        )
+    });
+    let chosen;
+    let opts = match &auto {
+        Some(a) => {
+            chosen = SendOptions {
+                block_size: a.chosen as usize,
+                ..opts.clone()
+            };
+            &chosen
+        }
+        None => opts,
+    };
     let (spreading, why) = spread::decide(
         opts.spread,
         opts.verify,
@@ -363,6 +394,7 @@ pub fn send_scanned(
     };
     report.stages = profile.stages();
     report.frames = security.map(|s| s.to_string());
+    report.block_size = auto;
     Ok(report)
 }
 
