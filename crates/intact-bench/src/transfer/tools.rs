@@ -95,17 +95,7 @@ pub(super) fn block_sizes<'a>(p: Paths<'a>, sizes: &'a [String]) -> Vec<Tool<'a>
     for size in sizes {
         tools.push((
             format!("intact copy --verify riva --block-size {size}"),
-            Box::new(move || {
-                timed(|| {
-                    run_cmd(
-                        Command::new(p.intact)
-                            .env("XDG_STATE_HOME", super::copy_state_home(p.dst))
-                            .args(["copy", "--verify", "riva", "--block-size", size])
-                            .arg(p.src)
-                            .arg(p.dst),
-                    )
-                })
-            }),
+            Box::new(move || intact_copy(p, &["--verify", "riva", "--block-size", size])),
         ));
     }
     for size in sizes {
@@ -141,18 +131,23 @@ fn intact_send_tool<'a>(p: Paths<'a>, mode: &'static str, keying: Keying<'a>) ->
 fn intact_copy_tool<'a>(p: Paths<'a>, mode: &'static str) -> Tool<'a> {
     (
         format!("intact copy --verify {mode}"),
-        Box::new(move || {
-            timed(|| {
-                run_cmd(
-                    Command::new(p.intact)
-                        .env("XDG_STATE_HOME", super::copy_state_home(p.dst))
-                        .args(["copy", "--verify", mode])
-                        .arg(p.src)
-                        .arg(p.dst),
-                )
-            })
-        }),
+        Box::new(move || intact_copy(p, &["--verify", mode])),
     )
+}
+
+/// `intact copy ARGS… SRC DST` with the benchmark's own state directory,
+/// timed with a final sync.
+fn intact_copy(p: Paths<'_>, args: &[&str]) -> anyhow::Result<Sample> {
+    timed(|| {
+        run_cmd(
+            Command::new(p.intact)
+                .env("XDG_STATE_HOME", super::copy_state_home(p.dst))
+                .arg("copy")
+                .args(args)
+                .arg(p.src)
+                .arg(p.dst),
+        )
+    })
 }
 
 fn cp_tool(p: Paths<'_>) -> Tool<'_> {
