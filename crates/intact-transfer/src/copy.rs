@@ -235,6 +235,35 @@ pub fn copy(
     copy_scanned(scan(sources), dest_root, opts, progress)
 }
 
+/// The block size at which the destination's journal holds one of the
+/// files of `scanned` larger than a block (done or partial, the same
+/// size), with its path: `--block-size auto` keeps it, since at another
+/// size the file would be sent again. Looks at most at the
+/// [`HELD_LOOKUPS`] largest files.
+fn held_block_size(
+    scanned: &Scan,
+    journal: &Journal,
+) -> Result<Option<(String, u64)>, TransferError> {
+    let mut files: Vec<_> = scanned
+        .entries
+        .iter()
+        .filter(|e| e.kind == crate::source::SourceKind::File && e.size > 1 << 20)
+        .collect();
+    files.sort_by_key(|e| std::cmp::Reverse(e.size));
+    for e in files.into_iter().take(HELD_LOOKUPS) {
+        if let Some(row) = journal.lookup(e.rel.as_bytes())? {
+            let block = u64::from(row.block_size);
+            if row.size == e.size && crate::AUTO_BLOCK_CANDIDATES.contains(&block) {
+                return Ok(Some((e.rel.to_string(), block)));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// Journal lookups [`held_block_size`] makes at most.
+const HELD_LOOKUPS: usize = 1024;
+
 /// Copies what a scan found (see [`crate::scan_with`]) into the directory
 /// `dest_root` (created if missing): the sender half and the receiver
 /// half, in process.
@@ -257,15 +286,19 @@ pub fn copy_scanned(
     let given = opts.block_stages;
     #[cfg(not(feature = "fault-hooks"))]
     let given = None;
-    let auto = opts.block_auto.then(|| {
-        crate::block_size::auto::decide(
+    let auto = match opts.block_auto {
+        true => Some(crate::block_size::auto::decide(
             &scanned,
             opts.verify,
             opts.streams.max(1),
-            crate::block_size::auto::Receiver::Local(dest_root),
+            crate::block_size::auto::Receiver::Local(
+                dest_root,
+                held_block_size(&scanned, &journal)?,
+            ),
             given,
-        )
-    });
+        )),
+        false => None,
+    };
     let mut send_opts = opts.send_options();
     if let Some(a) = &auto {
         send_opts.block_size = a.chosen as usize;

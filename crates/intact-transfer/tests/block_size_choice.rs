@@ -87,6 +87,32 @@ fn the_receiver_writes_blocks_of_the_size_auto_chose() {
     got.read_exact_at(&mut tail, size - 4).unwrap();
     assert_eq!(&tail, b"tail");
     assert_eq!(got.metadata().unwrap().len(), size);
+
+    // Run again with costs under which Eq. 1 keeps 4 MiB: the journal
+    // holds the file at 16 MiB, so auto keeps 16 MiB without probing and
+    // nothing is sent again (at 4 MiB the whole file would be).
+    let flat = Stages {
+        transfer: Cost {
+            per_block: 0.0,
+            per_byte: 1e-9,
+        },
+        verify: Cost {
+            per_block: 0.0,
+            per_byte: 1e-9,
+        },
+        evict: Cost::default(),
+    };
+    let again = CopyOptions {
+        verify: VerifyMode::Riva,
+        block_auto: true,
+        block_stages: Some(flat),
+        ..CopyOptions::default()
+    };
+    let r = copy(&[src.join("big.dat")], &dst, &again, &|_| {}).unwrap();
+    let b = r.block_size.as_ref().unwrap();
+    assert_eq!(b.chosen, 16 * MIB, "{b:?}");
+    assert!(b.why.contains("journal holds big.dat"), "{b:?}");
+    assert_eq!(r.bytes_sent, 0, "{r:?}");
 }
 
 #[test]

@@ -477,14 +477,18 @@ pub struct PipelineArgs {
     #[arg(long, value_name = "LEVEL", value_parser = parse_level)]
     pub require_level: Option<intact_transfer::VerifyLevel>,
 
-    /// Block size: a multiple of 4KiB from 4KiB to 16MiB, or auto: chosen
-    /// among 1 to 16MiB by the RIVA paper's model (Eq. 1) from a probe of
-    /// about a tenth of a second reading, writing, evicting and re-reading
-    /// a few blocks (copy: the source and the destination's file system;
-    /// send: the source, and the round trip; the server's device is not
-    /// probed). Transfers with under 1GiB in files larger than 1MiB keep
-    /// 4MiB unprobed. The --json report's block_size says what was
-    /// measured and predicted.
+    /// Block size: a multiple of 4KiB from 4KiB to 16MiB, or auto:
+    /// chosen among 1 to 16MiB by the RIVA paper's model (Eq. 1) from a
+    /// probe of a few hundredths of a second (copy: the source read
+    /// directly and a few blocks written, evicted and re-read on the
+    /// destination's file system; send: the source, and the connect's
+    /// round trip; the server's device is not probed). It keeps 4MiB
+    /// unless another size is predicted 5% faster, keeps 4MiB unprobed
+    /// under 1GiB in files larger than 1MiB, and in a copy keeps the size
+    /// at which the destination's journal already holds a file. Files
+    /// held at one size are sent again at another; the resume command
+    /// names the size chosen. Not with --plan. The --json report's
+    /// block_size says what was measured, predicted and chosen.
     #[arg(long, value_name = "SIZE|auto", default_value = "4MiB", value_parser = crate::block_size::parse_block_size_or_auto)]
     pub block_size: crate::block_size::BlockSize,
 

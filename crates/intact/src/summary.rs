@@ -63,7 +63,7 @@ pub fn finish(
             v["deleted"] = serde_json::to_value(d)?;
         }
         if report.failed > 0 {
-            v["resume"] = command_line().into();
+            v["resume"] = resume_line(report).into();
         }
         out.write(v, p.json)?;
     }
@@ -255,11 +255,15 @@ fn print_summary(report: &CopyReport, p: &PipelineArgs) -> std::io::Result<()> {
         }
     }
     if let Some(b) = &report.block_size {
+        let probed = if b.stages.is_some() {
+            format!("; probed in {:.2} s", b.probe_seconds)
+        } else {
+            String::new()
+        };
         outln!(
-            "block size: {} (--block-size auto: {}; probed in {:.2} s)",
+            "block size: {} (--block-size auto: {}{probed})",
             intact_transfer::block_size_name(b.chosen),
             b.why,
-            b.probe_seconds
         )?;
     }
     if let Some(frames) = &report.frames {
@@ -345,6 +349,31 @@ pub fn command_line() -> String {
         .join(" ")
 }
 
+/// The command that resumes the run of `report`: its command line, with
+/// `--block-size auto` replaced by the size this run chose (another
+/// choice would not find the blocks and files held at this one).
+pub fn resume_line(report: &CopyReport) -> String {
+    let Some(b) = &report.block_size else {
+        return command_line();
+    };
+    let size = format!("{}KiB", b.chosen >> 10);
+    let args: Vec<String> = std::env::args_os()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let mut out = Vec::with_capacity(args.len());
+    let mut after_flag = false;
+    for a in &args {
+        let a = match a.as_str() {
+            "auto" if after_flag => size.clone(),
+            "--block-size=auto" => format!("--block-size={size}"),
+            _ => a.clone(),
+        };
+        after_flag = a == "--block-size";
+        out.push(quote(&a));
+    }
+    out.join(" ")
+}
+
 fn quote(s: &str) -> String {
     let safe = |c: char| c.is_ascii_alphanumeric() || "_./:=@,+-%".contains(c);
     if !s.is_empty() && s.chars().all(safe) {
@@ -363,12 +392,12 @@ pub fn incomplete(report: &CopyReport, send: bool) -> Option<String> {
     let next = if send {
         format!(
             "what the server verified is kept; to resume, run: {}",
-            command_line()
+            resume_line(report)
         )
     } else {
         format!(
             "fix the cause and run the same command again: {}",
-            command_line()
+            resume_line(report)
         )
     };
     Some(format!(

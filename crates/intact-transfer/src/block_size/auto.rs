@@ -13,8 +13,10 @@ use crate::verify::VerifyMode;
 
 /// Where the transfer goes.
 pub(crate) enum Receiver<'a> {
-    /// A local copy into this directory: its file system is probed.
-    Local(&'a Path),
+    /// A local copy into this directory: its file system is probed,
+    /// unless its journal already holds one of the files (`held`: its
+    /// path and block size), whose size is then kept.
+    Local(&'a Path, Option<(String, u64)>),
     /// A server, `rtt` away: its device is not probed here.
     Remote {
         /// The round trip the streams' connects took.
@@ -68,12 +70,25 @@ pub(crate) fn decide(
             0.0,
         );
     }
+    if let Receiver::Local(_, Some((path, block))) = &to {
+        return BlockSizeReport {
+            chosen: *block,
+            why: format!(
+                "the destination's journal holds {path} at {} from an earlier run: kept, so that what it holds is not sent again",
+                mib(*block)
+            ),
+            predicted: Vec::new(),
+            stages: None,
+            measured: Vec::new(),
+            probe_seconds: 0.0,
+        };
+    }
     let t = Instant::now();
     if let Some(stages) = given {
         return predicted(
             stages,
             &sizes,
-            streams_for(&to, streams, &sizes),
+            (streams_for(&to, streams, &sizes), spreads(&to)),
             vec!["stage costs given, not probed (a test)".to_string()],
             t,
         );
@@ -83,7 +98,14 @@ pub(crate) fn decide(
         .max_by_key(|e| e.size)
         .expect("some bytes matter");
     let read = match probe::source(&largest.abs) {
-        Ok(c) => c,
+        Ok(Some(c)) => c,
+        Ok(None) => {
+            return keep(
+                "the source's probe was inconclusive (its larger block read no slower than its smaller one): the default is kept".to_string(),
+                Vec::new(),
+                t.elapsed().as_secs_f64(),
+            )
+        }
         Err(e) => {
             return keep(
                 format!("the source could not be probed ({e}): the default is kept"),
@@ -99,7 +121,7 @@ pub(crate) fn decide(
     )];
     let device = rereads_from_device(mode);
     let (transfer, verify, evict) = match to {
-        Receiver::Local(dir) => match probe::destination(dir) {
+        Receiver::Local(dir, _) => match probe::destination(dir) {
             Ok(d) => {
                 measured.push(format!(
                     "destination: write {}, write-back and eviction {}, re-read and digest {} ({})",
@@ -154,7 +176,12 @@ pub(crate) fn decide(
         evict,
     };
     let k = streams_for(&to, streams, &sizes);
-    predicted(stages, &sizes, k, measured, t)
+    predicted(stages, &sizes, (k, spreads(&to)), measured, t)
+}
+
+/// Whether a file's blocks share the streams.
+fn spreads(to: &Receiver<'_>) -> bool {
+    matches!(to, Receiver::Remote { spread: true, .. })
 }
 
 /// The streams a file's blocks share: one file rides one stream unless a
@@ -170,11 +197,11 @@ fn streams_for(to: &Receiver<'_>, streams: usize, sizes: &[u64]) -> usize {
 fn predicted(
     stages: Stages,
     sizes: &[u64],
-    k: usize,
+    (k, spread): (usize, bool),
     measured: Vec<String>,
     t: Instant,
 ) -> BlockSizeReport {
-    let (chosen, predicted, why) = choose(&stages, sizes, k);
+    let (chosen, predicted, why) = choose(&stages, sizes, k, spread);
     BlockSizeReport {
         chosen,
         why,

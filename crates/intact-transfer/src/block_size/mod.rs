@@ -29,14 +29,21 @@
 //!   per round trip per stream;
 //! - verify stage: in `copy`, writing blocks to an unnamed file on the
 //!   destination's file system, writing them back and evicting them, and
-//!   re-reading and digesting them (riva and the other device modes; the
-//!   write only for `none`, `block` and `fiver`); in `send`, the server's
+//!   re-reading and digesting them (riva and flash; the write only for
+//!   the other modes, whose re-reads are not per block from the device);
+//!   the probe is not run where the file system keeps its files in
+//!   memory (tmpfs: nothing is evicted there); in `send`, the server's
 //!   device is not probed: its stage is modelled as this host's source
 //!   read, and the report says so.
 //!
 //! The candidates are 1 to 16 MiB in powers of two. A prediction less than
 //! [`KEEP_DEFAULT_WITHIN`] faster than the default's keeps the default:
-//! the probe is not more precise than that. Transfers with less than
+//! the probe is not more precise than that. A probe whose large block did
+//! not take longer than its small one is inconclusive and keeps the
+//! default. A `copy` into a destination whose journal already holds one
+//! of the files at some block size keeps that size without probing: at
+//! another size its blocks would be sent again (a `send` cannot see the
+//! server's journal; its resume command names the size chosen). Transfers with less than
 //! [`MIN_BYTES`] in files larger than the smallest candidate keep the
 //! default without a probe: every candidate cuts them about the same. One
 //! file's blocks ride one stream, so k is at most the number of files
@@ -49,7 +56,7 @@
 //! own), large blocks win. On this project's test machine the RAM-backed
 //! ext4 and the disk cost some 0.1 ms per block, too little for Eq. 1 to
 //! prefer another size: `auto` keeps 4 MiB there too. The differences measured there
-//! between fixed sizes (up to 8%, docs/benchmarks.md) come from what a
+//! between fixed sizes (up to 9%, docs/benchmarks.md) come from what a
 //! probe of a few blocks on an idle device does not see: a block that fits
 //! the CPU's cache, a disk's behaviour under sustained load.
 
@@ -71,8 +78,10 @@ pub const CANDIDATES: [u64; 5] = [1 << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20];
 pub const MIN_BYTES: u64 = 1 << 30;
 
 /// A candidate predicted faster than the default by less than this share
-/// does not replace it.
-pub const KEEP_DEFAULT_WITHIN: f64 = 0.02;
+/// does not replace it: the probe is not more precise than that, and
+/// another size on a later run would not find what this one left (a
+/// journal row is kept only for its own block size).
+pub const KEEP_DEFAULT_WITHIN: f64 = 0.05;
 
 /// One stage's cost: `per_block + bytes · per_byte` seconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
@@ -98,30 +107,22 @@ impl Cost {
     }
 
     /// The line through two measurements, `(bytes, seconds)`: a fixed
-    /// part and a part per byte, neither below zero.
-    pub fn fit(small: (u64, f64), large: (u64, f64)) -> Cost {
-        let (b1, t1) = (small.0 as f64, small.1.max(0.0));
-        let (b2, t2) = (large.0 as f64, large.1.max(0.0));
-        if b2 <= b1 {
-            return Cost {
-                per_block: 0.0,
-                per_byte: t2 / b2.max(1.0),
-            };
+    /// part and a part per byte, neither below zero. None when the larger
+    /// block did not take longer: the measurement cannot tell a fixed
+    /// cost from noise then.
+    pub fn fit(small: (u64, f64), large: (u64, f64)) -> Option<Cost> {
+        let (b1, t1) = (small.0 as f64, small.1);
+        let (b2, t2) = (large.0 as f64, large.1);
+        // NaN compares false: also inconclusive.
+        let ordered = t1 >= 0.0 && t2 > t1;
+        if b2 <= b1 || !ordered {
+            return None;
         }
-        let per_byte = ((t2 - t1) / (b2 - b1)).max(0.0);
-        let per_block = (t1 - b1 * per_byte).max(0.0);
-        // A fixed part that explains everything (the large block took no
-        // longer than the small one): keep the rate of the large block.
-        if per_byte == 0.0 {
-            return Cost {
-                per_block: 0.0,
-                per_byte: t2 / b2,
-            };
-        }
-        Cost {
-            per_block,
+        let per_byte = (t2 - t1) / (b2 - b1);
+        Some(Cost {
+            per_block: (t1 - b1 * per_byte).max(0.0),
             per_byte,
-        }
+        })
     }
 }
 
@@ -138,19 +139,32 @@ pub struct Stages {
 
 impl Stages {
     /// Eq. 1 for files of `sizes` bytes shared among `streams`, in blocks
-    /// of `block` bytes: predicted seconds.
-    pub fn predict(&self, sizes: &[u64], streams: usize, block: u64) -> f64 {
-        let (mut wt, mut wc) = (0.0, 0.0);
-        let mut largest = 0;
-        for &s in sizes {
-            largest = largest.max(s);
+    /// of `block` bytes: predicted seconds. Unless `spread`, a file rides
+    /// one stream, so the largest file's own work bounds the time from
+    /// below.
+    pub fn predict(&self, sizes: &[u64], streams: usize, spread: bool, block: u64) -> f64 {
+        let work = |s: u64| {
             let blocks = s.div_ceil(block).max(1) as f64;
-            wt += blocks * self.transfer.per_block + s as f64 * self.transfer.per_byte;
-            wc += blocks * self.verify.per_block + s as f64 * self.verify.per_byte;
+            (
+                blocks * self.transfer.per_block + s as f64 * self.transfer.per_byte,
+                blocks * self.verify.per_block + s as f64 * self.verify.per_byte,
+            )
+        };
+        let (mut wt, mut wc) = (0.0, 0.0);
+        for &s in sizes {
+            let (t, c) = work(s);
+            wt += t;
+            wc += c;
+        }
+        let largest = sizes.iter().copied().max().unwrap_or(0);
+        let k = streams.max(1) as f64;
+        let mut paced = wt.max(wc) / k;
+        if !spread {
+            let (t, c) = work(largest);
+            paced = paced.max(t.max(c));
         }
         let last = block.min(largest);
-        let k = streams.max(1) as f64;
-        wt.max(wc) / k + self.transfer.of(last).min(self.verify.of(last)) + self.evict.of(last)
+        paced + self.transfer.of(last).min(self.verify.of(last)) + self.evict.of(last)
     }
 }
 
@@ -184,16 +198,21 @@ pub struct BlockSizeReport {
 /// Chooses among [`CANDIDATES`] the block size Eq. 1 predicts fastest
 /// for `sizes` over `streams` with `stages`, keeping the default unless a
 /// candidate is predicted at least [`KEEP_DEFAULT_WITHIN`] faster.
-pub fn choose(stages: &Stages, sizes: &[u64], streams: usize) -> (u64, Vec<Predicted>, String) {
+pub fn choose(
+    stages: &Stages,
+    sizes: &[u64],
+    streams: usize,
+    spread: bool,
+) -> (u64, Vec<Predicted>, String) {
     let predicted: Vec<Predicted> = CANDIDATES
         .iter()
         .map(|&block| Predicted {
             block,
-            seconds: stages.predict(sizes, streams, block),
+            seconds: stages.predict(sizes, streams, spread, block),
         })
         .collect();
     let default = defaults::BLOCK_BYTES as u64;
-    let at_default = stages.predict(sizes, streams, default);
+    let at_default = stages.predict(sizes, streams, spread, default);
     let best = predicted
         .iter()
         .copied()
@@ -235,13 +254,11 @@ pub fn bytes_that_matter(sizes: &[u64]) -> u64 {
     sizes.iter().filter(|&&s| s > CANDIDATES[0]).sum()
 }
 
-/// Which stages the verify stage of `mode` holds: whether the receiver
-/// writes back, evicts and re-reads each block from the device.
+/// Whether the receiver writes back, evicts and re-reads each block from
+/// the device (`sequential` and `file` re-read the whole file at its end,
+/// not per block; `block` re-reads through the cache).
 pub fn rereads_from_device(mode: VerifyMode) -> bool {
-    matches!(
-        mode,
-        VerifyMode::Riva | VerifyMode::Flash | VerifyMode::Sequential | VerifyMode::File
-    )
+    matches!(mode, VerifyMode::Riva | VerifyMode::Flash)
 }
 
 /// `4 MiB`, `512 KiB`.
@@ -285,23 +302,37 @@ mod tests {
         let c = Cost::fit(
             (256 << 10, 0.0003 + 0.000262144),
             (4 << 20, 0.0003 + 0.004194304),
-        );
+        )
+        .unwrap();
         assert!((c.per_block - 0.0003).abs() < 1e-9, "{c:?}");
         assert!((c.per_byte - 1e-9).abs() < 1e-15, "{c:?}");
-        // Noise that makes the large block look cheaper than the small
-        // one: no negative rate, the large block's rate kept.
-        let c = Cost::fit((256 << 10, 0.002), (4 << 20, 0.001));
-        assert_eq!(c.per_block, 0.0);
-        assert!((c.per_byte - 0.001 / (4 << 20) as f64).abs() < 1e-15);
+        // A large block no slower than the small one: all fixed cost, or
+        // noise; the probe cannot tell, so it says nothing (a hair either
+        // way must not flip the choice).
+        assert_eq!(Cost::fit((256 << 10, 0.001), (4 << 20, 0.001)), None);
+        assert_eq!(Cost::fit((256 << 10, 0.001), (4 << 20, 0.00099)), None);
         // A fixed part above the small block's time is not negative.
-        let c = Cost::fit((256 << 10, 0.0), (4 << 20, 0.004));
+        let c = Cost::fit((256 << 10, 0.0), (4 << 20, 0.004)).unwrap();
         assert!(c.per_block >= 0.0 && c.per_byte > 0.0);
+    }
+
+    #[test]
+    fn a_file_rides_one_stream_unless_spread() {
+        // One 8 GiB file and three tiny ones on four streams: the big
+        // file's stream carries 8 GiB whatever the others do.
+        let s = stages(0.0, 0.0);
+        let sizes = [8 << 30, 1, 1, 1];
+        let alone = s.predict(&sizes, 4, false, 4 << 20);
+        let spread = s.predict(&sizes, 4, true, 4 << 20);
+        let one_stream = s.predict(&[8 << 30], 1, false, 4 << 20);
+        assert!((alone - one_stream).abs() < 1e-6, "{alone} {one_stream}");
+        assert!(spread < alone / 3.0, "{spread} {alone}");
     }
 
     #[test]
     fn a_device_with_a_round_trip_per_block_wants_large_blocks() {
         // A disk: every write-back is a device round trip of ~1 ms.
-        let (b, predicted, why) = choose(&stages(50e-6, 1e-3), &[1 << 30], 4);
+        let (b, predicted, why) = choose(&stages(50e-6, 1e-3), &[1 << 30], 4, false);
         assert_eq!(b, 16 << 20, "{why} {predicted:?}");
         // Fewer blocks, less time, down the candidates.
         for w in predicted.windows(2) {
@@ -320,7 +351,7 @@ mod tests {
             per_block: 50e-6,
             per_byte: 1.0 / (25.0 * MB),
         };
-        let (b, predicted, why) = choose(&s, &[1 << 30], 4);
+        let (b, predicted, why) = choose(&s, &[1 << 30], 4, true);
         assert_eq!(b, defaults::BLOCK_BYTES as u64, "{why}");
         let (lo, hi) = predicted.iter().fold((f64::MAX, 0.0f64), |(lo, hi), p| {
             (lo.min(p.seconds), hi.max(p.seconds))
@@ -333,7 +364,7 @@ mod tests {
         // Nothing fixed per block: the sizes differ only by the pipeline's
         // fill, far below the default's 2%.
         let s = stages(0.0, 0.0);
-        let (b, _, why) = choose(&s, &[1 << 30], 4);
+        let (b, _, why) = choose(&s, &[1 << 30], 4, true);
         assert_eq!(b, defaults::BLOCK_BYTES as u64, "{why}");
         assert!(why.contains("default is kept"), "{why}");
     }
@@ -342,7 +373,7 @@ mod tests {
     fn small_files_are_one_block_whatever_the_size() {
         let s = stages(50e-6, 1e-3);
         let small = vec![64 << 10; 1000];
-        let at = |b| s.predict(&small, 4, b);
+        let at = |b| s.predict(&small, 4, false, b);
         assert_eq!(at(1 << 20), at(16 << 20));
         assert_eq!(bytes_that_matter(&small), 0);
         assert_eq!(bytes_that_matter(&[1 << 20, (1 << 20) + 1]), (1 << 20) + 1);
