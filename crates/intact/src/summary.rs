@@ -356,13 +356,18 @@ pub fn resume_line(report: &CopyReport) -> String {
     let Some(b) = &report.block_size else {
         return command_line();
     };
-    let size = format!("{}KiB", b.chosen >> 10);
     let args: Vec<String> = std::env::args_os()
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
+    with_block_size(&args, b.chosen)
+}
+
+/// `args`, quoted, with `--block-size auto` made `--block-size <chosen>`.
+fn with_block_size(args: &[String], chosen: u64) -> String {
+    let size = format!("{}KiB", chosen >> 10);
     let mut out = Vec::with_capacity(args.len());
     let mut after_flag = false;
-    for a in &args {
+    for a in args {
         let a = match a.as_str() {
             "auto" if after_flag => size.clone(),
             "--block-size=auto" => format!("--block-size={size}"),
@@ -410,6 +415,26 @@ pub fn incomplete(report: &CopyReport, send: bool) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_resume_command_names_the_block_size_auto_chose() {
+        let args: Vec<String> = ["intact", "send", "--block-size", "auto", "a b", "h:1"]
+            .map(String::from)
+            .to_vec();
+        assert_eq!(
+            with_block_size(&args, 16 << 20),
+            "intact send --block-size 16384KiB 'a b' h:1"
+        );
+        let args: Vec<String> = ["intact", "copy", "--block-size=auto", "auto", "d"]
+            .map(String::from)
+            .to_vec();
+        // Only the flag's value: a path named auto stays.
+        assert_eq!(
+            with_block_size(&args, 1 << 20),
+            "intact copy --block-size=1024KiB auto d"
+        );
+    }
+
     use super::*;
 
     #[test]
