@@ -57,19 +57,6 @@ pub(crate) fn decide(
         measured,
         probe_seconds,
     };
-    let matter = bytes_that_matter(&sizes);
-    if matter < MIN_BYTES {
-        return keep(
-            format!(
-                "{} in files larger than {}, under {}: every candidate cuts them about the same, the default is kept unprobed",
-                mib_or_less(matter),
-                mib(super::CANDIDATES[0]),
-                mib(MIN_BYTES)
-            ),
-            Vec::new(),
-            0.0,
-        );
-    }
     if let Receiver::Local(_, Some((path, block))) = &to {
         return BlockSizeReport {
             chosen: *block,
@@ -82,6 +69,19 @@ pub(crate) fn decide(
             measured: Vec::new(),
             probe_seconds: 0.0,
         };
+    }
+    let matter = bytes_that_matter(&sizes);
+    if matter < MIN_BYTES {
+        return keep(
+            format!(
+                "{} in files larger than {}, under {}: every candidate cuts them about the same, the default is kept unprobed",
+                mib_or_less(matter),
+                mib(super::CANDIDATES[0]),
+                mib(MIN_BYTES)
+            ),
+            Vec::new(),
+            0.0,
+        );
     }
     let t = Instant::now();
     if let Some(stages) = given {
