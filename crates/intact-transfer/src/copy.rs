@@ -125,6 +125,8 @@ impl CopyOptions {
             verify: self.verify,
             block_size: self.block_size,
             block_auto: false,
+            #[cfg(feature = "fault-hooks")]
+            block_stages: None,
             streams: self.streams.max(1),
             // No TCP windows to grow past.
             max_streams: self.streams.max(1),

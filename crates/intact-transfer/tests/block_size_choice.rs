@@ -11,7 +11,9 @@ use std::fs;
 use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Mutex};
 
-use intact_transfer::{copy, CopyOptions, Cost, Stages, VerifyMode};
+use intact_transfer::{
+    copy, send, CopyOptions, Cost, LocalServer, SendOptions, ServerConfig, Stages, VerifyMode,
+};
 
 const MIB: u64 = 1 << 20;
 
@@ -113,6 +115,55 @@ fn the_receiver_writes_blocks_of_the_size_auto_chose() {
     assert_eq!(b.chosen, 16 * MIB, "{b:?}");
     assert!(b.why.contains("journal holds big.dat"), "{b:?}");
     assert_eq!(r.bytes_sent, 0, "{r:?}");
+}
+
+#[test]
+fn the_server_writes_blocks_of_the_size_a_send_chose() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (src, root) = (dir.path().join("src"), dir.path().join("root"));
+    fs::create_dir_all(&src).unwrap();
+    let size = 1024 * MIB + 5;
+    {
+        let f = fs::File::create(src.join("big.dat")).unwrap();
+        f.write_all_at(&intact_sample::bytes(8 << 20, 9), 0)
+            .unwrap();
+        f.write_all_at(b"tail!", size - 5).unwrap();
+    }
+    let writes = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&writes);
+    let mut cfg = ServerConfig::local(&root);
+    cfg.receive.after_write = Some(Arc::new(move |_: &fs::File, _: &str, _, offset, len| {
+        seen.lock().unwrap().push((offset, len));
+    }));
+    let server = LocalServer::start(cfg).unwrap();
+    let o = SendOptions {
+        verify: VerifyMode::Riva,
+        block_auto: true,
+        block_stages: Some(disk_like()),
+        ..SendOptions::default()
+    };
+    let r = send(&[src.join("big.dat")], &server.addr(), &o, &|_| {}).unwrap();
+    server.stop().unwrap();
+    assert_eq!(r.failed, 0, "{r:?}");
+    let b = r.block_size.as_ref().expect("auto reports its choice");
+    assert_eq!(b.chosen, 16 * MIB, "{b:?}");
+    // What the server wrote: 16 MiB blocks, the last one short.
+    let mut w = writes.lock().unwrap().clone();
+    w.sort();
+    assert_eq!(
+        w.len() as u64,
+        size.div_ceil(16 * MIB),
+        "{:?}…",
+        &w[..w.len().min(3)]
+    );
+    for (i, &(offset, len)) in w.iter().enumerate() {
+        assert_eq!(offset, i as u64 * 16 * MIB);
+        assert_eq!(len as u64, (size - offset).min(16 * MIB), "block {i}");
+    }
+    let got = fs::File::open(root.join("big.dat")).unwrap();
+    let mut tail = [0u8; 5];
+    got.read_exact_at(&mut tail, size - 5).unwrap();
+    assert_eq!(&tail, b"tail!");
 }
 
 #[test]

@@ -198,6 +198,9 @@ pub fn run_send(args: &SendArgs) -> anyhow::Result<ExitCode> {
         None => scan_with(&specs, &scan_opts),
     };
     let coverage = args.delete.then(|| Coverage::of(&specs, &scanned));
+    // The rest (test seams of the library's `fault-hooks` feature, which
+    // this binary never turns on) as the library's defaults.
+    #[allow(clippy::needless_update)]
     let opts = SendOptions {
         verify: p.verify,
         block_size,
@@ -218,6 +221,7 @@ pub fn run_send(args: &SendArgs) -> anyhow::Result<ExitCode> {
             ("cache_exclude", &args.cache_exclude),
         ),
         spread: args.spread,
+        ..SendOptions::default()
     };
     if args.tree.dry_run {
         // Nothing is sent; the server says what it would delete against

@@ -87,6 +87,10 @@ pub struct SendOptions {
     /// the `block_size` module); the report's `block_size` says what and
     /// why.
     pub block_auto: bool,
+    /// `block_auto` with these stage costs instead of the probe's (tests
+    /// only, as [`crate::CopyOptions::block_stages`]).
+    #[cfg(feature = "fault-hooks")]
+    pub block_stages: Option<crate::Stages>,
     /// TCP streams connected before data moves.
     pub streams: usize,
     /// `send`: streams it may grow to while the sockets show their send
@@ -127,6 +131,8 @@ impl Default for SendOptions {
             verify: VerifyMode::DEFAULT,
             block_size: defaults::BLOCK_BYTES,
             block_auto: false,
+            #[cfg(feature = "fault-hooks")]
+            block_stages: None,
             streams: AUTO_START_STREAMS,
             max_streams: 0,
             retries: 3,
@@ -308,6 +314,10 @@ pub fn send_scanned(
     let session = SessionSecret::random()?;
     let (links, security, rtt) = connect_all(addr, opts, &session)?;
     let profile = Profile::default();
+    #[cfg(feature = "fault-hooks")]
+    let given = opts.block_stages;
+    #[cfg(not(feature = "fault-hooks"))]
+    let given = None;
     let auto = opts.block_auto.then(|| {
         crate::block_size::auto::decide(
             &scanned,
@@ -318,7 +328,7 @@ pub fn send_scanned(
                 spread: opts.spread == Spread::Always
                     || (opts.spread == Spread::Auto && rtt >= AUTO_MIN_RTT),
             },
-            None,
+            given,
         )
     });
     let chosen;
