@@ -249,7 +249,9 @@ fn held_block_size(
     let mut files: Vec<_> = scanned
         .entries
         .iter()
-        .filter(|e| e.kind == crate::source::SourceKind::File && e.size > 1 << 20)
+        .filter(|e| {
+            e.kind == crate::source::SourceKind::File && e.size > crate::AUTO_BLOCK_CANDIDATES[0]
+        })
         .collect();
     files.sort_by_key(|e| std::cmp::Reverse(e.size));
     for e in files.into_iter().take(HELD_LOOKUPS) {

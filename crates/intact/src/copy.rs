@@ -191,7 +191,6 @@ pub fn run_send(args: &SendArgs) -> anyhow::Result<ExitCode> {
         Some(s) => shard_block_size(&s.plan, p, matches.as_ref())?,
         None => p.block_size.bytes(),
     };
-    let sharded = shard.is_some();
     let specs: Vec<SourceSpec> = sources.iter().map(|s| SourceSpec::from_arg(s)).collect();
     let scanned = match shard {
         Some(s) => s.scan,
@@ -204,8 +203,8 @@ pub fn run_send(args: &SendArgs) -> anyhow::Result<ExitCode> {
     let opts = SendOptions {
         verify: p.verify,
         block_size,
-        // A shard's plan fixes the size its split files are cut at.
-        block_auto: p.block_size.auto() && !sharded,
+        // With a plan, `shard_block_size` refused auto above.
+        block_auto: p.block_size.auto(),
         streams: p.streams.start(),
         max_streams: p.streams.max(),
         retries: p.retries,

@@ -49,26 +49,26 @@ pub(crate) fn decide(
         .filter(|e| e.kind == SourceKind::File && e.range.is_none())
         .collect();
     let sizes: Vec<u64> = files.iter().map(|e| e.size).collect();
-    let keep = |why: String, measured: Vec<String>, probe_seconds: f64| BlockSizeReport {
-        chosen: default,
-        why,
-        predicted: Vec::new(),
-        stages: None,
-        measured,
-        probe_seconds,
-    };
+    let unpredicted =
+        |chosen: u64, why: String, measured: Vec<String>, probe_seconds: f64| BlockSizeReport {
+            chosen,
+            why,
+            predicted: Vec::new(),
+            stages: None,
+            measured,
+            probe_seconds,
+        };
+    let keep = |why, measured, probe_seconds| unpredicted(default, why, measured, probe_seconds);
     if let Receiver::Local(_, Some((path, block))) = &to {
-        return BlockSizeReport {
-            chosen: *block,
-            why: format!(
+        return unpredicted(
+            *block,
+            format!(
                 "the destination's journal holds {path} at {} from an earlier run: kept, so that what it holds is not sent again",
                 mib(*block)
             ),
-            predicted: Vec::new(),
-            stages: None,
-            measured: Vec::new(),
-            probe_seconds: 0.0,
-        };
+            Vec::new(),
+            0.0,
+        );
     }
     let matter = bytes_that_matter(&sizes);
     if matter < MIN_BYTES {

@@ -318,6 +318,16 @@ pub fn send_scanned(
     let given = opts.block_stages;
     #[cfg(not(feature = "fault-hooks"))]
     let given = None;
+    // Decided once, before the block size: every size auto chooses among
+    // is a power of two that ranges take, so the decision holds for it.
+    let (spreading, why) = spread::decide(
+        opts.spread,
+        opts.verify,
+        opts.block_size,
+        links.len().max(opts.max_streams),
+        opts.reverify,
+        rtt,
+    );
     let auto = opts.block_auto.then(|| {
         crate::block_size::auto::decide(
             &scanned,
@@ -325,8 +335,7 @@ pub fn send_scanned(
             links.len(),
             crate::block_size::auto::Receiver::Remote {
                 rtt,
-                spread: opts.spread == Spread::Always
-                    || (opts.spread == Spread::Auto && rtt >= AUTO_MIN_RTT),
+                spread: spreading,
             },
             given,
         )
@@ -342,14 +351,6 @@ pub fn send_scanned(
         }
         None => opts,
     };
-    let (spreading, why) = spread::decide(
-        opts.spread,
-        opts.verify,
-        opts.block_size,
-        links.len().max(opts.max_streams),
-        opts.reverify,
-        rtt,
-    );
     // More streams only where a window can bind: the same round trip
     // from which files are spread.
     let grow = (opts.max_streams > links.len() && rtt >= AUTO_MIN_RTT).then_some(tune::Grow {
