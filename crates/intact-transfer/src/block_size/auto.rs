@@ -101,7 +101,7 @@ pub(crate) fn decide(
         Ok(Some(c)) => c,
         Ok(None) => {
             return keep(
-                "the source's probe was inconclusive (its larger block read no slower than its smaller one): the default is kept".to_string(),
+                "the source's probe times were not usable: the default is kept".to_string(),
                 Vec::new(),
                 t.elapsed().as_secs_f64(),
             )

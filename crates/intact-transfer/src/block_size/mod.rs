@@ -38,9 +38,8 @@
 //!
 //! The candidates are 1 to 16 MiB in powers of two. A prediction less than
 //! [`KEEP_DEFAULT_WITHIN`] faster than the default's keeps the default:
-//! the probe is not more precise than that. A probe whose large block did
-//! not take longer than its small one is inconclusive and keeps the
-//! default. A `copy` into a destination whose journal already holds one
+//! the probe is not more precise than that. A stage whose larger block
+//! took no longer than its smaller one is taken as all fixed cost. A `copy` into a destination whose journal already holds one
 //! of the files at some block size keeps that size without probing: at
 //! another size its blocks would be sent again (a `send` cannot see the
 //! server's journal; its resume command names the size chosen). Transfers with less than
@@ -107,16 +106,23 @@ impl Cost {
     }
 
     /// The line through two measurements, `(bytes, seconds)`: a fixed
-    /// part and a part per byte, neither below zero. None when the larger
-    /// block did not take longer: the measurement cannot tell a fixed
-    /// cost from noise then.
+    /// part and a part per byte, neither below zero. A larger block that
+    /// took no longer than the smaller one is all fixed cost (the mean of
+    /// the two), which a slightly slower one approaches too: a hair of
+    /// noise either way does not flip the fit. None for times that are
+    /// not usable (negative, not finite) or sizes out of order.
     pub fn fit(small: (u64, f64), large: (u64, f64)) -> Option<Cost> {
         let (b1, t1) = (small.0 as f64, small.1);
         let (b2, t2) = (large.0 as f64, large.1);
-        // NaN compares false: also inconclusive.
-        let ordered = t1 >= 0.0 && t2 > t1;
-        if b2 <= b1 || !ordered {
+        let usable = t1.is_finite() && t2.is_finite() && t1 >= 0.0 && t2 >= 0.0;
+        if b2 <= b1 || !usable {
             return None;
+        }
+        if t2 <= t1 {
+            return Some(Cost {
+                per_block: (t1 + t2) / 2.0,
+                per_byte: 0.0,
+            });
         }
         let per_byte = (t2 - t1) / (b2 - b1);
         Some(Cost {
@@ -306,11 +312,21 @@ mod tests {
         .unwrap();
         assert!((c.per_block - 0.0003).abs() < 1e-9, "{c:?}");
         assert!((c.per_byte - 1e-9).abs() < 1e-15, "{c:?}");
-        // A large block no slower than the small one: all fixed cost, or
-        // noise; the probe cannot tell, so it says nothing (a hair either
-        // way must not flip the choice).
-        assert_eq!(Cost::fit((256 << 10, 0.001), (4 << 20, 0.001)), None);
-        assert_eq!(Cost::fit((256 << 10, 0.001), (4 << 20, 0.00099)), None);
+        // A large block no slower than the small one: all fixed cost, and
+        // a hair either way gives nearly the same cost (no flip).
+        let flat = Cost::fit((256 << 10, 0.001), (4 << 20, 0.00099)).unwrap();
+        assert_eq!(flat.per_byte, 0.0);
+        assert!((flat.per_block - 0.000995).abs() < 1e-12, "{flat:?}");
+        let rising = Cost::fit((256 << 10, 0.001), (4 << 20, 0.00101)).unwrap();
+        assert!(
+            (rising.of(4 << 20) - flat.of(4 << 20)).abs() < 3e-5,
+            "{rising:?}"
+        );
+        assert!(
+            (rising.per_block - flat.per_block).abs() < 1e-5,
+            "{rising:?}"
+        );
+        assert_eq!(Cost::fit((256 << 10, f64::NAN), (4 << 20, 0.001)), None);
         // A fixed part above the small block's time is not negative.
         let c = Cost::fit((256 << 10, 0.0), (4 << 20, 0.004)).unwrap();
         assert!(c.per_block >= 0.0 && c.per_byte > 0.0);

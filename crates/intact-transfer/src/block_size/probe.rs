@@ -43,7 +43,7 @@ pub struct Destination {
 /// page cache as it was (evicting the source's pages instead was seen to
 /// slow the transfer's own reads of them afterwards). Where the file
 /// system refuses direct reads, an error: no device to probe. None when
-/// the probe was inconclusive (see [`Cost::fit`]).
+/// the probe's times were not usable (see [`Cost::fit`]).
 pub fn source(path: &Path) -> io::Result<Option<Cost>> {
     let file = std::fs::OpenOptions::new()
         .read(true)
@@ -136,11 +136,8 @@ pub fn destination(dir: &Path) -> io::Result<Destination> {
     let small = time(SMALL)?;
     let large = time(LARGE)?;
     let fit = |i: usize| {
-        Cost::fit((SMALL, small[i]), (LARGE, large[i])).ok_or_else(|| {
-            not_probed(
-                "inconclusive: a larger block was written, evicted or re-read no slower than a smaller one",
-            )
-        })
+        Cost::fit((SMALL, small[i]), (LARGE, large[i]))
+            .ok_or_else(|| not_probed("a stage's times were not usable (negative or not finite)"))
     };
     Ok(Destination {
         write: fit(0)?,
@@ -173,17 +170,17 @@ mod tests {
         fill(&mut data);
         std::fs::write(&src, &data).unwrap();
         // Where direct reads are refused (tmpfs before Linux 6.6) or the
-        // probe is inconclusive, it says so; both are counted skips, not
+        // probe's times are not usable, it says so; both are counted skips, not
         // passes.
         match source(&src) {
-            Ok(Some(read)) => assert!(read.per_byte > 0.0, "{read:?}"),
-            Ok(None) => intact_testkit::skip("probe source", "inconclusive here"),
+            Ok(Some(read)) => assert!(read.of(LARGE) > 0.0, "{read:?}"),
+            Ok(None) => intact_testkit::skip("probe source", "times not usable here"),
             Err(e) => intact_testkit::skip("probe source", &e.to_string()),
         }
         match destination(dir.path()) {
             Ok(d) => {
                 for c in [d.write, d.evict, d.reread] {
-                    assert!(c.per_byte > 0.0, "{d:?}");
+                    assert!(c.of(LARGE) > 0.0, "{d:?}");
                 }
             }
             Err(e) => intact_testkit::skip("probe destination", &e.to_string()),
