@@ -246,6 +246,51 @@ fn the_source_cache_is_reported_and_a_changed_ctime_is_not_used() {
     assert_eq!(f.source_digest, Some(SourceDigest::Read));
 }
 
+/// A source sent again to a new destination, its cache entry unchanged,
+/// leaves that entry as it was recorded (the send does not write the same
+/// row again), and the entry still answers the first destination's quick
+/// check.
+#[test]
+fn a_source_sent_again_leaves_its_cache_entry_as_recorded() {
+    let d = Dirs::new();
+    let data = intact_sample::bytes(SMALL, 9);
+    let src = d.source("src", &data);
+    settle();
+    let cache = d.base.join("cache/digests.sqlite");
+    let o = SendOptions {
+        source_cache: SourceCacheSetting::At(cache.clone()),
+        ..opts(VerifyMode::Riva)
+    };
+    let recorded = || -> Vec<i64> {
+        let db = rusqlite::Connection::open(&cache).unwrap();
+        let mut st = db.prepare("SELECT recorded_at FROM digests").unwrap();
+        let rows = st.query_map([], |r| r.get(0)).unwrap();
+        rows.map(Result::unwrap).collect()
+    };
+    send_once(&src, &d.root, &o, None).unwrap();
+    let first = recorded();
+    assert_eq!(first.len(), 1, "one entry after the first send: {first:?}");
+
+    // Past a second, a rewrite would show as a later time.
+    settle();
+    let other = d.base.join("other-root");
+    let r = send_once(&src, &other, &o, None).unwrap();
+    let f = the_file(&r).clone();
+    assert_eq!(f.source_digest, Some(SourceDigest::Transfer), "{f:#?}");
+    assert_eq!(fs::read(other.join("data.bin")).unwrap(), data);
+    assert_eq!(recorded(), first, "the entry was written again");
+
+    let r = send_once(&src, &d.root, &o, None).unwrap();
+    let f = the_file(&r).clone();
+    assert!(f.unchanged, "{f:#?}");
+    assert_eq!(
+        f.source_digest,
+        Some(SourceDigest::Cache {
+            recorded_at: first[0]
+        })
+    );
+}
+
 fn with_cache(o: &SendOptions, reverify: bool) -> SendOptions {
     SendOptions {
         reverify,

@@ -150,13 +150,18 @@ impl Stream<'_> {
             o.report.note = (!note.is_empty()).then_some(note);
         }
         // The bytes the receiver holds have this run's digest of the source:
-        // the next quick check can take it from the cache.
-        if let (Some(c), Some(k), Some(src), Some(d), Some(SourceDigest::Transfer)) = (
+        // the next quick check can take it from the cache. One it holds
+        // already for this key (a file sent again to a new destination) is
+        // left as recorded: writing the same row again costs a stat and a
+        // row per file.
+        let known = o.cached.is_some_and(|(d, _)| Some(d) == o.digest);
+        if let (Some(c), Some(k), Some(src), Some(d), Some(SourceDigest::Transfer), false) = (
             self.ctx.cache,
             &o.key,
             &o.source,
             &o.digest,
             o.report.source_digest,
+            known,
         ) {
             c.put(src.file(), k, o.opened_at, d);
         }

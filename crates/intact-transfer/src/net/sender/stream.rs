@@ -2,6 +2,7 @@
 //! each file needs, and takes the receiver's answers as they come.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::time::{Instant, SystemTime};
 
@@ -287,9 +288,12 @@ impl<'a> Stream<'a> {
         let key = source.as_ref().map(SourceFile::key);
         // The source-digest cache's answer, looked up once; a file it can
         // answer for may never be read (the receiver may hold it whole),
-        // so only the others are prefetched. `--reverify` in riva reads a
-        // held file from the device after an eviction: a prefetch would
-        // only be read twice.
+        // so it is prefetched only while the receiver's answers ask for
+        // blocks (a new destination: it will be read after all). Without
+        // that prefetch every small file's read waits for the device in
+        // turn: 13% of a 20,000-file send's time on the disk. `--reverify`
+        // in riva reads a held file from the device after an eviction: a
+        // prefetch would only be read twice.
         // A range is never answered whole: no whole-file digest is wanted.
         let key = key.filter(|_| e.range.is_none());
         let cached = match (self.ctx.cache, &key) {
@@ -298,7 +302,8 @@ impl<'a> Stream<'a> {
         };
         let mut source = source;
         let reread_anyway = opts.reverify && opts.verify.reads_device();
-        if let (Some(f), None, false) = (source.as_mut(), &cached, reread_anyway) {
+        let likely_read = cached.is_none() || self.ctx.receiver_needs.load(Ordering::Relaxed);
+        if let (Some(f), true, false) = (source.as_mut(), likely_read, reread_anyway) {
             self.ctx.profile.time(Stage::Open, || f.prefetch());
         }
         let mut o = Outgoing {
