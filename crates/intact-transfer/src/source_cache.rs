@@ -140,6 +140,8 @@ impl SourceKey {
 
 /// An open source-digest cache.
 pub struct SourceCache {
+    /// The database file (a [`CacheReader`] opens it again).
+    path: PathBuf,
     db: Mutex<Connection>,
     /// Entries not yet written: written [`PUT_BATCH`] at a time, in one
     /// transaction, and when the cache is closed.
@@ -219,6 +221,7 @@ impl SourceCache {
         .map_err(|e| err(e.to_string()))?;
         trim(&db);
         Ok(SourceCache {
+            path: path.to_path_buf(),
             db: Mutex::new(db),
             pending: Mutex::new(Vec::new()),
         })
@@ -236,34 +239,36 @@ impl SourceCache {
 
     /// The digest recorded for exactly this key, and when it was recorded.
     pub fn get(&self, key: &SourceKey) -> Option<([u8; 32], i64)> {
+        self.pending_get(key).or_else(|| lookup(&self.db(), key))
+    }
+
+    /// The entry for `key` among those not yet written.
+    fn pending_get(&self, key: &SourceKey) -> Option<([u8; 32], i64)> {
         let pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((_, d, at)) = pending.iter().rev().find(|(k, _, _)| k == key) {
-            return Some((*d, *at));
+        pending
+            .iter()
+            .rev()
+            .find(|(k, _, _)| k == key)
+            .map(|(_, d, at)| (*d, *at))
+    }
+
+    /// A reader of the cache for one thread: a connection of its own
+    /// (read-only), whose lookups share one read transaction until
+    /// [`CacheReader::pause`]. One lookup per small file otherwise costs a
+    /// transaction (locks taken and released, the file checked) and the
+    /// shared connection's lock: 4% of a 20,000-file send's time.
+    pub fn reader(&self) -> CacheReader<'_> {
+        let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY
+            | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX
+            | rusqlite::OpenFlags::SQLITE_OPEN_NOFOLLOW;
+        let db = Connection::open_with_flags(&self.path, flags)
+            .and_then(|db| db.busy_timeout(Duration::from_secs(2)).map(|()| db))
+            .ok();
+        CacheReader {
+            cache: self,
+            db,
+            reading: false,
         }
-        drop(pending);
-        let row: Option<(Vec<u8>, i64)> = self
-            .db()
-            .prepare_cached(
-                "SELECT digest, recorded_at FROM digests
-                 WHERE dev = ?1 AND ino = ?2 AND size = ?3 AND mtime_ns = ?4 AND ctime_ns = ?5",
-            )
-            .and_then(|mut st| {
-                st.query_row(
-                    params![
-                        key.dev as i64,
-                        key.ino as i64,
-                        key.size as i64,
-                        &key.mtime_ns.to_be_bytes()[..],
-                        &key.ctime_ns.to_be_bytes()[..]
-                    ],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
-                )
-                .optional()
-            })
-            .ok()
-            .flatten();
-        let (d, at) = row?;
-        Some((<[u8; 32]>::try_from(d).ok()?, at))
     }
 
     /// Records `digest` for `file`, read from a read that began at
@@ -320,6 +325,74 @@ impl SourceCache {
     }
 }
 
+/// One thread's lookups in a [`SourceCache`] (see [`SourceCache::reader`]).
+/// If its connection could not be opened, it asks the cache's own.
+pub struct CacheReader<'a> {
+    cache: &'a SourceCache,
+    db: Option<Connection>,
+    /// A read transaction is open on `db`.
+    reading: bool,
+}
+
+impl CacheReader<'_> {
+    /// As [`SourceCache::get`], inside this reader's read transaction
+    /// (begun now if none is): entries committed since it began are not
+    /// seen, as if looked up a moment earlier.
+    pub fn get(&mut self, key: &SourceKey) -> Option<([u8; 32], i64)> {
+        if let Some(hit) = self.cache.pending_get(key) {
+            return Some(hit);
+        }
+        let Some(db) = &self.db else {
+            return lookup(&self.cache.db(), key);
+        };
+        if !self.reading {
+            self.reading = db.execute_batch("BEGIN").is_ok();
+        }
+        lookup(db, key)
+    }
+
+    /// Ends the read transaction (call before waiting: a reader that holds
+    /// one keeps the cache's log from being folded back past it).
+    pub fn pause(&mut self) {
+        if let (true, Some(db)) = (self.reading, &self.db) {
+            let _ = db.execute_batch("COMMIT");
+        }
+        self.reading = false;
+    }
+}
+
+impl Drop for CacheReader<'_> {
+    fn drop(&mut self) {
+        self.pause();
+    }
+}
+
+/// The digest `db` holds for exactly `key`, and when it was recorded.
+fn lookup(db: &Connection, key: &SourceKey) -> Option<([u8; 32], i64)> {
+    let row: Option<(Vec<u8>, i64)> = db
+        .prepare_cached(
+            "SELECT digest, recorded_at FROM digests
+             WHERE dev = ?1 AND ino = ?2 AND size = ?3 AND mtime_ns = ?4 AND ctime_ns = ?5",
+        )
+        .and_then(|mut st| {
+            st.query_row(
+                params![
+                    key.dev as i64,
+                    key.ino as i64,
+                    key.size as i64,
+                    &key.mtime_ns.to_be_bytes()[..],
+                    &key.ctime_ns.to_be_bytes()[..]
+                ],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()
+        })
+        .ok()
+        .flatten();
+    let (d, at) = row?;
+    Some((<[u8; 32]>::try_from(d).ok()?, at))
+}
+
 impl Drop for SourceCache {
     fn drop(&mut self) {
         let rows = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
@@ -367,5 +440,45 @@ mod tests {
             ..key
         };
         assert!(cache.get(&other).is_none());
+    }
+
+    /// A reader finds what the cache holds: entries not yet written, and
+    /// entries written (in its next read transaction after a pause, if
+    /// written while one was open); a key that does not match is a miss.
+    #[test]
+    fn a_reader_sees_pending_and_written_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("d.sqlite");
+        let cache = SourceCache::open(&db).unwrap();
+        let later = SystemTime::now() + Duration::from_secs(5);
+        let files: Vec<(File, SourceKey)> = (0..=PUT_BATCH)
+            .map(|i| {
+                let p = dir.path().join(format!("s{i}"));
+                std::fs::write(&p, i.to_string()).unwrap();
+                let f = File::open(&p).unwrap();
+                let k = SourceKey::of(&f).unwrap();
+                (f, k)
+            })
+            .collect();
+        let mut r = cache.reader();
+        assert!(r.db.is_some(), "the reader has a connection of its own");
+        assert!(r.get(&files[0].1).is_none());
+        assert!(cache.put(&files[0].0, &files[0].1, later, &[1; 32]));
+        assert_eq!(r.get(&files[0].1).map(|(d, _)| d), Some([1; 32]));
+        // A full batch is written: out of `pending`, into the file.
+        for (i, (f, k)) in files.iter().enumerate().skip(1) {
+            assert!(cache.put(f, k, later, &[i as u8; 32]));
+        }
+        assert!(cache.pending.lock().unwrap().len() < PUT_BATCH);
+        r.pause();
+        for (i, (_, k)) in files.iter().enumerate() {
+            let want = if i == 0 { 1 } else { i as u8 };
+            assert_eq!(r.get(k).map(|(d, _)| d), Some([want; 32]), "entry {i}");
+        }
+        let other = SourceKey {
+            size: files[3].1.size + 1,
+            ..files[3].1
+        };
+        assert!(r.get(&other).is_none());
     }
 }

@@ -18,7 +18,7 @@ use crate::link::{Arrival, Outbound};
 use crate::profile::Stage;
 use crate::report::{simple_report, FileReport};
 use crate::source::SourceKind;
-use crate::source_cache::SourceKey;
+use crate::source_cache::{CacheReader, SourceCache, SourceKey};
 use crate::stage::source::{Buffers, SourceFile};
 use crate::verify::VerifyLevel;
 
@@ -74,6 +74,8 @@ pub(super) struct Stream<'a> {
     pub(super) unsent: u64,
     pub(super) bufs: Buffers,
     pub(super) broken: Option<String>,
+    /// This stream's lookups in the source-digest cache.
+    cache: Option<CacheReader<'a>>,
 }
 
 impl<'a> Stream<'a> {
@@ -89,6 +91,7 @@ impl<'a> Stream<'a> {
             unsent: 0,
             bufs: Buffers::new(ctx.opts.block_size, ctx.opts.verify),
             broken: None,
+            cache: ctx.cache.map(SourceCache::reader),
         }
     }
 
@@ -180,6 +183,9 @@ impl<'a> Stream<'a> {
             }
         }
         let mut next = if wait {
+            if let Some(c) = self.cache.as_mut() {
+                c.pause();
+            }
             let t = Instant::now();
             let arrival = self.events.recv().unwrap_or(Arrival::Closed);
             self.ctx.profile.add(Stage::Wait, t.elapsed());
@@ -296,7 +302,7 @@ impl<'a> Stream<'a> {
         // prefetch would only be read twice.
         // A range is never answered whole: no whole-file digest is wanted.
         let key = key.filter(|_| e.range.is_none());
-        let cached = match (self.ctx.cache, &key) {
+        let cached = match (self.cache.as_mut(), &key) {
             (Some(c), Some(k)) if !opts.reverify => self.ctx.profile.time(Stage::Open, || c.get(k)),
             _ => None,
         };
