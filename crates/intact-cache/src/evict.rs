@@ -433,28 +433,8 @@ mod tests {
     /// short one, and the pages are reported resident both times.
     #[test]
     fn pages_pinned_for_good_cost_the_long_budget_once_per_file() {
-        use std::io::Write;
         let n = 8 * PAGE as usize;
-        let mut f = tempfile::tempfile().unwrap();
-        f.write_all(&vec![7u8; n]).unwrap();
-        f.sync_all().unwrap();
-        // SAFETY: a shared read-only mapping of a file this test owns,
-        // unmapped below; only read through the volatile reads.
-        let map = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                n,
-                libc::PROT_READ,
-                libc::MAP_SHARED,
-                f.as_raw_fd(),
-                0,
-            )
-        };
-        assert_ne!(map, libc::MAP_FAILED);
-        for page in 0..n / PAGE as usize {
-            // SAFETY: inside the mapping.
-            unsafe { std::ptr::read_volatile((map as *const u8).add(page * PAGE as usize)) };
-        }
+        let (f, map) = pinned(n);
         STUBBORN.set(None);
         STREAK.set(0);
         let t = std::time::Instant::now();
