@@ -33,7 +33,8 @@ const SHORT_ROUNDS: u32 = 6;
 /// Rounds for any range after [`STREAK_FEW`] stubborn ranges in a row on
 /// this thread (~1 ms).
 const FEW_ROUNDS: u32 = 3;
-/// Stubborn ranges in a row after which a range gets [`SHORT_ROUNDS`].
+/// Stubborn ranges in a row (each within [`STREAK_GAP`] of the one
+/// before) after which a range gets [`SHORT_ROUNDS`].
 const STREAK_SHORT: u32 = 1;
 /// Stubborn ranges in a row after which a range gets [`FEW_ROUNDS`].
 const STREAK_FEW: u32 = 2;
@@ -43,8 +44,30 @@ thread_local! {
     /// stayed resident after every round.
     static STUBBORN: std::cell::Cell<Option<(u64, u64)>> = const { std::cell::Cell::new(None) };
     /// Ranges in a row on this thread, of any files, that stayed resident
-    /// after every round they were given.
-    static STREAK: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    /// after every round they were given, and when the last one ended.
+    static STREAK: std::cell::Cell<(u32, Option<std::time::Instant>)> =
+        const { std::cell::Cell::new((0, None)) };
+}
+
+/// A stubborn range counts towards the run before it only if it comes
+/// within this long of the run's last: pins met now and then (a loaded
+/// machine, another session's reads) each get the whole budget again.
+const STREAK_GAP: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The run of stubborn ranges this thread is in now.
+fn streak_now() -> u32 {
+    match STREAK.get() {
+        (n, Some(at)) if at.elapsed() < STREAK_GAP => n,
+        _ => 0,
+    }
+}
+
+/// Records that a range ended stubborn (after a run of `streak`), or not.
+fn end_streak(streak: u32, stubborn: bool) {
+    STREAK.set(match stubborn {
+        true => (streak.saturating_add(1), Some(std::time::Instant::now())),
+        false => (0, None),
+    });
 }
 
 /// `file`'s device and inode, if fstat answers.
@@ -93,16 +116,16 @@ pub fn evict(file: &File, offset: u64, len: u64) -> Result<Eviction, CacheError>
         pages: alen / PAGE,
         ..Eviction::default()
     };
-    let streak = STREAK.get();
+    let streak = streak_now();
     while out.rounds < MAX_ROUNDS {
         if out.rounds == FEW_ROUNDS && streak >= STREAK_FEW {
-            STREAK.set(streak + 1);
+            end_streak(streak, true);
             return Ok(out);
         }
         if out.rounds == SHORT_ROUNDS {
             let me = identity(file);
             if streak >= STREAK_SHORT || (me.is_some() && STUBBORN.get() == me) {
-                STREAK.set(streak + 1);
+                end_streak(streak, true);
                 return Ok(out);
             }
         }
@@ -143,10 +166,8 @@ pub fn evict(file: &File, offset: u64, len: u64) -> Result<Eviction, CacheError>
     }
     if out.resident > 0 {
         STUBBORN.set(identity(file));
-        STREAK.set(streak + 1);
-    } else {
-        STREAK.set(0);
     }
+    end_streak(streak, out.resident > 0);
     Ok(out)
 }
 
@@ -384,14 +405,15 @@ mod tests {
 
     /// Pinned pages across many files (each mapped by this test): the
     /// first file's range spends the whole budget, the next file's the
-    /// short one, every later one's a few rounds; a range that goes ends
-    /// the run, and the next pinned file gets the whole budget again.
+    /// short one, every later one's a few rounds; a stubborn range long
+    /// after the last, or a range that goes, ends the run, and the next
+    /// pinned file gets the whole budget again.
     #[test]
     fn pinned_pages_across_files_cost_less_the_longer_the_run() {
         let n = 4 * PAGE as usize;
-        let files: Vec<_> = (0..5).map(|_| pinned(n)).collect();
+        let files: Vec<_> = (0..6).map(|_| pinned(n)).collect();
         STUBBORN.set(None);
-        STREAK.set(0);
+        STREAK.set((0, None));
         let rounds: Vec<u32> = files[..4]
             .iter()
             .map(|(f, _)| {
@@ -400,6 +422,9 @@ mod tests {
                 e.rounds
             })
             .collect();
+        // A pinned range long after the run's last: a run of its own.
+        std::thread::sleep(STREAK_GAP + std::time::Duration::from_millis(100));
+        let late = evict(&files[5].0, 0, n as u64).unwrap();
         // A file nobody maps: its pages go, and the run ends.
         let free = {
             use std::io::Write;
@@ -418,6 +443,7 @@ mod tests {
             [MAX_ROUNDS, SHORT_ROUNDS, FEW_ROUNDS, FEW_ROUNDS],
             "rounds per pinned file"
         );
+        assert_eq!(late.rounds, MAX_ROUNDS, "past the gap: {late:?}");
         if freed.resident > 0 {
             eprintln!("this file system kept an unmapped file's pages: the reset is not checked");
             return;
@@ -436,7 +462,7 @@ mod tests {
         let n = 8 * PAGE as usize;
         let (f, map) = pinned(n);
         STUBBORN.set(None);
-        STREAK.set(0);
+        STREAK.set((0, None));
         let t = std::time::Instant::now();
         let first = evict(&f, 0, n as u64).unwrap();
         let long = t.elapsed();

@@ -92,5 +92,5 @@ pub use source::{
     origin, range_bytes, restat, scan, scan_with, Placement, Scan, ScanOptions, SourceEntry,
     SourceKind, SourceRange, SourceSpec,
 };
-pub use source_cache::{CacheReader, SourceCache, SourceCacheSetting, SourceDigest, SourceKey};
+pub use source_cache::{SourceCache, SourceCacheSetting, SourceDigest, SourceKey};
 pub use verify::{DeviceStats, Reached, VerifyLevel, VerifyMode};

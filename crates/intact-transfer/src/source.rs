@@ -215,20 +215,33 @@ pub fn scan_with(sources: &[SourceSpec], opts: &ScanOptions) -> Scan {
             let rel = rel_of(item.path());
             let follow = opts.copy_links || (item.depth() == 0 && contents);
             listed.push((item.into_path(), rel, follow));
-        }
-        for ((abs, _, _), looked) in listed.iter().zip(look_at(&listed)) {
-            match looked {
-                Ok(Some(e)) => out.entries.push(e),
-                Ok(None) => out.skipped.push(abs.clone()),
-                Err(e) => out.errors.push(e),
+            if listed.len() >= LIST_CHUNK {
+                look_at_listed(&mut listed, &mut out);
             }
         }
+        look_at_listed(&mut listed, &mut out);
     }
     out
 }
 
 /// Fewer paths than this are looked at on the calling thread.
 const PARALLEL_STATS: usize = 256;
+
+/// Paths listed at most before they are looked at (bounds what the list
+/// holds beside the entries, and how long a listed path waits).
+const LIST_CHUNK: usize = 16 * 1024;
+
+/// Looks at every path in `listed`, in order, into `out`; empties it.
+fn look_at_listed(listed: &mut Vec<(PathBuf, PathBuf, bool)>, out: &mut Scan) {
+    for ((abs, _, _), looked) in listed.iter().zip(look_at(listed)) {
+        match looked {
+            Ok(Some(e)) => out.entries.push(e),
+            Ok(None) => out.skipped.push(abs.clone()),
+            Err(e) => out.errors.push(e),
+        }
+    }
+    listed.clear();
+}
 
 /// [`entry`] of each listed `(abs, rel, follow)`, in order.
 fn look_at(listed: &[(PathBuf, PathBuf, bool)]) -> Vec<Result<Option<SourceEntry>, TransferError>> {

@@ -26,6 +26,7 @@
 use std::fs::File;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
@@ -146,6 +147,10 @@ pub struct SourceCache {
     /// Entries not yet written: written [`PUT_BATCH`] at a time, in one
     /// transaction, and when the cache is closed.
     pending: Mutex<Vec<Row>>,
+    /// Batches written so far: a [`CacheReader`] ends its read transaction
+    /// when this moves, so that its snapshot neither hides the rows nor
+    /// holds the log (WAL) from being folded back and restarted.
+    written: AtomicU64,
 }
 
 /// Entries written together.
@@ -224,6 +229,7 @@ impl SourceCache {
             path: path.to_path_buf(),
             db: Mutex::new(db),
             pending: Mutex::new(Vec::new()),
+            written: AtomicU64::new(0),
         })
     }
 
@@ -253,21 +259,18 @@ impl SourceCache {
     }
 
     /// A reader of the cache for one thread: a connection of its own
-    /// (read-only), whose lookups share one read transaction until
-    /// [`CacheReader::pause`]. One lookup per small file otherwise costs a
-    /// transaction (locks taken and released, the file checked) and the
-    /// shared connection's lock: 4% of a 20,000-file send's time.
-    pub fn reader(&self) -> CacheReader<'_> {
-        let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY
-            | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX
-            | rusqlite::OpenFlags::SQLITE_OPEN_NOFOLLOW;
-        let db = Connection::open_with_flags(&self.path, flags)
-            .and_then(|db| db.busy_timeout(Duration::from_secs(2)).map(|()| db))
-            .ok();
+    /// (read-only, opened at its first lookup), whose lookups share one
+    /// read transaction of at most [`READS_PER_TRANSACTION`], ended
+    /// earlier by [`CacheReader::pause`] or when a batch of entries is
+    /// written. One lookup per small file otherwise costs a transaction
+    /// (locks taken and released, the file checked) and the shared
+    /// connection's lock: 4% of a 20,000-file send's time.
+    pub(crate) fn reader(&self) -> CacheReader<'_> {
         CacheReader {
             cache: self,
-            db,
-            reading: false,
+            db: None,
+            opened: false,
+            reading: None,
         }
     }
 
@@ -322,42 +325,64 @@ impl SourceCache {
             }
         }
         let _ = tx.commit();
+        self.written.fetch_add(1, Ordering::Relaxed);
     }
 }
 
+/// Lookups one read transaction of a [`CacheReader`] makes at most.
+const READS_PER_TRANSACTION: u32 = 64;
+
 /// One thread's lookups in a [`SourceCache`] (see [`SourceCache::reader`]).
-/// If its connection could not be opened, it asks the cache's own.
-pub struct CacheReader<'a> {
+/// If its connection cannot be opened, it asks the cache's own.
+pub(crate) struct CacheReader<'a> {
     cache: &'a SourceCache,
     db: Option<Connection>,
-    /// A read transaction is open on `db`.
-    reading: bool,
+    /// `db` was tried.
+    opened: bool,
+    /// The read transaction open on `db`: lookups made in it, and the
+    /// cache's batches written when it began.
+    reading: Option<(u32, u64)>,
 }
 
 impl CacheReader<'_> {
     /// As [`SourceCache::get`], inside this reader's read transaction
-    /// (begun now if none is): entries committed since it began are not
-    /// seen, as if looked up a moment earlier.
-    pub fn get(&mut self, key: &SourceKey) -> Option<([u8; 32], i64)> {
+    /// (begun now if none is, or if entries were written since it began).
+    pub(crate) fn get(&mut self, key: &SourceKey) -> Option<([u8; 32], i64)> {
         if let Some(hit) = self.cache.pending_get(key) {
             return Some(hit);
+        }
+        if !self.opened {
+            self.opened = true;
+            let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY
+                | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX
+                | rusqlite::OpenFlags::SQLITE_OPEN_NOFOLLOW;
+            self.db = Connection::open_with_flags(&self.cache.path, flags)
+                .and_then(|db| db.busy_timeout(Duration::from_secs(2)).map(|()| db))
+                .ok();
+        }
+        let written = self.cache.written.load(Ordering::Relaxed);
+        match self.reading {
+            Some((n, w)) if n < READS_PER_TRANSACTION && w == written => {}
+            _ => self.pause(),
         }
         let Some(db) = &self.db else {
             return lookup(&self.cache.db(), key);
         };
-        if !self.reading {
-            self.reading = db.execute_batch("BEGIN").is_ok();
+        let (n, _) = self.reading.get_or_insert((0, written));
+        if *n == 0 && db.execute_batch("BEGIN").is_err() {
+            self.reading = None;
+        } else {
+            *n += 1;
         }
         lookup(db, key)
     }
 
-    /// Ends the read transaction (call before waiting: a reader that holds
-    /// one keeps the cache's log from being folded back past it).
-    pub fn pause(&mut self) {
-        if let (true, Some(db)) = (self.reading, &self.db) {
+    /// Ends the read transaction (call before waiting: a snapshot held
+    /// keeps the cache's log from being folded back past it).
+    pub(crate) fn pause(&mut self) {
+        if let (Some(_), Some(db)) = (self.reading.take(), &self.db) {
             let _ = db.execute_batch("COMMIT");
         }
-        self.reading = false;
     }
 }
 
@@ -443,8 +468,8 @@ mod tests {
     }
 
     /// A reader finds what the cache holds: entries not yet written, and
-    /// entries written (in its next read transaction after a pause, if
-    /// written while one was open); a key that does not match is a miss.
+    /// entries written while its read transaction was open (it begins
+    /// another); a key that does not match is a miss.
     #[test]
     fn a_reader_sees_pending_and_written_entries() {
         let dir = tempfile::tempdir().unwrap();
@@ -461,8 +486,9 @@ mod tests {
             })
             .collect();
         let mut r = cache.reader();
-        assert!(r.db.is_some(), "the reader has a connection of its own");
         assert!(r.get(&files[0].1).is_none());
+        assert!(r.db.is_some(), "the reader has a connection of its own");
+        assert!(r.reading.is_some(), "a read transaction is open");
         assert!(cache.put(&files[0].0, &files[0].1, later, &[1; 32]));
         assert_eq!(r.get(&files[0].1).map(|(d, _)| d), Some([1; 32]));
         // A full batch is written: out of `pending`, into the file.
@@ -470,7 +496,6 @@ mod tests {
             assert!(cache.put(f, k, later, &[i as u8; 32]));
         }
         assert!(cache.pending.lock().unwrap().len() < PUT_BATCH);
-        r.pause();
         for (i, (_, k)) in files.iter().enumerate() {
             let want = if i == 0 { 1 } else { i as u8 };
             assert_eq!(r.get(k).map(|(d, _)| d), Some([want; 32]), "entry {i}");

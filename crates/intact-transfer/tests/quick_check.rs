@@ -291,6 +291,58 @@ fn a_source_sent_again_leaves_its_cache_entry_as_recorded() {
     );
 }
 
+/// A re-send to a destination that holds every file whole, each file's
+/// digest in the source cache, reads no source: no page of any source
+/// file is in the cache after it (the test evicts them first), so none
+/// was prefetched for a read that never came.
+#[test]
+fn a_re_send_of_held_files_the_cache_knows_reads_no_source() {
+    let d = Dirs::new();
+    let src = d.base.join("tree");
+    fs::create_dir_all(&src).unwrap();
+    let files: Vec<PathBuf> = (0..6)
+        .map(|i| {
+            let p = src.join(format!("f{i}"));
+            // Small files: the ones a stream prefetches.
+            fs::write(&p, intact_sample::bytes(16 << 10, 20 + i)).unwrap();
+            p
+        })
+        .collect();
+    settle();
+    let o = SendOptions {
+        source_cache: SourceCacheSetting::At(d.base.join("cache/digests.sqlite")),
+        ..opts(VerifyMode::Riva)
+    };
+    send_once(&src, &d.root, &o, None).unwrap();
+    let resident = |p: &Path| {
+        let f = fs::File::open(p).unwrap();
+        intact_cache::resident(&f, 0, f.metadata().unwrap().len()).unwrap()
+    };
+    for p in &files {
+        let f = fs::File::open(p).unwrap();
+        intact_cache::evict(&f, 0, f.metadata().unwrap().len()).unwrap();
+        assert_eq!(
+            resident(p),
+            0,
+            "{}: this test could not evict it",
+            p.display()
+        );
+    }
+    let r = send_once(&src, &d.root, &o, None).unwrap();
+    let sent: Vec<_> = r.files.iter().filter(|f| f.path.contains("/f")).collect();
+    assert_eq!(sent.len(), files.len(), "{:#?}", r.files);
+    for f in sent {
+        assert!(f.unchanged, "{f:#?}");
+        assert!(
+            matches!(f.source_digest, Some(SourceDigest::Cache { .. })),
+            "{f:#?}"
+        );
+    }
+    for p in &files {
+        assert_eq!(resident(p), 0, "{} was read", p.display());
+    }
+}
+
 fn with_cache(o: &SendOptions, reverify: bool) -> SendOptions {
     SendOptions {
         reverify,

@@ -17,7 +17,7 @@
 
 use std::net::TcpStream;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -440,7 +440,6 @@ pub(crate) fn run_sender<'l>(
         reports: &reports,
         profile,
         range_cvs,
-        receiver_needs: AtomicBool::new(false),
     };
 
     let streams = std::thread::scope(|s| {
@@ -544,8 +543,4 @@ pub(super) struct Ctx<'a> {
     pub(super) profile: &'a Profile,
     /// Where the ranges of spread files leave their chaining values.
     pub(super) range_cvs: Option<&'a spread::RangeCvs>,
-    /// The receiver's last Status asked for blocks (rather than holding
-    /// the file whole): sources the source-digest cache knows are then
-    /// prefetched too, as they will be read after all.
-    pub(super) receiver_needs: AtomicBool,
 }

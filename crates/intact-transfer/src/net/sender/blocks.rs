@@ -23,9 +23,7 @@ impl Stream<'_> {
     /// sent; if it is, none, and FileEnd carries that digest for the
     /// receiver to confirm.
     pub(super) fn send_missing(&mut self, id: u64, o: &mut Outgoing, holding: Holding) {
-        self.ctx
-            .receiver_needs
-            .store(!matches!(holding, Holding::Whole { .. }), Ordering::Relaxed);
+        self.receiver_needs = !matches!(holding, Holding::Whole { .. });
         let held: HashMap<u64, Vec<u8>> = match holding {
             Holding::Nothing => HashMap::new(),
             Holding::Blocks(b) => b.into_iter().collect(),

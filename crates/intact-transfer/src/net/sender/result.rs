@@ -153,7 +153,9 @@ impl Stream<'_> {
         // the next quick check can take it from the cache. One it holds
         // already for this key (a file sent again to a new destination) is
         // left as recorded: writing the same row again costs a stat and a
-        // row per file.
+        // row per file. (So its recorded time stays that of its first
+        // digest, and past the cache's bound it goes before entries
+        // recorded later, however often it is sent.)
         let known = o.cached.is_some_and(|(d, _)| Some(d) == o.digest);
         if let (Some(c), Some(k), Some(src), Some(d), Some(SourceDigest::Transfer), false) = (
             self.ctx.cache,

@@ -2,7 +2,6 @@
 //! each file needs, and takes the receiver's answers as they come.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::time::{Instant, SystemTime};
 
@@ -76,6 +75,10 @@ pub(super) struct Stream<'a> {
     pub(super) broken: Option<String>,
     /// This stream's lookups in the source-digest cache.
     cache: Option<CacheReader<'a>>,
+    /// The receiver's last Status on this stream asked for blocks (rather
+    /// than holding the file whole): sources the source-digest cache knows
+    /// are then prefetched too, as they will be read after all.
+    pub(super) receiver_needs: bool,
 }
 
 impl<'a> Stream<'a> {
@@ -92,6 +95,7 @@ impl<'a> Stream<'a> {
             bufs: Buffers::new(ctx.opts.block_size, ctx.opts.verify),
             broken: None,
             cache: ctx.cache.map(SourceCache::reader),
+            receiver_needs: false,
         }
     }
 
@@ -308,7 +312,7 @@ impl<'a> Stream<'a> {
         };
         let mut source = source;
         let reread_anyway = opts.reverify && opts.verify.reads_device();
-        let likely_read = cached.is_none() || self.ctx.receiver_needs.load(Ordering::Relaxed);
+        let likely_read = cached.is_none() || self.receiver_needs;
         if let (Some(f), true, false) = (source.as_mut(), likely_read, reread_anyway) {
             self.ctx.profile.time(Stage::Open, || f.prefetch());
         }
