@@ -358,33 +358,29 @@ impl Journal {
         source: &[u8],
     ) -> Result<i64, TransferError> {
         let db = self.begun()?;
-        let session_at = unix_now();
+        let (size, mtime_nsec, block_size) =
+            (size as i64, i64::from(mtime.1), i64::from(block_size));
+        let session = session.map(|s| s.to_vec());
         let source = (!source.is_empty()).then_some(source);
+        let row = params![
+            path,
+            size,
+            mtime.0,
+            mtime_nsec,
+            block_size,
+            session,
+            unix_now(),
+            source
+        ];
+        const INSERT: &str = "INSERT INTO files (path, size, mtime_sec, mtime_nsec, block_size, done, level, mode, at, digest, session, session_at, source)
+             VALUES (?1, ?2, ?3, ?4, ?5, 0, 0, 0, 0, NULL, ?6, ?7, ?8)";
         // A path the journal has no row for (every file of a first
         // transfer) is one statement: nothing can be recorded for it yet.
         let fresh: Option<i64> = db
-            .prepare_cached(
-                "INSERT INTO files (path, size, mtime_sec, mtime_nsec, block_size, done, level, mode, at, digest, session, session_at, source)
-                 VALUES (?1, ?2, ?3, ?4, ?5, 0, 0, 0, 0, NULL, ?6, ?7, ?8)
-                 ON CONFLICT(path) DO NOTHING
-                 RETURNING id",
-            )
-            .and_then(|mut st| {
-                st.query_row(
-                    params![
-                        path,
-                        size as i64,
-                        mtime.0,
-                        i64::from(mtime.1),
-                        i64::from(block_size),
-                        session.map(|s| s.to_vec()),
-                        session_at,
-                        source
-                    ],
-                    |r| r.get(0),
-                )
-                .optional()
-            })
+            .prepare_cached(&format!(
+                "{INSERT} ON CONFLICT(path) DO NOTHING RETURNING id"
+            ))
+            .and_then(|mut st| st.query_row(row, |r| r.get(0)).optional())
             .map_err(db_err)?;
         if let Some(id) = fresh {
             return Ok(id);
@@ -399,31 +395,16 @@ impl Journal {
         )
         .and_then(|mut st| st.execute(params![path]))
         .map_err(db_err)?;
-        db.prepare_cached(
-            "INSERT INTO files (path, size, mtime_sec, mtime_nsec, block_size, done, level, mode, at, digest, session, session_at, source)
-             VALUES (?1, ?2, ?3, ?4, ?5, 0, 0, 0, 0, NULL, ?6, ?7, ?8)
+        db.prepare_cached(&format!(
+            "{INSERT}
              ON CONFLICT(path) DO UPDATE SET size = ?2, mtime_sec = ?3, mtime_nsec = ?4,
                  block_size = ?5, done = 0, level = 0, mode = 0, at = 0, digest = NULL,
                  session = ?6, session_at = ?7, scrubbed_at = 0, scrub_state = 0,
                  scrub_level = 0, rot_bytes = 0, adopted = 0, source = ?8, mounted_at = 0,
                  split = NULL
-             RETURNING id",
-        )
-        .and_then(|mut st| {
-            st.query_row(
-                params![
-                    path,
-                    size as i64,
-                    mtime.0,
-                    i64::from(mtime.1),
-                    i64::from(block_size),
-                    session.map(|s| s.to_vec()),
-                    session_at,
-                    source
-                ],
-                |r| r.get(0),
-            )
-        })
+             RETURNING id"
+        ))
+        .and_then(|mut st| st.query_row(row, |r| r.get(0)))
         .map_err(db_err)
     }
 
@@ -610,33 +591,4 @@ fn insert_blocks(tx: &Connection, id: i64, blocks: &[BlockRecord]) -> Result<(),
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::verify::{VerifyLevel, VerifyMode};
-
-    /// A path started for the first time gets a row of its own; started
-    /// again, it keeps its row and loses what was recorded for it.
-    #[test]
-    fn starting_a_path_again_forgets_its_blocks() {
-        let dir = tempfile::tempdir().unwrap();
-        let j = Journal::open(dir.path()).unwrap();
-        let a = j.start(b"d/a", 10, (1, 2), 4096, None, b"").unwrap();
-        let b = j.start(b"d/b", 10, (1, 2), 4096, None, b"").unwrap();
-        assert_ne!(a, b);
-        let block = BlockRecord {
-            index: 0,
-            digest: vec![9; 16],
-            verified: VerifiedAt::now(VerifyMode::Riva, VerifyLevel::Device),
-            pages: None,
-        };
-        j.add_blocks(a, std::slice::from_ref(&block)).unwrap();
-        j.add_blocks(b, &[block]).unwrap();
-        assert_eq!(j.blocks(a).unwrap().len(), 1);
-        let again = j.start(b"d/a", 20, (3, 4), 4096, None, b"").unwrap();
-        assert_eq!(again, a, "the same row");
-        assert!(j.blocks(a).unwrap().is_empty(), "its blocks are forgotten");
-        assert_eq!(j.blocks(b).unwrap().len(), 1, "another path's stay");
-        let row = j.lookup(b"d/a").unwrap().unwrap();
-        assert_eq!((row.size, row.mtime_sec, row.done), (20, 3, false));
-    }
-}
+mod tests;
