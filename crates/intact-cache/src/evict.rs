@@ -123,8 +123,8 @@ pub fn evict(file: &File, offset: u64, len: u64) -> Result<Eviction, CacheError>
             return Ok(out);
         }
         if out.rounds == SHORT_ROUNDS {
-            let me = identity(file);
-            if streak >= STREAK_SHORT || (me.is_some() && STUBBORN.get() == me) {
+            let same_file = || identity(file).is_some_and(|me| STUBBORN.get() == Some(me));
+            if streak >= STREAK_SHORT || same_file() {
                 end_streak(streak, true);
                 return Ok(out);
             }
@@ -445,7 +445,10 @@ mod tests {
         );
         assert_eq!(late.rounds, MAX_ROUNDS, "past the gap: {late:?}");
         if freed.resident > 0 {
-            eprintln!("this file system kept an unmapped file's pages: the reset is not checked");
+            intact_testkit::skip(
+                "evict: a run ends when a range goes",
+                "this file system kept an unmapped file's pages: the reset is not checked",
+            );
             return;
         }
         assert_eq!(

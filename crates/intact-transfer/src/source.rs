@@ -188,7 +188,7 @@ pub fn scan_with(sources: &[SourceSpec], opts: &ScanOptions) -> Scan {
         // Listed in order first (directories read only), then looked at
         // (one stat each) on several threads: the stats of a tree of many
         // small files are most of its scan, and nothing else runs yet.
-        let mut listed: Vec<(PathBuf, PathBuf, bool)> = Vec::new();
+        let mut listed: Vec<Listed> = Vec::new();
         for item in walk {
             let item = match item {
                 Ok(i) => i,
@@ -224,6 +224,10 @@ pub fn scan_with(sources: &[SourceSpec], opts: &ScanOptions) -> Scan {
     out
 }
 
+/// A path the walk listed: where it is, where it goes, and whether a
+/// symlink there counts as what it points to.
+type Listed = (PathBuf, PathBuf, bool);
+
 /// Fewer paths than this are looked at on the calling thread.
 const PARALLEL_STATS: usize = 256;
 
@@ -232,7 +236,7 @@ const PARALLEL_STATS: usize = 256;
 const LIST_CHUNK: usize = 16 * 1024;
 
 /// Looks at every path in `listed`, in order, into `out`; empties it.
-fn look_at_listed(listed: &mut Vec<(PathBuf, PathBuf, bool)>, out: &mut Scan) {
+fn look_at_listed(listed: &mut Vec<Listed>, out: &mut Scan) {
     for ((abs, _, _), looked) in listed.iter().zip(look_at(listed)) {
         match looked {
             Ok(Some(e)) => out.entries.push(e),
@@ -244,8 +248,8 @@ fn look_at_listed(listed: &mut Vec<(PathBuf, PathBuf, bool)>, out: &mut Scan) {
 }
 
 /// [`entry`] of each listed `(abs, rel, follow)`, in order.
-fn look_at(listed: &[(PathBuf, PathBuf, bool)]) -> Vec<Result<Option<SourceEntry>, TransferError>> {
-    let one = |(abs, rel, follow): &(PathBuf, PathBuf, bool)| entry(abs, rel, *follow);
+fn look_at(listed: &[Listed]) -> Vec<Result<Option<SourceEntry>, TransferError>> {
+    let one = |(abs, rel, follow): &Listed| entry(abs, rel, *follow);
     if listed.len() < PARALLEL_STATS {
         return listed.iter().map(one).collect();
     }

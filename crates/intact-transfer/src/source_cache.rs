@@ -348,9 +348,6 @@ impl CacheReader<'_> {
     /// As [`SourceCache::get`], inside this reader's read transaction
     /// (begun now if none is, or if entries were written since it began).
     pub(crate) fn get(&mut self, key: &SourceKey) -> Option<([u8; 32], i64)> {
-        if let Some(hit) = self.cache.pending_get(key) {
-            return Some(hit);
-        }
         if !self.opened {
             self.opened = true;
             let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY
@@ -360,13 +357,19 @@ impl CacheReader<'_> {
                 .and_then(|db| db.busy_timeout(Duration::from_secs(2)).map(|()| db))
                 .ok();
         }
+        if self.db.is_none() {
+            return self.cache.get(key);
+        }
+        if let Some(hit) = self.cache.pending_get(key) {
+            return Some(hit);
+        }
         let written = self.cache.written.load(Ordering::Relaxed);
         match self.reading {
             Some((n, w)) if n < READS_PER_TRANSACTION && w == written => {}
             _ => self.pause(),
         }
         let Some(db) = &self.db else {
-            return lookup(&self.cache.db(), key);
+            return self.cache.get(key);
         };
         let (n, _) = self.reading.get_or_insert((0, written));
         if *n == 0 && db.execute_batch("BEGIN").is_err() {

@@ -39,11 +39,12 @@
 //! The candidates are 1 to 16 MiB in powers of two. A prediction less than
 //! [`KEEP_DEFAULT_WITHIN`] faster than the default's keeps the default:
 //! the probe is not more precise than that. A stage whose larger block
-//! took no longer than its smaller one is taken as all fixed cost. A `copy` into a destination whose journal already holds one
-//! of the files at some block size keeps that size without probing: at
-//! another size its blocks would be sent again (a `send` cannot see the
-//! server's journal; its resume command names the size chosen). Transfers with less than
-//! [`MIN_BYTES`] in files larger than the smallest candidate keep the
+//! took no longer than its smaller one is taken as all fixed cost. A
+//! `copy` into a destination whose journal already holds one of the files
+//! at some block size keeps that size without probing: at another size
+//! its blocks would be sent again (a `send` cannot see the server's
+//! journal; its resume command names the size chosen). Transfers with
+//! less than [`MIN_BYTES`] in files larger than the smallest candidate keep the
 //! default without a probe: every candidate cuts them about the same. One
 //! file's blocks ride one stream, so k is at most the number of files
 //! unless a send spreads them.
@@ -54,8 +55,8 @@
 //! round trip per block (every block is written back and evicted on its
 //! own), large blocks win. On this project's test machine the RAM-backed
 //! ext4 and the disk cost some 0.1 ms per block, too little for Eq. 1 to
-//! prefer another size: `auto` keeps 4 MiB there too. The differences measured there
-//! between fixed sizes (up to 9%, docs/benchmarks.md) come from what a
+//! prefer another size: `auto` keeps 4 MiB there too. The differences
+//! measured there between fixed sizes (up to 9%, docs/benchmarks.md) come from what a
 //! probe of a few blocks on an idle device does not see: a block that fits
 //! the CPU's cache, a disk's behaviour under sustained load.
 

@@ -372,14 +372,20 @@ impl Journal {
             unix_now(),
             source
         ];
-        const INSERT: &str = "INSERT INTO files (path, size, mtime_sec, mtime_nsec, block_size, done, level, mode, at, digest, session, session_at, source)
-             VALUES (?1, ?2, ?3, ?4, ?5, 0, 0, 0, 0, NULL, ?6, ?7, ?8)";
+        macro_rules! insert {
+            ($on_conflict:literal) => {
+                concat!(
+                    "INSERT INTO files (path, size, mtime_sec, mtime_nsec, block_size, done, level, mode, at, digest, session, session_at, source)
+                     VALUES (?1, ?2, ?3, ?4, ?5, 0, 0, 0, 0, NULL, ?6, ?7, ?8) ",
+                    $on_conflict,
+                    " RETURNING id"
+                )
+            };
+        }
         // A path the journal has no row for (every file of a first
         // transfer) is one statement: nothing can be recorded for it yet.
         let fresh: Option<i64> = db
-            .prepare_cached(&format!(
-                "{INSERT} ON CONFLICT(path) DO NOTHING RETURNING id"
-            ))
+            .prepare_cached(insert!("ON CONFLICT(path) DO NOTHING"))
             .and_then(|mut st| st.query_row(row, |r| r.get(0)).optional())
             .map_err(db_err)?;
         if let Some(id) = fresh {
@@ -395,14 +401,12 @@ impl Journal {
         )
         .and_then(|mut st| st.execute(params![path]))
         .map_err(db_err)?;
-        db.prepare_cached(&format!(
-            "{INSERT}
-             ON CONFLICT(path) DO UPDATE SET size = ?2, mtime_sec = ?3, mtime_nsec = ?4,
+        db.prepare_cached(insert!(
+            "ON CONFLICT(path) DO UPDATE SET size = ?2, mtime_sec = ?3, mtime_nsec = ?4,
                  block_size = ?5, done = 0, level = 0, mode = 0, at = 0, digest = NULL,
                  session = ?6, session_at = ?7, scrubbed_at = 0, scrub_state = 0,
                  scrub_level = 0, rot_bytes = 0, adopted = 0, source = ?8, mounted_at = 0,
-                 split = NULL
-             RETURNING id"
+                 split = NULL"
         ))
         .and_then(|mut st| st.query_row(row, |r| r.get(0)))
         .map_err(db_err)
