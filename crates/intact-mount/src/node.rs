@@ -811,6 +811,50 @@ mod tests {
         }
     }
 
+    /// A write of many blocks leaves CRCs a fresh load checks every byte
+    /// against, and one large read finds exactly the flipped pages (first,
+    /// middle, last), also where blocks are not a multiple of the page.
+    #[test]
+    fn large_reads_and_writes_find_exactly_the_bad_pages_in_every_run() {
+        for block in [1u32 << 20, 10_000] {
+            let f = fixture_with(block);
+            let mut node = load(&f);
+            let len = (5u64 << 19) + 100;
+            let data: Vec<u8> = (0..len).map(|i| (i * 13 + i / 4096) as u8).collect();
+            node.write(&f.file, 0, &data, &mut no_log).unwrap();
+            node.commit(&f.file, &f.journal).unwrap();
+            let node = load(&f);
+            assert_eq!(
+                node.read(&f.file, 0, len as u32).unwrap(),
+                data,
+                "block {block}"
+            );
+            let targets = [3 * 4096 + 5, len / 2, len - 1];
+            for &at in &targets {
+                flip(&f, at);
+            }
+            let node = load(&f);
+            let want: Vec<u64> = targets
+                .iter()
+                .map(|&at| node.layout.page_at(at).offset)
+                .collect();
+            match node.read(&f.file, 0, len as u32) {
+                Err(NodeError::Bad(p)) => {
+                    let got: Vec<u64> = p.iter().map(|p| p.offset).collect();
+                    assert_eq!(got, want, "block {block}");
+                }
+                r => panic!("block {block}: {r:?}"),
+            }
+            let clean = node.layout.page_at(len / 2).offset + 4096 * 3;
+            let n = (len - 1 - 4096 * 3 - clean) as u32;
+            assert_eq!(
+                node.read(&f.file, clean, n).unwrap(),
+                data[clean as usize..clean as usize + n as usize],
+                "block {block}"
+            );
+        }
+    }
+
     #[test]
     fn a_partial_write_over_a_bad_page_is_refused_and_writes_nothing() {
         let f = fixture();
