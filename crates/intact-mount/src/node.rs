@@ -815,7 +815,7 @@ mod tests {
     /// against, and one large read finds exactly the flipped pages (first,
     /// middle, last), also where blocks are not a multiple of the page.
     #[test]
-    fn large_reads_and_writes_find_exactly_the_bad_pages_in_every_run() {
+    fn a_large_read_finds_exactly_the_bad_pages_a_large_write_left_checkable() {
         for block in [1u32 << 20, 10_000] {
             let f = fixture_with(block);
             let mut node = load(&f);
