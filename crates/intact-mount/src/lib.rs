@@ -36,6 +36,7 @@ mod attr;
 mod fs;
 mod inodes;
 pub mod node;
+mod streams;
 pub mod switch;
 
 pub use switch::{choose as choose_switch, Reliability, Switch};

@@ -15,9 +15,11 @@ use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt};
 
 use intact_digest::{defaults, page_crc};
+
+use crate::streams::BlockStreams;
 use intact_transfer::{
     block_matches, crcs_of_blob, failing_block, rebuild_block, BlockRecord, Intent, Journal,
-    Layout, MountRow, Page, RebuildError, TransferError,
+    Layout, MountRow, Page, RebuildError, TransferError, VerifiedAt, VerifyLevel, VerifyMode,
 };
 
 /// What the catalog says of a file.
@@ -97,6 +99,10 @@ pub struct Node {
     /// such a block logs all of its CRCs, so that a crash cannot leave
     /// its other pages without one.
     derived: BTreeSet<u64>,
+    /// Running digests of blocks being written in order (see
+    /// `streams.rs`): a block one covers whole needs no read-back at
+    /// commit.
+    streams: BlockStreams,
     /// Open handles.
     pub open: usize,
     /// Whether the mount counts it among the files whose CRCs are in the
@@ -123,6 +129,7 @@ impl Node {
             crcs: Vec::new(),
             touched: BTreeSet::new(),
             derived: BTreeSet::new(),
+            streams: BlockStreams::default(),
             open: 0,
             counted: false,
         }
@@ -168,6 +175,7 @@ impl Node {
             crcs,
             touched: BTreeSet::new(),
             derived,
+            streams: BlockStreams::default(),
             open: 0,
             counted: false,
         })
@@ -186,6 +194,7 @@ impl Node {
             crcs: Vec::new(),
             touched: BTreeSet::new(),
             derived: BTreeSet::new(),
+            streams: BlockStreams::default(),
             open: 0,
             counted: false,
         }
@@ -354,10 +363,13 @@ impl Node {
         if let Err(e) = file.write_all_at(data, offset) {
             // Part of it may have landed: take each page as it now is
             // (the write was not acknowledged; its error goes back).
+            self.streams
+                .forget(offset / new.block, (end - 1) / new.block);
             self.reconcile(file, &crcs);
             return Err(NodeError::Io(e));
         }
         self.apply(new, &crcs);
+        self.streams.wrote(&new, offset, data);
         Ok(())
     }
 
@@ -414,6 +426,7 @@ impl Node {
             }
         };
         self.log_pages(&crcs, Some(size), log)?;
+        self.streams.resized(new.block, size.min(old.size));
         file.set_len(size)?;
         self.apply(new, &crcs);
         if size < old.size && size > 0 {
@@ -495,9 +508,10 @@ impl Node {
         }
     }
 
-    /// Records the touched blocks in the catalog: each is read back, its
-    /// pages checked against the CRCs written with them, and its digest
-    /// computed; then the file's size and mtime. Returns the blocks
+    /// Records the touched blocks in the catalog: a block its writes
+    /// covered in order takes the digest they fed (`streams.rs`); any
+    /// other is read back, its pages checked against the CRCs written
+    /// with them, and its digest computed; then the file's size and mtime. Returns the blocks
     /// recorded and the pages that no longer held what was written (their
     /// block is recorded with the CRCs written, so the damage stays
     /// visible).
@@ -520,6 +534,16 @@ impl Node {
             let Some(Some(crcs)) = self.crcs.get(b as usize).cloned() else {
                 continue;
             };
+            if let Some(digest) = self.streams.digest(&self.layout, b) {
+                // Hashed from the program's buffers as they were written.
+                records.push(BlockRecord {
+                    index: b,
+                    digest: digest.as_bytes().to_vec(),
+                    verified: VerifiedAt::now(VerifyMode::None, VerifyLevel::None),
+                    pages: Some(crcs.iter().flat_map(|c| c.to_le_bytes()).collect()),
+                });
+                continue;
+            }
             match rebuild_block(file, &self.layout, b, &crcs, &mut buf) {
                 Ok(r) => records.push(r),
                 Err(RebuildError::Pages(pages)) => {
@@ -545,6 +569,7 @@ impl Node {
         for b in std::mem::take(&mut self.touched) {
             self.derived.remove(&b);
         }
+        self.streams.committed(&self.layout);
         Ok((n, bad))
     }
 }
@@ -809,6 +834,90 @@ mod tests {
                 Err(e) => panic!("{e:?}"),
             }
         }
+    }
+
+    /// The digest the catalog holds for each block of the file.
+    fn cataloged_digests(f: &Fixture) -> Vec<(u64, Vec<u8>)> {
+        let id = f.journal.mount_row(b"f").unwrap().unwrap().id;
+        let mut d: Vec<(u64, Vec<u8>)> = f
+            .journal
+            .blocks(id)
+            .unwrap()
+            .into_iter()
+            .map(|r| (r.index, r.digest))
+            .collect();
+        d.sort();
+        d
+    }
+
+    /// A block written whole, in order, gets its digest from the writes:
+    /// a byte flipped on disk between the write and the commit is not
+    /// read back at the commit (its digest is the written bytes'), and the
+    /// next read of that page fails. A block changed out of order is read
+    /// back, so the same flip is reported at the commit; and a stream
+    /// overtaken by a later write in the middle never gives its old digest.
+    #[test]
+    fn blocks_written_in_order_take_their_digest_from_the_writes_and_others_are_read_back() {
+        let block = 16u64 << 10;
+        let data: Vec<u8> = (0..2 * block).map(|i| (i * 7 + i / 4096) as u8).collect();
+        let digest = |b: &[u8]| hash(defaults::BLOCK_ALGORITHM, b).as_bytes().to_vec();
+
+        // In order, in three writes cut across the block boundary.
+        let f = fixture();
+        let mut node = load(&f);
+        for (a, b) in [(0, 5_000), (5_000, 20_000), (20_000, 2 * block as usize)] {
+            node.write(&f.file, a as u64, &data[a..b], &mut no_log)
+                .unwrap();
+        }
+        flip(&f, 100);
+        let (n, bad) = node.commit(&f.file, &f.journal).unwrap();
+        assert_eq!((n, bad.len()), (2, 0), "nothing read back at the commit");
+        let want = vec![
+            (0, digest(&data[..block as usize])),
+            (1, digest(&data[block as usize..])),
+        ];
+        assert_eq!(cataloged_digests(&f), want, "the written bytes' digests");
+        assert!(
+            matches!(load(&f).read(&f.file, 0, 10), Err(NodeError::Bad(_))),
+            "the flipped page fails its next read"
+        );
+
+        // Block 1 written from its middle first: read back at the commit.
+        let f = fixture();
+        let mut node = load(&f);
+        let b1 = block as usize;
+        node.write(&f.file, 0, &data[..b1], &mut no_log).unwrap();
+        node.write(&f.file, block + 8192, &data[b1 + 8192..], &mut no_log)
+            .unwrap();
+        node.write(&f.file, block, &data[b1..b1 + 8192], &mut no_log)
+            .unwrap();
+        flip(&f, block + 100);
+        let (_, bad) = node.commit(&f.file, &f.journal).unwrap();
+        let at: Vec<u64> = bad.iter().map(|p| p.offset).collect();
+        assert_eq!(at, vec![block], "the flip found at the commit");
+
+        // A whole block, then a few bytes in its middle: the digest is
+        // of the block as it ends up.
+        let f = fixture();
+        let mut node = load(&f);
+        node.write(&f.file, 0, &data[..b1], &mut no_log).unwrap();
+        node.write(&f.file, 100, &[0xAB; 100], &mut no_log).unwrap();
+        let (_, bad) = node.commit(&f.file, &f.journal).unwrap();
+        assert!(bad.is_empty());
+        let now = std::fs::read(&f.path).unwrap();
+        assert_eq!(&now[100..200], &[0xAB; 100][..]);
+        assert_eq!(cataloged_digests(&f), vec![(0, digest(&now))]);
+
+        // A whole block cut short and grown back with zeros.
+        let f = fixture();
+        let mut node = load(&f);
+        node.write(&f.file, 0, &data[..b1], &mut no_log).unwrap();
+        node.truncate(&f.file, 8000, &mut no_log).unwrap();
+        node.truncate(&f.file, block, &mut no_log).unwrap();
+        node.commit(&f.file, &f.journal).unwrap();
+        let now = std::fs::read(&f.path).unwrap();
+        assert_eq!(now[8000..], vec![0u8; b1 - 8000][..]);
+        assert_eq!(cataloged_digests(&f), vec![(0, digest(&now))]);
     }
 
     /// A write of many blocks leaves CRCs a fresh load checks every byte

@@ -28,7 +28,9 @@ Writes: a page a write covers whole gets its new CRC from the program's
 buffer before the bytes are written; a page covered in part is read,
 checked, merged and summed again (read-verify-modify-write). New CRCs go
 to an intent log before the bytes are written, and into the catalog (with
-the blocks' new digests) at fsync and close, so a crash of this process
+the blocks' new digests: hashed from the program's buffers where writes
+covered a block in order from its start, else from the block read back
+and checked) at fsync and close, so a crash of this process
 never leaves a page whose CRC disagrees with a write it acknowledged: the
 next `intact mount`, `serve`, `copy`, `scrub` or `status` of the root
 reconciles the log first. A write whose check fails returns EIO, and the
