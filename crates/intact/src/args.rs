@@ -250,9 +250,10 @@ both ways without waiting for round trips. A block that fails verification is re
 Resume: the server keeps a journal of verified blocks (SQLite, in
 ROOT/.intact/), with the mode and level each was verified at. Running the
 same send again after either side was interrupted sends only the blocks
-not yet verified, and a file the server already holds whole and unchanged
-(same size and mtime, recorded as verified) is not sent at all, like
-rsync's quick check. What is held counts only at the level it was checked
+not yet verified, and a file the server already holds whole is not sent
+again if the whole-file BLAKE3 it recorded at commit equals the sender's
+BLAKE3 of its source (read now, or from the source-digest cache); size
+and mtime only pick the candidate, unlike rsync's quick check. What is held counts only at the level it was checked
 at: held blocks and files recorded below what --verify aims at are
 re-verified in place by that mode (riva: re-read from the device at both
 ends); --reverify re-verifies every held file that way. The report counts

@@ -35,7 +35,7 @@ page size each stored CRC-32C covers: a power of two from 512 bytes to
 1 MiB, 4KiB by default. A larger page costs less (4 bytes per page: 0.1%
 of the data at 4KiB, 0.006% at 64KiB, as PVFS used) but names rot, and
 fetches a repair, in larger pieces. The size is fixed once a file is
-cataloged. `intact serve ROOT` and `intact copy SRC ROOT` then write into
+cataloged. `intact serve --root ROOT` and `intact copy SRC ROOT` then write into
 that catalog.
 
 Exit status: 0 when every file named was adopted or already cataloged (add)

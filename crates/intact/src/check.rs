@@ -203,7 +203,10 @@ pub fn run(args: &SumArgs) -> anyhow::Result<ExitCode> {
             malformed,
             summary,
         };
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        // As the digest lines: a reader gone is an error (exit 1), never a panic.
+        let json = serde_json::to_string_pretty(&report)? + "\n";
+        hashing::write_stdout(json.as_bytes())
+            .map_err(|e| anyhow::anyhow!("writing the report failed: {e}"))?;
     }
     Ok(if failed {
         ExitCode::FAILURE

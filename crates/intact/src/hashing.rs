@@ -155,7 +155,7 @@ impl Progress {
 
     /// Writes `bytes` to standard output without tearing the bar.
     pub fn print_out(&self, bytes: &[u8]) -> io::Result<()> {
-        let write = || io::stdout().lock().write_all(bytes);
+        let write = || write_stdout(bytes);
         match &self.0 {
             Some(pb) => pb.suspend(write),
             None => write(),
@@ -176,6 +176,15 @@ impl Progress {
             pb.finish_and_clear();
         }
     }
+}
+
+/// Writes `bytes` to standard output and flushes them; a closed pipe is
+/// returned as an error (`sum` and `check` then exit 1, as coreutils do
+/// with SIGPIPE ignored).
+pub fn write_stdout(bytes: &[u8]) -> io::Result<()> {
+    let mut out = io::stdout().lock();
+    out.write_all(bytes)?;
+    out.flush()
 }
 
 /// Writes a message to standard error without tearing the progress bar.

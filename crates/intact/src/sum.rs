@@ -80,7 +80,10 @@ pub fn run(args: &SumArgs) -> anyhow::Result<ExitCode> {
     }
     report.summary.seconds = hashing::secs(start.elapsed());
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        // As the digest lines: a reader gone is an error (exit 1), never a panic.
+        let json = serde_json::to_string_pretty(&report)? + "\n";
+        hashing::write_stdout(json.as_bytes())
+            .map_err(|e| anyhow::anyhow!("writing the report failed: {e}"))?;
     }
     Ok(if report.summary.failed == 0 {
         ExitCode::SUCCESS

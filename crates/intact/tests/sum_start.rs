@@ -102,22 +102,43 @@ fn a_closed_standard_descriptor_is_opened_on_dev_null() {
 fn a_closed_pipe_is_an_error_not_a_signal() {
     let dir = tempfile::tempdir().unwrap();
     let (path, _) = sample(dir.path());
-    let mut fds = [0; 2];
-    // SAFETY: pipe writes two new descriptors into `fds`.
-    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-    // SAFETY: both descriptors were just created and are owned here only.
-    let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    drop(read);
-    let out = intact()
-        .args(["sum", "--algo", "xxh3"])
-        .arg(&path)
-        .stdout(Stdio::from(write))
-        .stderr(Stdio::piped())
-        .output()
-        .unwrap();
-    // Killed by SIGPIPE would be a signal, not an exit status.
-    assert_eq!(out.status.signal(), None, "{out:?}");
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    // The digest lines, and the JSON reports of sum and check (which
+    // once panicked there, exit 101).
+    let list = dir.path().join("list");
+    let line = intact().args(["sum"]).arg(&path).output().unwrap();
+    std::fs::write(&list, &line.stdout).unwrap();
+    let runs: [Vec<std::ffi::OsString>; 3] = [
+        vec![
+            "sum".into(),
+            "--algo".into(),
+            "xxh3".into(),
+            path.clone().into(),
+        ],
+        vec!["sum".into(), "--json".into(), path.clone().into()],
+        vec!["sum".into(), "--json".into(), "-c".into(), list.into()],
+    ];
+    for args in runs {
+        let mut fds = [0; 2];
+        // SAFETY: pipe writes two new descriptors into `fds`.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: both descriptors were just created and are owned here only.
+        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        drop(read);
+        let out = intact()
+            .args(&args)
+            .stdout(Stdio::from(write))
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        // Killed by SIGPIPE would be a signal, not an exit status.
+        assert_eq!(out.status.signal(), None, "{args:?}: {out:?}");
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("Broken pipe") && !err.contains("panicked"),
+            "{args:?}: {err}"
+        );
+    }
 }
 
 #[test]
