@@ -18,8 +18,8 @@ use intact_digest::{defaults, page_crc};
 
 use crate::streams::BlockStreams;
 use intact_transfer::{
-    block_matches, crcs_of_blob, failing_block, rebuild_block, BlockRecord, Intent, Journal,
-    Layout, MountRow, Page, RebuildError, TransferError, VerifiedAt, VerifyLevel, VerifyMode,
+    block_matches, crcs_of_blob, failing_block, rebuild_block, written_block, BlockRecord, Intent,
+    Journal, Layout, MountRow, Page, RebuildError, TransferError,
 };
 
 /// What the catalog says of a file.
@@ -536,12 +536,7 @@ impl Node {
             };
             if let Some(digest) = self.streams.digest(&self.layout, b) {
                 // Hashed from the program's buffers as they were written.
-                records.push(BlockRecord {
-                    index: b,
-                    digest: digest.as_bytes().to_vec(),
-                    verified: VerifiedAt::now(VerifyMode::None, VerifyLevel::None),
-                    pages: Some(crcs.iter().flat_map(|c| c.to_le_bytes()).collect()),
-                });
+                records.push(written_block(b, digest.as_bytes().to_vec(), &crcs));
                 continue;
             }
             match rebuild_block(file, &self.layout, b, &crcs, &mut buf) {

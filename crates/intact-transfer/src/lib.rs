@@ -56,9 +56,9 @@ pub use intact_cache::ReadPath;
 pub use journal::unix_now;
 pub use journal::{
     blob_of_crcs, block_matches, crcs_of_blob, failing_block, rebuild_block, recover_intents,
-    BlockRecord, CatalogFile, CatalogSummary, DoneFile, FileRow, Intent, IntentLog, Journal,
-    Layout, MountRow, MountSummary, Owner, Page, RebuildError, Recovered, ScrubMark, ScrubPass,
-    ScrubState, VerifiedAt, INTENT_LOG, STATE_DIR,
+    written_block, BlockRecord, CatalogFile, CatalogSummary, DoneFile, FileRow, Intent, IntentLog,
+    Journal, Layout, MountRow, MountSummary, Owner, Page, RebuildError, Recovered, ScrubMark,
+    ScrubPass, ScrubState, VerifiedAt, INTENT_LOG, STATE_DIR,
 };
 pub use keep_set::{KeepSet, Keeps, KEEP_PATH_COST};
 pub use limits::raise_open_file_limit;

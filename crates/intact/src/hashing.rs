@@ -178,13 +178,11 @@ impl Progress {
     }
 }
 
-/// Writes `bytes` to standard output and flushes them; a closed pipe is
-/// returned as an error (`sum` and `check` then exit 1, as coreutils do
-/// with SIGPIPE ignored).
+/// Writes `bytes` to standard output (line-buffered: a text that ends in a
+/// newline goes out now); a closed pipe is returned as an error (`sum`
+/// and `check` then exit 1, as coreutils do with SIGPIPE ignored).
 pub fn write_stdout(bytes: &[u8]) -> io::Result<()> {
-    let mut out = io::stdout().lock();
-    out.write_all(bytes)?;
-    out.flush()
+    io::stdout().lock().write_all(bytes)
 }
 
 /// Writes a message to standard error without tearing the progress bar.

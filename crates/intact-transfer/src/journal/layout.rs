@@ -119,9 +119,15 @@ pub fn block_matches(
 /// those CRCs are kept, with a digest that matches nothing, so the damage
 /// stays visible to reads and to scrub.
 pub fn failing_block(b: u64, crcs: &[u32]) -> BlockRecord {
+    written_block(b, vec![0; 16], crcs)
+}
+
+/// The record of block `b` whose bytes were written here (not received
+/// from a source: level `none`), with its digest and page CRCs.
+pub fn written_block(b: u64, digest: Vec<u8>, crcs: &[u32]) -> BlockRecord {
     BlockRecord {
         index: b,
-        digest: vec![0; 16],
+        digest,
         verified: VerifiedAt::now(VerifyMode::None, VerifyLevel::None),
         pages: Some(blob_of_crcs(crcs)),
     }

@@ -42,8 +42,8 @@ mod split;
 pub use catalog::{CatalogFile, CatalogSummary, ScrubMark, ScrubPass, ScrubState};
 pub use intents::{recover_intents, Intent, IntentLog, Recovered, INTENT_LOG};
 pub use layout::{
-    blob_of_crcs, block_matches, crcs_of_blob, failing_block, rebuild_block, Layout, Page,
-    RebuildError,
+    blob_of_crcs, block_matches, crcs_of_blob, failing_block, rebuild_block, written_block, Layout,
+    Page, RebuildError,
 };
 pub use mounted::{MountRow, MountSummary};
 pub use owner::Owner;
