@@ -117,6 +117,27 @@ pub fn backing(file: &File) -> Result<Backing, CacheError> {
     Ok(classify(st.f_type as i64 & 0xffff_ffff))
 }
 
+/// As [`backing`], for `file` on the file system whose device number
+/// (`st_dev`) is `dev`: a thread asks the kernel again only when the file
+/// system differs from the last one it asked about, so a reader of many
+/// files of one file system saves an `fstatfs` per file. A device number
+/// names one mounted file system (overlayfs gives its files its own or
+/// pseudo numbers, never a lower layer's real one on kernels since 4.19).
+pub fn backing_on(file: &File, dev: u64) -> Result<Backing, CacheError> {
+    thread_local! {
+        static LAST: std::cell::Cell<Option<(u64, Backing)>> =
+            const { std::cell::Cell::new(None) };
+    }
+    match LAST.get() {
+        Some((d, b)) if d == dev => Ok(b),
+        _ => {
+            let b = backing(file)?;
+            LAST.set(Some((dev, b)));
+            Ok(b)
+        }
+    }
+}
+
 fn classify(magic: i64) -> Backing {
     let find =
         |table: &[(i64, &'static str)]| table.iter().find(|(m, _)| *m == magic).map(|(_, n)| *n);
@@ -185,5 +206,37 @@ mod tests {
         let f = tempfile::tempfile_in(tmp.path()).unwrap();
         assert_eq!(backing(&f).unwrap().fs(), "tmpfs");
         assert!(!backing(&f).unwrap().has_device());
+    }
+
+    #[test]
+    fn backing_on_asks_again_for_another_file_system() {
+        use std::os::unix::fs::MetadataExt;
+        let Some(tmp) = intact_testkit::tmpfs("backing_on_asks_again_for_another_file_system")
+        else {
+            return;
+        };
+        let in_memory = tempfile::tempfile_in(tmp.path()).unwrap();
+        // The test's own binary: on the build's file system, not the tmpfs.
+        let other = File::open(std::env::current_exe().unwrap()).unwrap();
+        let dev = |f: &File| f.metadata().unwrap().dev();
+        assert_ne!(dev(&in_memory), dev(&other));
+        assert!(
+            !backing(&other).unwrap().in_memory(),
+            "the build is not on a tmpfs"
+        );
+        // Alternating: each answer is its own file system's, never the
+        // one asked about just before.
+        for _ in 0..2 {
+            assert!(backing_on(&in_memory, dev(&in_memory)).unwrap().in_memory());
+            assert_eq!(
+                backing_on(&other, dev(&other)).unwrap(),
+                backing(&other).unwrap()
+            );
+        }
+        // Kept for the device: a file of another file system presented as
+        // the same device gets the kept answer (which is why callers pass
+        // the file's own st_dev).
+        assert!(backing_on(&in_memory, dev(&in_memory)).unwrap().in_memory());
+        assert!(backing_on(&other, dev(&in_memory)).unwrap().in_memory());
     }
 }

@@ -29,7 +29,7 @@ mod evict;
 mod fiemap;
 mod read;
 
-pub use backing::{backing, Backing};
+pub use backing::{backing, backing_on, Backing};
 pub use counter::DeviceCounter;
 pub use evict::{evict, resident, start_writeback, Eviction, PAGE};
 pub use fiemap::{extents, physical_offset, Extent};

@@ -157,6 +157,23 @@ impl DeviceReader {
         Self::make(file, path, backing, false)
     }
 
+    /// The reader for `file`, on the file system whose device number is
+    /// `dev` (its `st_dev`), by `path`: [`DeviceReader::for_one_range`]
+    /// where the caller reads it in `one_range`, else
+    /// [`DeviceReader::with_backing`]; what lies under the file system
+    /// comes from [`crate::backing_on`] (asked once per thread and file
+    /// system, not per file). Two system calls fewer per small file than
+    /// [`DeviceReader::new`].
+    pub fn on(
+        file: &File,
+        dev: u64,
+        path: ReadPath,
+        one_range: bool,
+    ) -> Result<DeviceReader, CacheError> {
+        let backing = crate::backing_on(file, dev)?;
+        Self::make(file, path, backing, !one_range)
+    }
+
     fn make(
         file: &File,
         path: ReadPath,

@@ -27,8 +27,10 @@ use crate::seal::{Direction, Security, TAG_LEN};
 use crate::{Message, ProtoError};
 
 /// The read buffer, in bytes: frames up to this size (prefix included)
-/// are read through it; larger ones into memory of their own.
-pub const SMALL_FRAME: usize = 16 * 1024;
+/// are read through it; larger ones into memory of their own. 64 KiB
+/// holds a few frames of a 16 KiB file's block, so many small files
+/// take one `read` per few files, not two per file.
+pub const SMALL_FRAME: usize = 64 * 1024;
 
 /// The largest frame on the wire, prefix and tag included.
 pub const LARGEST_FRAME: usize = HEADER_LEN + MAX_FRAME + TAG_LEN;

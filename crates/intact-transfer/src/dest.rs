@@ -16,10 +16,21 @@ use rustix::io::Errno;
 
 use crate::TransferError;
 
+mod commit;
 mod created;
+mod last_parent;
 mod partial_open;
+#[cfg(test)]
+mod tests;
 
 pub use created::CreatedDirs;
+
+/// The directories of `path` below the root, joined by `/`: which
+/// directory holds it.
+fn parent_key(path: &WirePath) -> Vec<u8> {
+    let b = path.as_bytes();
+    b[..b.iter().rposition(|&c| c == b'/').unwrap_or(0)].to_vec()
+}
 
 /// The receiving root. A path's directories are opened with one
 /// `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` from the root, or,
@@ -33,6 +44,8 @@ pub struct Destination {
     /// Where the directories this destination creates are recorded (a
     /// receiving session's), if anywhere.
     created: Mutex<Option<Arc<CreatedDirs>>>,
+    /// The directory of the last partial file, for the next one in it.
+    last_parent: last_parent::LastParent,
 }
 
 /// Modification time to set, in seconds and nanoseconds since the epoch.
@@ -126,6 +139,7 @@ impl Destination {
         Ok(Destination {
             root: fd,
             created: Mutex::new(None),
+            last_parent: Default::default(),
         })
     }
 
@@ -241,14 +255,31 @@ impl Destination {
     /// pre-sized). Fails ("being received by another session") while another
     /// transfer holds it.
     pub fn partial(&self, path: &WirePath, size: u64) -> Result<PartialFile, TransferError> {
-        let (dir, name) = self.parent(path, true)?;
+        let comps: Vec<&OsStr> = path.components().collect();
+        if reserved(&comps) {
+            return Err(TransferError::Reserved(path.to_string()));
+        }
+        let name = comps
+            .last()
+            .expect("a WirePath is never empty")
+            .to_os_string();
+        let key = parent_key(path);
+        let dir = match self.last_parent.get(&key) {
+            Some(dir) => dir,
+            None => {
+                let dir = Arc::new(self.parent(path, true)?.0);
+                self.last_parent.put(key, &dir);
+                dir
+            }
+        };
         let tmp = partial_name(&name);
-        let file = partial_open::open_locked(&dir, &tmp, path, size)?;
+        let (file, dev) = partial_open::open_locked(&dir, &tmp, path, size)?;
         Ok(PartialFile {
             dir,
             tmp,
             name,
             file,
+            dev,
             path: path.clone(),
         })
     }
@@ -451,83 +482,14 @@ fn set_dir_meta(
     rfs::fsync(fd).map_err(|e| dest_err(path, e))
 }
 
-impl Destination {
-    /// Commits many verified files at once, for many small files: sets each
-    /// one's mode and time, makes all their data durable with one syncfs
-    /// (one fsync when there is a single file), renames each to its final
-    /// name, and fsyncs each distinct directory once. Returns one result
-    /// per file, in order; a file's result is Ok only after its data, its
-    /// name and its directory are durable.
-    pub fn commit_batch(
-        &self,
-        batch: Vec<(PartialFile, u32, Mtime)>,
-    ) -> Vec<Result<(), TransferError>> {
-        let mut results: Vec<Result<(), TransferError>> = Vec::with_capacity(batch.len());
-        for (f, mode, mtime) in &batch {
-            let p = &f.path;
-            results.push(
-                rfs::fchmod(&f.file, Mode::from_raw_mode(mode & 0o7777))
-                    .and_then(|()| rfs::futimens(&f.file, &mtime.timestamps()))
-                    .map_err(|e| dest_err(p, e)),
-            );
-        }
-        let synced = if batch.len() == 1 {
-            batch[0]
-                .0
-                .file
-                .sync_all()
-                .map_err(|e| dest_err(&batch[0].0.path, e))
-        } else {
-            rfs::syncfs(&self.root).map_err(|e| TransferError::Destination {
-                path: "(file system)".into(),
-                source: e.into(),
-            })
-        };
-        let mut dirs: Vec<(u64, u64, &OwnedFd)> = Vec::new();
-        for (r, (f, _, _)) in results.iter_mut().zip(&batch) {
-            if r.is_ok() {
-                if let Err(e) = &synced {
-                    *r = Err(dest_err(&f.path, std::io::Error::other(e.to_string())));
-                    continue;
-                }
-                *r = f.rename_into_place();
-                if r.is_ok() {
-                    if let Ok(st) = rfs::fstat(&f.dir) {
-                        let key = (st.st_dev, st.st_ino);
-                        if !dirs.iter().any(|d| (d.0, d.1) == key) {
-                            dirs.push((key.0, key.1, &f.dir));
-                        }
-                    }
-                }
-            }
-        }
-        let mut dir_errors = Vec::new();
-        for (dev, ino, fd) in &dirs {
-            if let Err(e) = rfs::fsync(fd) {
-                dir_errors.push(((*dev, *ino), e));
-            }
-        }
-        if !dir_errors.is_empty() {
-            for (r, (f, _, _)) in results.iter_mut().zip(&batch) {
-                let Ok(st) = rfs::fstat(&f.dir) else { continue };
-                if let Some((_, e)) = dir_errors
-                    .iter()
-                    .find(|(k, _)| *k == (st.st_dev, st.st_ino))
-                {
-                    *r = Err(dest_err(&f.path, *e));
-                }
-            }
-        }
-        results
-    }
-}
-
 /// A file being received under its hidden partial name.
 pub struct PartialFile {
-    dir: OwnedFd,
+    dir: Arc<OwnedFd>,
     tmp: OsString,
     name: OsString,
     file: File,
+    /// Its file system's device number.
+    dev: u64,
     path: WirePath,
 }
 
@@ -535,6 +497,11 @@ impl PartialFile {
     /// The open file (positional reads and writes).
     pub fn file(&self) -> &File {
         &self.file
+    }
+
+    /// Its file system's device number (`st_dev`).
+    pub fn dev(&self) -> u64 {
+        self.dev
     }
 
     /// The destination path.
@@ -548,10 +515,11 @@ impl PartialFile {
     /// handles, one per receiving session, all under one lock.
     pub fn share(&self) -> std::io::Result<PartialFile> {
         Ok(PartialFile {
-            dir: self.dir.try_clone()?,
+            dir: Arc::clone(&self.dir),
             tmp: self.tmp.clone(),
             name: self.name.clone(),
             file: self.file.try_clone()?,
+            dev: self.dev,
             path: self.path.clone(),
         })
     }
@@ -560,23 +528,5 @@ impl PartialFile {
     pub fn file_id(&self) -> std::io::Result<(u64, u64)> {
         let st = rfs::fstat(&self.file)?;
         Ok((st.st_dev, st.st_ino))
-    }
-
-    /// Renames the partial file to its final name (refusing to replace a
-    /// directory). The caller makes the directory durable.
-    fn rename_into_place(&self) -> Result<(), TransferError> {
-        let p = &self.path;
-        // Only the file this transfer holds (locked) gets the final name.
-        if !partial_open::names(&self.dir, &self.tmp, &self.file) {
-            return Err(dest_err(
-                p,
-                std::io::Error::other(
-                    "its partial file was replaced by another; nothing was renamed",
-                ),
-            ));
-        }
-        // A directory at the final name stays: rename(2) refuses to put a
-        // file over one (EISDIR).
-        rfs::renameat(&self.dir, &self.tmp, &self.dir, &self.name).map_err(|e| dest_err(p, e))
     }
 }

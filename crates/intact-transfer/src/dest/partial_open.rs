@@ -67,13 +67,14 @@ pub(super) const BUSY: &str =
 
 /// Opens (creating it, or reusing one this server left) the partial file
 /// `tmp` in `dir` for `path`, locked for this transfer alone, and no
-/// longer than `size` (it is not pre-sized: its length is what arrives).
+/// longer than `size` (it is not pre-sized: its length is what arrives);
+/// with its file system's device number.
 pub(super) fn open_locked(
     dir: &OwnedFd,
     tmp: &OsStr,
     path: &WirePath,
     size: u64,
-) -> Result<File, TransferError> {
+) -> Result<(File, u64), TransferError> {
     for _ in 0..ATTEMPTS {
         let create = OFlags::CREATE | OFlags::EXCL | OFlags::RDWR | OFlags::NOFOLLOW;
         let fd = match rfs::openat(
@@ -93,14 +94,14 @@ pub(super) fn open_locked(
         // The holder before us may have renamed it to its final name (or
         // someone replaced it) between our open and our lock: the lock
         // counts only if the name is still this file.
-        let Some(len) = named_size(dir, tmp, &fd) else {
+        let Some((len, dev)) = named_size(dir, tmp, &fd) else {
             continue;
         };
         let file = File::from(fd);
         if len > size {
             file.set_len(size).map_err(|e| dest_err(path, e))?;
         }
-        return Ok(file);
+        return Ok((file, dev));
     }
     Err(dest_err(
         path,
@@ -113,14 +114,15 @@ pub(super) fn names(dir: &OwnedFd, tmp: &OsStr, fd: impl AsFd) -> bool {
     named_size(dir, tmp, fd).is_some()
 }
 
-/// The length of the file open as `fd` if `tmp` in `dir` is that file.
-fn named_size(dir: &OwnedFd, tmp: &OsStr, fd: impl AsFd) -> Option<u64> {
+/// The length and device number of the file open as `fd` if `tmp` in
+/// `dir` is that file.
+fn named_size(dir: &OwnedFd, tmp: &OsStr, fd: impl AsFd) -> Option<(u64, u64)> {
     match (
         rfs::statat(dir, tmp, AtFlags::SYMLINK_NOFOLLOW),
         rfs::fstat(fd),
     ) {
         (Ok(a), Ok(b)) if (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino) => {
-            Some(b.st_size.max(0) as u64)
+            Some((b.st_size.max(0) as u64, b.st_dev))
         }
         _ => None,
     }

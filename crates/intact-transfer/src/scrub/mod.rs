@@ -593,7 +593,7 @@ fn check_file(
     };
     let reader = match reader {
         Some(r) => r,
-        None => read::reader_for(file, seen.dev, path, cf.is_one_block())
+        None => DeviceReader::on(file, seen.dev, path, cf.is_one_block())
             .map_err(|e| io(std::io::Error::other(e.to_string())))?,
     };
     // The whole-file BLAKE3 is read only where block records leave bytes

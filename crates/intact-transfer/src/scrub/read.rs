@@ -84,33 +84,6 @@ pub(super) fn read_blocks(
     Ok(())
 }
 
-/// A reader of `file` (on the file system `dev`) by `path`: what lies
-/// under a file system is asked once per thread, not once per file.
-pub(super) fn reader_for(
-    file: &File,
-    dev: u64,
-    path: ReadPath,
-    one_range: bool,
-) -> Result<DeviceReader, intact_cache::CacheError> {
-    thread_local! {
-        static LAST: std::cell::Cell<Option<(u64, intact_cache::Backing)>> =
-            const { std::cell::Cell::new(None) };
-    }
-    let backing = match LAST.get() {
-        Some((d, b)) if d == dev => b,
-        _ => {
-            let b = intact_cache::backing(file)?;
-            LAST.set(Some((dev, b)));
-            b
-        }
-    };
-    if one_range {
-        DeviceReader::for_one_range(file, path, backing)
-    } else {
-        DeviceReader::with_backing(file, path, backing)
-    }
-}
-
 /// What a scrub compares after its reads with the file as it was opened.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Opened {
@@ -198,7 +171,7 @@ pub(super) fn open_ahead(
     if !cf.is_as_cataloged(st.st_size as u64, (st.st_mtime, st.st_mtime_nsec as u32)) {
         return None;
     }
-    let mut reader = reader_for(&file, st.st_dev, ReadPath::Evict, true).ok()?;
+    let mut reader = DeviceReader::on(&file, st.st_dev, ReadPath::Evict, true).ok()?;
     // Cold: asked for from the device now, and the read in its turn
     // counts as a device read (see DeviceReader::prefetch_if_cold).
     reader.prefetch_if_cold(&file, 0, cf.size).ok()?;

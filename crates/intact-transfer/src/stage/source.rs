@@ -12,7 +12,7 @@
 //! - Every other mode hashes the very bytes it sends (FIVER's rule).
 
 use std::fs::File;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::time::{Duration, Instant};
 
 use intact_cache::{DeviceReader, ReadPath};
@@ -95,7 +95,10 @@ impl SourceFile {
         let file = File::open(&e.abs).map_err(src_err)?;
         let m = check_unchanged(&file, e)?;
         let device = if mode.reads_device() {
-            let reader = DeviceReader::new(&file, read_path).map_err(|err| src_err(err.into()))?;
+            // A file of one block is read in one range.
+            let one_range = e.size <= block_size as u64;
+            let reader = DeviceReader::on(&file, m.dev(), read_path, one_range)
+                .map_err(|err| src_err(err.into()))?;
             if let (true, Some(why)) = (require_device, reader.backing().no_device_reason()) {
                 return Err(TransferError::Verification {
                     path: e.rel.to_string(),

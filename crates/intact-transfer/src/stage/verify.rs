@@ -279,13 +279,35 @@ impl VerifyStage for WholeReread {
     }
 }
 
+/// A file a verify stage re-reads, with what its reader needs to know.
+#[derive(Clone, Copy)]
+pub(crate) struct RereadFile<'a> {
+    pub(crate) file: &'a File,
+    /// Its file system's device number (`st_dev`).
+    pub(crate) dev: u64,
+    /// Whether it is read in one range (a file of one block).
+    pub(crate) one_range: bool,
+}
+
+impl<'a> RereadFile<'a> {
+    /// `file`, its device number asked for (`fstat`), read in blocks.
+    pub(crate) fn of(file: &'a File) -> std::io::Result<RereadFile<'a>> {
+        use std::os::unix::fs::MetadataExt;
+        Ok(RereadFile {
+            file,
+            dev: file.metadata()?.dev(),
+            one_range: false,
+        })
+    }
+}
+
 /// The verify stage of a file received in `mode`. `file` is the file its
 /// blocks are written to (None while a file held whole has none yet: only
 /// modes without a per-block re-read then); `direct` asks for O_DIRECT
 /// re-reads; `through_cache` is the fault lab's broken riva.
 pub(crate) fn stage_for(
     mode: VerifyMode,
-    file: Option<&File>,
+    file: Option<RereadFile<'_>>,
     direct: bool,
     through_cache: bool,
 ) -> std::io::Result<Box<dyn VerifyStage>> {
@@ -341,9 +363,9 @@ pub(crate) struct BlockReread {
 }
 
 impl BlockReread {
-    fn open(file: &File, path: ReadPath) -> std::io::Result<BlockReread> {
-        let file = Arc::new(file.try_clone()?);
-        let reader = DeviceReader::new(&file, path)?;
+    fn open(target: RereadFile<'_>, path: ReadPath) -> std::io::Result<BlockReread> {
+        let file = Arc::new(target.file.try_clone()?);
+        let reader = DeviceReader::on(&file, target.dev, path, target.one_range)?;
         Ok(BlockReread {
             file,
             reader: Arc::new(Mutex::new(reader)),
@@ -415,7 +437,13 @@ mod tests {
         let (f, digests) = written();
         let size = f.as_file().metadata().unwrap().len();
         let mut buf = AlignedBuf::new(0);
-        let mut stage = stage_for(VerifyMode::Sequential, Some(f.as_file()), false, false).unwrap();
+        let mut stage = stage_for(
+            VerifyMode::Sequential,
+            Some(RereadFile::of(f.as_file()).unwrap()),
+            false,
+            false,
+        )
+        .unwrap();
         let clean = stage
             .at_end(f.as_file(), size, BS, &digests, &mut buf)
             .unwrap();
@@ -428,7 +456,13 @@ mod tests {
         assert_eq!(bad, vec![2]);
         // The same change passes a stage that does not re-read at the end.
         for mode in [VerifyMode::Block, VerifyMode::Fiver, VerifyMode::None] {
-            let mut s = stage_for(mode, Some(f.as_file()), false, false).unwrap();
+            let mut s = stage_for(
+                mode,
+                Some(RereadFile::of(f.as_file()).unwrap()),
+                false,
+                false,
+            )
+            .unwrap();
             let at_end = s.at_end(f.as_file(), size, BS, &digests, &mut buf).unwrap();
             assert!(at_end.is_empty(), "{mode}");
         }
@@ -437,7 +471,8 @@ mod tests {
     #[test]
     fn each_mode_gets_the_stage_its_contract_names() {
         let (f, _) = written();
-        let with_file = |m| stage_for(m, Some(f.as_file()), false, false).unwrap();
+        let with_file =
+            |m| stage_for(m, Some(RereadFile::of(f.as_file()).unwrap()), false, false).unwrap();
         // Only `none` skips the check on arrival.
         for m in VerifyMode::ALL {
             assert_eq!(with_file(m).checks_arrival(), m != VerifyMode::None, "{m}");
@@ -450,7 +485,13 @@ mod tests {
             assert!(stage_without_file(m).block_reread().is_none(), "{m}");
         }
         // The fault lab's broken riva re-reads through the cache.
-        let broken = stage_for(VerifyMode::Riva, Some(f.as_file()), false, true).unwrap();
+        let broken = stage_for(
+            VerifyMode::Riva,
+            Some(RereadFile::of(f.as_file()).unwrap()),
+            false,
+            true,
+        )
+        .unwrap();
         let path = broken.block_reread().unwrap().reader.lock().unwrap().path();
         assert_eq!(path, ReadPath::Cached);
         let riva = with_file(VerifyMode::Riva);

@@ -15,7 +15,7 @@ use crate::dest::{Destination, Mtime};
 use crate::journal::Journal;
 use crate::net::whole_digest::{HeldWhole, Stamp};
 use crate::profile::Stage;
-use crate::stage::verify::{stage_for, VerifyStage};
+use crate::stage::verify::{stage_for, RereadFile, VerifyStage};
 use crate::verify::VerifyMode;
 use crate::TransferError;
 
@@ -171,7 +171,7 @@ fn begin_file(
         })?,
     };
     let mut inc = Incoming::fresh(e, mode, Some(partial), row_id);
-    inc.verify = open_stage(&inc, inc.partial.as_ref().map(|p| p.file()), opts)?;
+    inc.verify = open_stage(&inc, partial_reread(&inc), opts)?;
     let resumed_id = resumed.as_ref().map(|r| r.id);
     let holding = match resumed {
         Some(r) => {
@@ -209,7 +209,7 @@ pub(super) fn unchanged_since(file: &File, e: &Entry) -> bool {
 /// here.
 pub(super) fn open_stage(
     inc: &Incoming,
-    file: Option<&File>,
+    file: Option<RereadFile<'_>>,
     opts: &ReceiveOptions,
 ) -> Result<Box<dyn VerifyStage>, TransferError> {
     let direct = inc.entry.flags & Entry::DIRECT != 0;
@@ -224,6 +224,17 @@ pub(super) fn open_stage(
         }
     }
     Ok(stage)
+}
+
+/// The partial file of `inc`, to re-read: in one range where the file
+/// is one block.
+pub(super) fn partial_reread(inc: &Incoming) -> Option<RereadFile<'_>> {
+    let p = inc.partial.as_ref()?;
+    Some(RereadFile {
+        file: p.file(),
+        dev: p.dev(),
+        one_range: inc.range.is_none() && inc.entry.size <= u64::from(inc.entry.block_size),
+    })
 }
 
 /// A held file whose sender's copy differs: forget what was held and
@@ -248,7 +259,7 @@ pub(super) fn start_anew(
         )
     })?;
     let mut inc = Incoming::fresh(e, f.mode, Some(partial), row);
-    inc.verify = open_stage(&inc, inc.partial.as_ref().map(|p| p.file()), opts)?;
+    inc.verify = open_stage(&inc, partial_reread(&inc), opts)?;
     inc.slot = f.slot.take();
     *f = inc;
     Ok(())

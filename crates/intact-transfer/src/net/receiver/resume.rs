@@ -14,6 +14,7 @@ use super::{Incoming, ReceiveOptions};
 use crate::journal::{BlockRecord, Journal};
 use crate::net::whole_digest::{HeldWhole, Stamp};
 use crate::recheck::{recheck_batch_seen, Recheck, BATCH_BYTES};
+use crate::stage::verify::RereadFile;
 use crate::stage::verify::{reread_level, reread_matches};
 use crate::verify::VerifyLevel;
 use crate::TransferError;
@@ -173,7 +174,8 @@ pub(super) fn reverify_whole(
     if !complete {
         return Ok(None);
     }
-    inc.verify = open_stage(&inc, Some(file), opts)?;
+    let target = RereadFile::of(file).map_err(inc.path_err())?;
+    inc.verify = open_stage(&inc, Some(target), opts)?;
     let results = reread_in_place(&mut inc, file, &items, buf)?;
     if results.iter().any(|(ok, _)| !ok) {
         return Ok(None);

@@ -242,7 +242,7 @@ pub(super) fn begin_range(
         claim: Some(claim),
         file_id,
     });
-    inc.verify = open_stage(&inc, inc.partial.as_ref().map(|p| p.file()), opts)?;
+    inc.verify = open_stage(&inc, super::begin::partial_reread(&inc), opts)?;
     let records = journal.blocks_in(row, r.first, r.end)?;
     let list = reverify_held(&mut inc, records, buf)?;
     if again {
