@@ -279,6 +279,9 @@ pub fn copy_scanned(
 ) -> Result<CopyReport, TransferError> {
     let start = Instant::now();
     crate::verify::check_reachable(opts.verify, opts.require_level)?;
+    if let Some(report) = CopyReport::nothing_listed(&scanned, start) {
+        return Ok(report);
+    }
     crate::raise_open_file_limit();
     let state = copy_state(dest_root)?;
     let _lock = lock_destination(dest_root, &state)?;

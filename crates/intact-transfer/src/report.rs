@@ -240,6 +240,17 @@ impl CopyReport {
         .with_model(streams)
     }
 
+    /// The report of a run whose scan listed nothing and failed to read
+    /// something (every source named is missing, say): such a run ends
+    /// there, before it makes, opens or reaches the destination.
+    pub(crate) fn nothing_listed(
+        scanned: &crate::source::Scan,
+        start: Instant,
+    ) -> Option<CopyReport> {
+        (scanned.entries.is_empty() && !scanned.errors.is_empty())
+            .then(|| CopyReport::new(Vec::new(), scanned, 0, start, 1))
+    }
+
     /// Counts a receiver half that ended in error (a local copy: there is
     /// no server log to say why, so the report does).
     pub(crate) fn receiver_failed(&mut self, why: String) {

@@ -83,11 +83,13 @@ checksums, for the paper's four configurations.
 Memory: --mem-index (−log10 λ), --lambda (errors/bit/s) or --fit-per-mbit.
 Disk: --disk-index (−log10 UBER) or --uber. --config N takes both from the
 paper's Table I (1: worst, 2: non-ECC + regular disk, 3: ECC + regular disk,
-4: ECC + best disk).";
+4: ECC + best disk); a memory or disk flag given with it replaces that half
+(the first line of the output shows the values used).";
 
 #[derive(Debug, Args)]
 pub struct ReliabilityArgs {
-    /// One of the paper's Table I configurations (1-4) for memory and disk.
+    /// One of the paper's Table I configurations (1-4) for memory and disk;
+    /// an explicit memory or disk flag replaces that half.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=4))]
     pub config: Option<u8>,
 
@@ -466,9 +468,10 @@ pub struct PipelineArgs {
     #[arg(long, value_name = "MODE", default_value_t = intact_transfer::VerifyMode::DEFAULT, value_parser = crate::verify_help::verify_parser())]
     pub verify: intact_transfer::VerifyMode,
 
-    /// How riva's re-reads reach the device: evict (flush, drop the pages,
-    /// confirm with mincore, then read) or direct (O_DIRECT; falls back to
-    /// evict where the file system refuses it).
+    /// How riva's device reads (the source's and the destination's
+    /// re-reads) reach the device: evict (flush, drop the pages, confirm
+    /// with cachestat, or mincore before Linux 6.5, then read) or direct
+    /// (O_DIRECT; falls back to evict where the file system refuses it).
     #[arg(long, value_name = "PATH", default_value = "evict", value_parser = parse_read_path)]
     pub read_path: intact_cache::ReadPath,
 

@@ -44,7 +44,10 @@ What intact's catalog of ROOT holds: files and bytes cataloged, the levels
 they reached at arrival, what their last scrub found and at which level,
 files never scrubbed, and, when every file's last scrub read all of it
 from the device, the oldest such scrub (every file has been read back
-since then).";
+since then).
+
+Exit status: 0 when the catalog was shown; 1 if it could not be read;
+2 for usage errors (no catalog at ROOT among them).";
 
 /// `intact scrub`.
 #[derive(Args, Debug)]

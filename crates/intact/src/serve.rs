@@ -90,7 +90,16 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
             ..Default::default()
         },
     };
-    // The root first: a server that could not write there must not listen.
+    // The address first, then the root: a port in use leaves nothing in
+    // the root; a root that cannot be written ends the server before it
+    // accepts anyone (the bound socket is closed unused).
+    let listener = match TcpListener::bind(&args.listen) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("intact serve: cannot listen on {}: {e}", args.listen);
+            return Ok(ExitCode::FAILURE);
+        }
+    };
     let server = match Server::open(cfg) {
         Ok(s) => s,
         Err(e) => {
@@ -102,8 +111,6 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<ExitCode> {
             });
         }
     };
-    let listener = TcpListener::bind(&args.listen)
-        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
     let addr = listener.local_addr()?;
     let shutdown = Arc::new(AtomicBool::new(false));
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])?;

@@ -84,6 +84,30 @@ fn by_default_riva_reaches_the_device_of_a_mounted_ext4_and_says_so() {
 }
 
 #[test]
+fn nothing_but_a_missing_source_fails_before_the_destination_is_made() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().join("out");
+    for json in [false, true] {
+        let mut args = vec!["copy", "/nonexistent/source", d.to_str().unwrap()];
+        if json {
+            args.insert(1, "--json");
+        }
+        let out = intact(&args);
+        assert_eq!(out.status.code(), Some(1), "--json {json}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("/nonexistent/source"), "{err}");
+        assert!(
+            !d.exists(),
+            "no destination made for nothing (--json {json})"
+        );
+        if json {
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            assert_eq!(v["failed"], 1, "{v}");
+        }
+    }
+}
+
+#[test]
 fn failures_and_usage_errors_have_their_exit_status() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().join("out");

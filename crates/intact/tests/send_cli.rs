@@ -371,6 +371,15 @@ fn an_unreachable_server_is_a_clear_error() {
         err.contains("cannot connect") && err.contains("refused"),
         "{err}"
     );
+    // Nothing to send but a missing source: that is the error, said
+    // before any server is tried.
+    let out = send(&["/nonexistent/source", &free.to_string()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("/nonexistent/source") && !err.contains("cannot connect"),
+        "{err}"
+    );
     // Not an address at all: a usage error (see cli_conventions.rs).
     let out = send(&[f.to_str().unwrap(), "no-port-here"]);
     assert_eq!(out.status.code(), Some(2));

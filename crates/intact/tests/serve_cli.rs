@@ -153,6 +153,26 @@ fn a_second_server_on_the_same_root_refuses_to_start_and_names_the_first() {
 }
 
 #[test]
+fn a_port_in_use_is_refused_and_leaves_the_root_untouched() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("recv");
+    let out = Command::new(env!("CARGO_BIN_EXE_intact"))
+        .args(["serve", "--listen", &addr, "--root"])
+        .arg(&root)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(
+        err.starts_with(&format!("intact serve: cannot listen on {addr}")),
+        "{err}"
+    );
+    assert!(!root.exists(), "nothing made for a server that never ran");
+}
+
+#[test]
 fn a_root_that_cannot_be_a_directory_is_refused_before_listening() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("a-file");

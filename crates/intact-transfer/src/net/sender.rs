@@ -300,6 +300,9 @@ pub fn send_scanned(
 ) -> Result<CopyReport, TransferError> {
     let start = Instant::now();
     crate::verify::check_reachable(opts.verify, opts.require_level)?;
+    if let Some(report) = CopyReport::nothing_listed(&scanned, start) {
+        return Ok(report);
+    }
     crate::raise_open_file_limit();
     if let Some(sub) = &opts.subdir {
         for e in &mut scanned.entries {
