@@ -22,7 +22,6 @@ mod last_parent;
 mod partial_open;
 #[cfg(test)]
 mod tests;
-mod unnamed;
 
 pub use created::CreatedDirs;
 
@@ -256,50 +255,6 @@ impl Destination {
     /// pre-sized). Fails ("being received by another session") while another
     /// transfer holds it.
     pub fn partial(&self, path: &WirePath, size: u64) -> Result<PartialFile, TransferError> {
-        let (dir, name) = self.partial_dir(path)?;
-        let tmp = partial_name(&name);
-        let (file, dev) = partial_open::open_locked(&dir, &tmp, path, size)?;
-        Ok(PartialFile {
-            dir,
-            tmp: Some(tmp),
-            name,
-            file: Arc::new(file),
-            dev,
-            path: path.clone(),
-        })
-    }
-
-    /// An unnamed file (`O_TMPFILE`) in `path`'s directory, for a file
-    /// received in one block: it has no name until its commit links it in
-    /// (`dest/unnamed.rs`), so there is no partial name to create, lock,
-    /// check and rename, and nothing of it stays behind if the transfer
-    /// ends early. Another transfer of the same path writes a file of its
-    /// own; whichever commits last is the file at the path, whole. None
-    /// where the file system or the kernel cannot (then
-    /// [`Destination::partial`]).
-    pub fn unnamed(&self, path: &WirePath) -> Result<Option<PartialFile>, TransferError> {
-        if !unnamed::linkable() {
-            return Ok(None);
-        }
-        let (dir, name) = self.partial_dir(path)?;
-        let Some(file) = unnamed::create(&dir).map_err(|e| dest_err(path, e))? else {
-            return Ok(None);
-        };
-        let dev = rfs::fstat(&file).map_err(|e| dest_err(path, e))?.st_dev;
-        Ok(Some(PartialFile {
-            dir,
-            tmp: None,
-            name,
-            file: Arc::new(file),
-            dev,
-            path: path.clone(),
-        }))
-    }
-
-    /// The directory a partial file of `path` goes in (the last one's,
-    /// while it is young), and `path`'s final name; reserved names are
-    /// refused.
-    fn partial_dir(&self, path: &WirePath) -> Result<(Arc<OwnedFd>, OsString), TransferError> {
         let comps: Vec<&OsStr> = path.components().collect();
         if reserved(&comps) {
             return Err(TransferError::Reserved(path.to_string()));
@@ -317,7 +272,16 @@ impl Destination {
                 dir
             }
         };
-        Ok((dir, name))
+        let tmp = partial_name(&name);
+        let (file, dev) = partial_open::open_locked(&dir, &tmp, path, size)?;
+        Ok(PartialFile {
+            dir,
+            tmp,
+            name,
+            file,
+            dev,
+            path: path.clone(),
+        })
     }
 
     /// Opens the file at `path` (its final name) for reading, never
@@ -518,15 +482,12 @@ fn set_dir_meta(
     rfs::fsync(fd).map_err(|e| dest_err(path, e))
 }
 
-/// A file being received under its hidden partial name, or unnamed.
+/// A file being received under its hidden partial name.
 pub struct PartialFile {
     dir: Arc<OwnedFd>,
-    /// Its hidden name in `dir`; None: an unnamed file (`O_TMPFILE`),
-    /// linked in at its commit.
-    tmp: Option<OsString>,
+    tmp: OsString,
     name: OsString,
-    /// Shared with the verifier's re-reader (no second descriptor).
-    file: Arc<File>,
+    file: File,
     /// Its file system's device number.
     dev: u64,
     path: WirePath,
@@ -535,11 +496,6 @@ pub struct PartialFile {
 impl PartialFile {
     /// The open file (positional reads and writes).
     pub fn file(&self) -> &File {
-        &self.file
-    }
-
-    /// The open file, shared.
-    pub(crate) fn shared(&self) -> &Arc<File> {
         &self.file
     }
 
@@ -562,7 +518,7 @@ impl PartialFile {
             dir: Arc::clone(&self.dir),
             tmp: self.tmp.clone(),
             name: self.name.clone(),
-            file: Arc::new(self.file.try_clone()?),
+            file: self.file.try_clone()?,
             dev: self.dev,
             path: self.path.clone(),
         })

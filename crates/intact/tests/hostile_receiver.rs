@@ -218,54 +218,6 @@ fn a_second_session_on_one_path_fails_and_the_first_commits_its_own_bytes() {
 }
 
 #[test]
-fn two_sessions_on_one_small_path_each_commit_a_whole_file() {
-    // A file of one block has no partial name (an unnamed file, linked in
-    // at its commit): a second session on its path writes a file of its
-    // own, and whichever commits last is the file there, whole.
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("root");
-    let server = Server::start_with(&root, ADMIT, &[]);
-    let bs = 4096usize;
-    let ours = intact_sample::bytes(bs, 21);
-    let theirs = b"ATTACKER".repeat(bs / 8);
-    for mode in [VerifyMode::None, VerifyMode::Riva] {
-        let path = format!("small-{mode}.bin");
-        let entry = || Message::Entry(file_entry(0, &path, bs as u64, bs as u32, mode));
-        let mut a = connect(&server);
-        a.send(&entry()).unwrap();
-        status_of(&mut a, 0);
-        let mut b = connect(&server);
-        b.send(&entry()).unwrap();
-        status_of(&mut b, 0);
-        a.write_message(&block(0, 0, &ours)).unwrap();
-        b.write_message(&block(0, 0, &theirs)).unwrap();
-        b.write_message(&file_end(0, 1, &theirs)).unwrap();
-        let r = result_of(&mut b, 0);
-        assert_eq!(r.status, FileStatus::Verified, "{}", r.message);
-        bye(b);
-        assert!(
-            fs::read(root.join(&path)).unwrap() == theirs,
-            "{path}: not the second session's whole file after its commit"
-        );
-        a.write_message(&file_end(0, 1, &ours)).unwrap();
-        let r = result_of(&mut a, 0);
-        assert_eq!(r.status, FileStatus::Verified, "{}", r.message);
-        bye(a);
-        assert!(
-            fs::read(root.join(&path)).unwrap() == ours,
-            "{path}: not the first session's whole file after its later commit"
-        );
-        let hidden: Vec<_> = fs::read_dir(&root)
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .filter(|n| n.to_string_lossy().starts_with(".intact-partial"))
-            .collect();
-        assert!(hidden.is_empty(), "left behind: {hidden:?}");
-    }
-    honest_send_works(&server, dir.path(), &root, "after");
-}
-
-#[test]
 fn a_hard_link_planted_at_the_partial_name_is_not_written_through() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("root");

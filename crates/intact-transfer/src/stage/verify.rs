@@ -280,22 +280,21 @@ impl VerifyStage for WholeReread {
 }
 
 /// A file a verify stage re-reads, with what its reader needs to know.
-pub(crate) struct RereadFile {
-    /// The file, shared with its writer.
-    pub(crate) file: Arc<File>,
+#[derive(Clone, Copy)]
+pub(crate) struct RereadFile<'a> {
+    pub(crate) file: &'a File,
     /// Its file system's device number (`st_dev`).
     pub(crate) dev: u64,
     /// Whether it is read in one range (a file of one block).
     pub(crate) one_range: bool,
 }
 
-impl RereadFile {
-    /// A second descriptor of `file`, its device number asked for
-    /// (`fstat`), read in blocks.
-    pub(crate) fn of(file: &File) -> std::io::Result<RereadFile> {
+impl<'a> RereadFile<'a> {
+    /// `file`, its device number asked for (`fstat`), read in blocks.
+    pub(crate) fn of(file: &'a File) -> std::io::Result<RereadFile<'a>> {
         use std::os::unix::fs::MetadataExt;
         Ok(RereadFile {
-            file: Arc::new(file.try_clone()?),
+            file,
             dev: file.metadata()?.dev(),
             one_range: false,
         })
@@ -308,7 +307,7 @@ impl RereadFile {
 /// re-reads; `through_cache` is the fault lab's broken riva.
 pub(crate) fn stage_for(
     mode: VerifyMode,
-    file: Option<RereadFile>,
+    file: Option<RereadFile<'_>>,
     direct: bool,
     through_cache: bool,
 ) -> std::io::Result<Box<dyn VerifyStage>> {
@@ -364,8 +363,8 @@ pub(crate) struct BlockReread {
 }
 
 impl BlockReread {
-    fn open(target: RereadFile, path: ReadPath) -> std::io::Result<BlockReread> {
-        let file = target.file;
+    fn open(target: RereadFile<'_>, path: ReadPath) -> std::io::Result<BlockReread> {
+        let file = Arc::new(target.file.try_clone()?);
         let reader = DeviceReader::on(&file, target.dev, path, target.one_range)?;
         Ok(BlockReread {
             file,

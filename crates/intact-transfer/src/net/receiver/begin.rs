@@ -11,7 +11,7 @@ use intact_proto::{Entry, EntryKind, Holding, Message};
 use super::commit::{failed, verified_because};
 use super::resume::{reverify_held, reverify_whole};
 use super::{Incoming, ReceiveOptions};
-use crate::dest::{Destination, Mtime, PartialFile};
+use crate::dest::{Destination, Mtime};
 use crate::journal::Journal;
 use crate::net::whole_digest::{HeldWhole, Stamp};
 use crate::profile::Stage;
@@ -152,8 +152,8 @@ fn begin_file(
             }
         }
     }
+    let partial = profile.time(Stage::Create, || dest.partial(&e.path, e.size))?;
     let resumed = row.filter(|r| !r.done);
-    let partial = profile.time(Stage::Create, || open_partial(dest, &e, resumed.is_none()))?;
     // This session holds the partial's lock now: the journal says so
     // (start, or reopen below, records it).
     let session = opts.session.map(|s| s.0);
@@ -195,18 +195,6 @@ fn begin_file(
     })
 }
 
-/// The file `e` is received into: where it is one block and nothing of
-/// it is to be resumed, an unnamed file if the file system has them (see
-/// `dest/unnamed.rs`); else its named partial file.
-fn open_partial(dest: &Destination, e: &Entry, fresh: bool) -> Result<PartialFile, TransferError> {
-    if fresh && e.size <= u64::from(e.block_size) {
-        if let Some(p) = dest.unnamed(&e.path)? {
-            return Ok(p);
-        }
-    }
-    dest.partial(&e.path, e.size)
-}
-
 /// Whether the final file still has the size and mtime the entry announces.
 pub(super) fn unchanged_since(file: &File, e: &Entry) -> bool {
     use std::os::unix::fs::MetadataExt;
@@ -221,7 +209,7 @@ pub(super) fn unchanged_since(file: &File, e: &Entry) -> bool {
 /// here.
 pub(super) fn open_stage(
     inc: &Incoming,
-    file: Option<RereadFile>,
+    file: Option<RereadFile<'_>>,
     opts: &ReceiveOptions,
 ) -> Result<Box<dyn VerifyStage>, TransferError> {
     let direct = inc.entry.flags & Entry::DIRECT != 0;
@@ -240,10 +228,10 @@ pub(super) fn open_stage(
 
 /// The partial file of `inc`, to re-read: in one range where the file
 /// is one block.
-pub(super) fn partial_reread(inc: &Incoming) -> Option<RereadFile> {
+pub(super) fn partial_reread(inc: &Incoming) -> Option<RereadFile<'_>> {
     let p = inc.partial.as_ref()?;
     Some(RereadFile {
-        file: std::sync::Arc::clone(p.shared()),
+        file: p.file(),
         dev: p.dev(),
         one_range: inc.range.is_none() && inc.entry.size <= u64::from(inc.entry.block_size),
     })
@@ -259,7 +247,7 @@ pub(super) fn start_anew(
 ) -> Result<(), TransferError> {
     let e = f.entry.clone();
     let profile = &*opts.profile;
-    let partial = profile.time(Stage::Create, || open_partial(dest, &e, true))?;
+    let partial = profile.time(Stage::Create, || dest.partial(&e.path, e.size))?;
     let row = profile.time(Stage::Journal, || {
         journal.start(
             e.path.as_bytes(),
