@@ -117,22 +117,32 @@ pub fn backing(file: &File) -> Result<Backing, CacheError> {
     Ok(classify(st.f_type as i64 & 0xffff_ffff))
 }
 
+/// How long a thread keeps an answer of [`backing_on`].
+pub const BACKING_KEPT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// As [`backing`], for `file` on the file system whose device number
 /// (`st_dev`) is `dev`: a thread asks the kernel again only when the file
-/// system differs from the last one it asked about, so a reader of many
-/// files of one file system saves an `fstatfs` per file. A device number
-/// names one mounted file system (overlayfs gives its files its own or
-/// pseudo numbers, never a lower layer's real one on kernels since 4.19).
+/// system differs from the last one it asked about, or that answer is
+/// older than [`BACKING_KEPT`], so a reader of many files of one file
+/// system saves an `fstatfs` per file.
+///
+/// A device number names one file system only while it is mounted: an
+/// unmounted one's number may be given to the next (btrfs, NFS, FUSE and
+/// overlay draw from one pool). An answer is kept for a second only, so
+/// it could describe the wrong file system only if, within that second,
+/// the file system it was asked for was unmounted (none of its files
+/// open) and another of a different kind was mounted under the same
+/// number and read from by the same thread.
 pub fn backing_on(file: &File, dev: u64) -> Result<Backing, CacheError> {
     thread_local! {
-        static LAST: std::cell::Cell<Option<(u64, Backing)>> =
+        static LAST: std::cell::Cell<Option<(u64, Backing, std::time::Instant)>> =
             const { std::cell::Cell::new(None) };
     }
     match LAST.get() {
-        Some((d, b)) if d == dev => Ok(b),
+        Some((d, b, at)) if d == dev && at.elapsed() < BACKING_KEPT => Ok(b),
         _ => {
             let b = backing(file)?;
-            LAST.set(Some((dev, b)));
+            LAST.set(Some((dev, b, std::time::Instant::now())));
             Ok(b)
         }
     }
@@ -238,5 +248,8 @@ mod tests {
         // the file's own st_dev).
         assert!(backing_on(&in_memory, dev(&in_memory)).unwrap().in_memory());
         assert!(backing_on(&other, dev(&in_memory)).unwrap().in_memory());
+        // Kept no longer than BACKING_KEPT: asked again after it.
+        std::thread::sleep(BACKING_KEPT);
+        assert!(!backing_on(&other, dev(&in_memory)).unwrap().in_memory());
     }
 }

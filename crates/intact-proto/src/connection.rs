@@ -5,8 +5,10 @@
 //! until the handshake ends a frame may hold at most [`HANDSHAKE_FRAME`]
 //! bytes (a 4-byte prefix announcing 16 MiB is refused with nothing
 //! allocated). Frames that fit the small read buffer ([`SMALL_FRAME`])
-//! are read through it, several per `read`; a larger frame gets memory
-//! of its own, taken first from the connection's budget when it has one
+//! are read through it, several per `read` (those past [`UNPAID_FRAME`]
+//! pay for their length from the budget before they are decoded); a
+//! larger frame gets memory of its own, taken first from the connection's
+//! budget when it has one
 //! (its session's place in the server's, see [`crate::Budget`]), and filled as its
 //! bytes arrive (never zero-filled or sized ahead of them beyond the
 //! frame's length, which the limit bounds). A Block's data is then moved
@@ -31,6 +33,12 @@ use crate::{Message, ProtoError};
 /// holds a few frames of a 16 KiB file's block, so many small files
 /// take one `read` per few files, not two per file.
 pub const SMALL_FRAME: usize = 64 * 1024;
+
+/// Frames up to this size (prefix included) decode into memory nobody
+/// pays for (a connection's read-ahead of them is bounded by count); a
+/// larger one read through the buffer pays for its length from the
+/// budget, as a frame read into memory of its own does.
+pub const UNPAID_FRAME: usize = 16 * 1024;
 
 /// The largest frame on the wire, prefix and tag included.
 pub const LARGEST_FRAME: usize = HEADER_LEN + MAX_FRAME + TAG_LEN;
@@ -238,8 +246,10 @@ impl<S: Read + Write> Connection<S> {
                     None => &frame[HEADER_LEN..],
                 };
                 // The buffer is this connection's own; what the body's
-                // lists decode into is paid for first.
-                self.held = charge(&self.budget, decoded_extra(body))?;
+                // lists decode into, and the copy of a body past
+                // UNPAID_FRAME, are paid for first.
+                let copy = if n > UNPAID_FRAME { n as u64 } else { 0 };
+                self.held = charge(&self.budget, decoded_extra(body) + copy)?;
                 let msg = Message::decode(body);
                 self.start += n;
                 return self.arrived(msg);

@@ -36,7 +36,7 @@ pub use auth::{
     VERSION,
 };
 pub use budget::{Budget, Held, Party, Refused};
-pub use connection::{Connection, HANDSHAKE_FRAME, LARGEST_FRAME, SMALL_FRAME};
+pub use connection::{Connection, HANDSHAKE_FRAME, LARGEST_FRAME, SMALL_FRAME, UNPAID_FRAME};
 pub use error::ProtoError;
 pub use key::{write_new_key_file, Key};
 pub use keyring::{ClientKey, Keyring, CLIENT_TAG};

@@ -6,7 +6,9 @@ use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
-use intact_proto::{Block, Budget, Connection, Message, ProtoError, LARGEST_FRAME, SMALL_FRAME};
+use intact_proto::{
+    Block, Budget, Connection, Message, ProtoError, LARGEST_FRAME, SMALL_FRAME, UNPAID_FRAME,
+};
 
 /// This process's resident memory, from the kernel.
 fn rss_bytes() -> u64 {
@@ -85,6 +87,32 @@ fn a_large_frame_holds_its_budget_until_its_message_is_dropped() {
     writer.join().unwrap().unwrap();
     assert_eq!(conn.read_message().unwrap(), None);
     assert!(large_bytes.len() > SMALL_FRAME);
+}
+
+#[test]
+fn a_frame_past_the_unpaid_size_pays_even_through_the_buffer() {
+    let budget = Budget::new(64 * LARGEST_FRAME as u64, 2);
+    let (mut a, b) = UnixStream::pair().unwrap();
+    let mut conn = Connection::new(b);
+    conn.set_budget(budget.party(), Duration::from_secs(5));
+    // A 16 KiB file's block: its frame is a little past UNPAID_FRAME and
+    // fits the buffer.
+    let (mid, mid_bytes) = block_frame(16 * 1024);
+    assert!(mid_bytes.len() > UNPAID_FRAME && mid_bytes.len() <= SMALL_FRAME);
+    let (small, small_bytes) = block_frame(100);
+    let all = [&mid_bytes[..], &small_bytes, &mid_bytes].concat();
+    let writer = std::thread::spawn(move || a.write_all(&all));
+    assert_eq!(conn.read_message().unwrap(), Some(mid.clone()));
+    let held = conn.take_held().expect("paid for");
+    assert_eq!(held.amount(), mid_bytes.len() as u64);
+    assert_eq!(conn.read_message().unwrap(), Some(small));
+    assert!(conn.take_held().is_none(), "a small frame needs no grant");
+    assert_eq!(conn.read_message().unwrap(), Some(mid));
+    let second = conn.take_held().expect("paid for");
+    assert_eq!(budget.held(), 2 * mid_bytes.len() as u64);
+    drop((held, second));
+    assert_eq!(budget.held(), 0);
+    writer.join().unwrap().unwrap();
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! Committing received files: each gets its mode and time, its data is
 //! made durable, it takes its final name, and its directory is made
-//! durable; a batch of small files shares one syncfs and one fsync per
-//! directory.
+//! durable; a batch of small files shares one syncfs per file system and
+//! one fsync per directory.
 
 use std::os::fd::OwnedFd;
 
@@ -13,8 +13,9 @@ use crate::TransferError;
 impl Destination {
     /// Commits many verified files at once, for many small files: sets each
     /// one's mode and time, makes all their data durable with one syncfs
-    /// (one fsync when there is a single file), renames each to its final
-    /// name, and fsyncs each distinct directory once. Returns one result
+    /// per file system they are on (one fsync when there is a single
+    /// file), renames each to its final name, and fsyncs each distinct
+    /// directory once. Returns one result
     /// per file, in order; a file's result is Ok only after its data, its
     /// name and its directory are durable.
     pub fn commit_batch(
@@ -37,10 +38,24 @@ impl Destination {
                 .sync_all()
                 .map_err(|e| dest_err(&batch[0].0.path, e))
         } else {
-            rfs::syncfs(&self.root).map_err(|e| TransferError::Destination {
-                path: "(file system)".into(),
-                source: e.into(),
-            })
+            // Each file system the batch's files are on (a directory below
+            // the root may be another mount), once.
+            let mut devs: Vec<u64> = Vec::new();
+            let mut synced = Ok(());
+            for (f, _, _) in &batch {
+                if devs.contains(&f.dev) {
+                    continue;
+                }
+                devs.push(f.dev);
+                if let Err(e) = rfs::syncfs(&f.file) {
+                    synced = Err(TransferError::Destination {
+                        path: "(file system)".into(),
+                        source: e.into(),
+                    });
+                    break;
+                }
+            }
+            synced
         };
         let mut dirs: Vec<(u64, u64, &OwnedFd)> = Vec::new();
         for (r, (f, _, _)) in results.iter_mut().zip(&batch) {

@@ -58,3 +58,53 @@ fn a_directory_moved_away_is_opened_again_once_its_descriptor_is_old() {
     let in_new_d = std::fs::read_dir(root.path().join("d")).unwrap().count();
     assert_eq!(in_new_d, 1, "the partial of d/b is in the d there now");
 }
+
+#[test]
+fn a_batch_over_two_file_systems_commits_every_file() {
+    use std::os::unix::fs::MetadataExt;
+    const TEST: &str = "a_batch_over_two_file_systems_commits_every_file";
+    if !intact_testkit::is_root() {
+        intact_testkit::skip(TEST, "mounting a tmpfs below the root needs root");
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let m = root.path().join("m");
+    std::fs::create_dir(&m).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=16m", "intact-test"])
+        .arg(&m)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        intact_testkit::skip(TEST, "root, but mount -t tmpfs failed");
+        return;
+    }
+    struct Unmount<'a>(&'a std::path::Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(self.0)
+                .status();
+        }
+    }
+    let _unmount = Unmount(&m);
+    let dev = |p: &std::path::Path| std::fs::metadata(p).unwrap().dev();
+    assert_ne!(dev(root.path()), dev(&m), "m is another file system");
+    let dest = Destination::open(root.path()).unwrap();
+    let names = ["a", "m/b", "c", "m/d"];
+    let mtime = Mtime { sec: 1, nsec: 0 };
+    let batch: Vec<_> = names
+        .iter()
+        .map(|n| {
+            let f = dest.partial(&wp(n), 1).unwrap();
+            std::os::unix::fs::FileExt::write_all_at(f.file(), n.as_bytes(), 0).unwrap();
+            (f, 0o644, mtime)
+        })
+        .collect();
+    let results = dest.commit_batch(batch);
+    assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
+    for n in names {
+        assert_eq!(std::fs::read(root.path().join(n)).unwrap(), n.as_bytes());
+    }
+}
