@@ -131,39 +131,16 @@ impl DeviceReader {
     /// back-off: the reader reads plainly there ([`ReadPath::Cached`], which
     /// [`DeviceReader::path`] reports), and no read counts as a device read.
     pub fn new(file: &File, path: ReadPath) -> Result<DeviceReader, CacheError> {
-        DeviceReader::with_backing(file, path, backing(file)?)
+        Self::make(file, path, backing(file)?, true)
     }
 
-    /// As [`DeviceReader::new`], with what lies under `file` known already
-    /// ([`crate::backing`] of a file on the same file system): a caller
-    /// that reads many files of one file system asks once.
-    pub fn with_backing(
-        file: &File,
-        path: ReadPath,
-        backing: Backing,
-    ) -> Result<DeviceReader, CacheError> {
-        Self::make(file, path, backing, true)
-    }
-
-    /// As [`DeviceReader::with_backing`], for a caller that reads `file`
-    /// in one range only (a file of one block): readahead is left on, as
-    /// there is no next range it could pull in before that range is
-    /// evicted (one system call fewer per file).
-    pub fn for_one_range(
-        file: &File,
-        path: ReadPath,
-        backing: Backing,
-    ) -> Result<DeviceReader, CacheError> {
-        Self::make(file, path, backing, false)
-    }
-
-    /// The reader for `file`, on the file system whose device number is
-    /// `dev` (its `st_dev`), by `path`: [`DeviceReader::for_one_range`]
-    /// where the caller reads it in `one_range`, else
-    /// [`DeviceReader::with_backing`]; what lies under the file system
+    /// As [`DeviceReader::new`], for `file` on the file system whose device
+    /// number is `dev` (its `st_dev`): what lies under the file system
     /// comes from [`crate::backing_on`] (asked once per thread and file
-    /// system, not per file). Two system calls fewer per small file than
-    /// [`DeviceReader::new`].
+    /// system while the answer is kept, not per file). A caller that reads
+    /// `file` in `one_range` only (a file of one block) leaves readahead
+    /// on, as there is no next range it could pull in before that range is
+    /// evicted. Two system calls fewer per small file than `new`.
     pub fn on(
         file: &File,
         dev: u64,

@@ -25,13 +25,6 @@ mod tests;
 
 pub use created::CreatedDirs;
 
-/// The directories of `path` below the root, joined by `/`: which
-/// directory holds it.
-fn parent_key(path: &WirePath) -> Vec<u8> {
-    let b = path.as_bytes();
-    b[..b.iter().rposition(|&c| c == b'/').unwrap_or(0)].to_vec()
-}
-
 /// The receiving root. A path's directories are opened with one
 /// `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` from the root, or,
 /// where that fails (a directory to create, an error to name, a kernel
@@ -98,6 +91,20 @@ fn reserved(comps: &[&OsStr]) -> bool {
             .any(|c| c.as_bytes().starts_with(b".intact-partial-"))
 }
 
+/// `path`'s last component and its directories, refused where a transfer
+/// may never write ([`reserved`]).
+fn split_checked(path: &WirePath) -> Result<(OsString, Vec<&OsStr>), TransferError> {
+    let mut comps: Vec<&OsStr> = path.components().collect();
+    if reserved(&comps) {
+        return Err(TransferError::Reserved(path.to_string()));
+    }
+    let name = comps
+        .pop()
+        .expect("a WirePath is never empty")
+        .to_os_string();
+    Ok((name, comps))
+}
+
 fn dest_err(path: &WirePath, e: impl Into<std::io::Error>) -> TransferError {
     TransferError::Destination {
         path: path.to_string(),
@@ -146,13 +153,20 @@ impl Destination {
     /// Opens the directory that holds `path`'s last component, creating
     /// missing directories (mode 0755) when `create` is set.
     fn parent(&self, path: &WirePath, create: bool) -> Result<(OwnedFd, OsString), TransferError> {
-        let comps: Vec<&OsStr> = path.components().collect();
-        if reserved(&comps) {
-            return Err(TransferError::Reserved(path.to_string()));
-        }
-        let (last, dirs) = comps.split_last().expect("a WirePath is never empty");
+        let (name, dirs) = split_checked(path)?;
+        Ok((self.open_dirs(path, &dirs, create)?, name))
+    }
+
+    /// Opens the directory `dirs` (the directories of `path`) below the
+    /// root, creating missing ones (mode 0755) when `create` is set.
+    fn open_dirs(
+        &self,
+        path: &WirePath,
+        dirs: &[&OsStr],
+        create: bool,
+    ) -> Result<OwnedFd, TransferError> {
         if let Some(dir) = self.beneath(dirs) {
-            return Ok((dir, last.to_os_string()));
+            return Ok(dir);
         }
         let mut dir = rfs::openat(
             &self.root,
@@ -189,12 +203,12 @@ impl Destination {
                 Err(e) => return Err(dest_err(path, e)),
             };
         }
-        Ok((dir, last.to_os_string()))
+        Ok(dir)
     }
 
     /// The directory `dirs` below the root in one `openat2` that refuses
     /// every symlink and any step out of the root: what the walk in
-    /// [`Destination::parent`] checks, in one call instead of one per
+    /// [`Destination::open_dirs`] checks, in one call instead of one per
     /// component. None when that fails for any reason (a directory
     /// missing, a symlink in the way, a kernel without `openat2`): the
     /// walk then creates what is missing or says what is wrong.
@@ -255,19 +269,12 @@ impl Destination {
     /// pre-sized). Fails ("being received by another session") while another
     /// transfer holds it.
     pub fn partial(&self, path: &WirePath, size: u64) -> Result<PartialFile, TransferError> {
-        let comps: Vec<&OsStr> = path.components().collect();
-        if reserved(&comps) {
-            return Err(TransferError::Reserved(path.to_string()));
-        }
-        let name = comps
-            .last()
-            .expect("a WirePath is never empty")
-            .to_os_string();
-        let key = parent_key(path);
+        let (name, dirs) = split_checked(path)?;
+        let key = last_parent::key(path);
         let dir = match self.last_parent.get(&key) {
             Some(dir) => dir,
             None => {
-                let dir = Arc::new(self.parent(path, true)?.0);
+                let dir = Arc::new(self.open_dirs(path, &dirs, true)?);
                 self.last_parent.put(key, &dir);
                 dir
             }

@@ -203,10 +203,7 @@ pub fn run(args: &SumArgs) -> anyhow::Result<ExitCode> {
             malformed,
             summary,
         };
-        // As the digest lines: a reader gone is an error (exit 1), never a panic.
-        let json = serde_json::to_string_pretty(&report)? + "\n";
-        hashing::write_stdout(json.as_bytes())
-            .map_err(|e| anyhow::anyhow!("writing the report failed: {e}"))?;
+        hashing::write_json(&report)?;
     }
     Ok(if failed {
         ExitCode::FAILURE

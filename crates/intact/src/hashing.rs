@@ -185,6 +185,14 @@ pub fn write_stdout(bytes: &[u8]) -> io::Result<()> {
     io::stdout().lock().write_all(bytes)
 }
 
+/// Writes `report` to standard output as pretty JSON and a newline; a
+/// reader gone is an error (exit 1), never a panic, as for the digest
+/// lines.
+pub fn write_json(report: &impl serde::Serialize) -> anyhow::Result<()> {
+    let json = serde_json::to_string_pretty(report)? + "\n";
+    write_stdout(json.as_bytes()).map_err(|e| anyhow::anyhow!("writing the report failed: {e}"))
+}
+
 /// Writes a message to standard error without tearing the progress bar.
 pub fn print_err(pb: &ProgressBar, msg: &str) {
     pb.suspend(|| eprintln!("intact: {msg}"));

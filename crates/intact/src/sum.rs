@@ -80,10 +80,7 @@ pub fn run(args: &SumArgs) -> anyhow::Result<ExitCode> {
     }
     report.summary.seconds = hashing::secs(start.elapsed());
     if args.json {
-        // As the digest lines: a reader gone is an error (exit 1), never a panic.
-        let json = serde_json::to_string_pretty(&report)? + "\n";
-        hashing::write_stdout(json.as_bytes())
-            .map_err(|e| anyhow::anyhow!("writing the report failed: {e}"))?;
+        hashing::write_json(&report)?;
     }
     Ok(if report.summary.failed == 0 {
         ExitCode::SUCCESS

@@ -15,9 +15,9 @@ impl Destination {
     /// one's mode and time, makes all their data durable with one syncfs
     /// per file system they are on (one fsync when there is a single
     /// file), renames each to its final name, and fsyncs each distinct
-    /// directory once. Returns one result
-    /// per file, in order; a file's result is Ok only after its data, its
-    /// name and its directory are durable.
+    /// directory once. Returns one result per file, in order; a file's
+    /// result is Ok only after its data, its name and its directory are
+    /// durable.
     pub fn commit_batch(
         &self,
         batch: Vec<(PartialFile, u32, Mtime)>,

@@ -14,6 +14,15 @@ use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use intact_proto::WirePath;
+
+/// The directories of `path` below the root, joined by `/`: the key of
+/// the directory that holds it.
+pub(super) fn key(path: &WirePath) -> Vec<u8> {
+    let b = path.as_bytes();
+    b[..b.iter().rposition(|&c| c == b'/').unwrap_or(0)].to_vec()
+}
+
 /// How long after its opening a directory's descriptor serves new files.
 pub(super) const REUSE_FOR: Duration = Duration::from_secs(1);
 
