@@ -43,9 +43,15 @@ use intact_transfer::{SendOptions, ServerConfig, Spread as SpreadWhen, VerifyMod
 use crate::linkbed::{iperf3, raw_tcp, send_from, Dest};
 use crate::peers::{Gridftp, Resolver, Xrootd, GRIDFTP_VERIFIES, XROOTD_VERIFIES};
 use crate::ramdisk::RamExt4;
-use crate::runner::{interleaved, self_cpu, stat_cpu, stop_on_signals, Spread};
+use crate::runner::{interleaved, self_cpu, stop_on_signals};
 use crate::transfer::datasets::{self, Shape};
 use crate::transfer::sshd::{Across, Sshd};
+
+mod page;
+mod summary;
+mod way;
+
+use way::{digest_of, line_cpu, Run, Way, AUTO_BLOCK, RCLONE_VERIFIES, WHAT};
 
 const MIB: u64 = 1 << 20;
 
@@ -71,9 +77,10 @@ pub struct WanArgs {
     /// Runs per way, interleaved in alternating order.
     #[arg(long, default_value_t = 7)]
     runs: usize,
-    /// Round trip of the 1 Gbit/s link, ms.
-    #[arg(long, default_value_t = 30)]
-    rtt_ms: u64,
+    /// Round trips of the 1 Gbit/s link, ms: one testbed after another,
+    /// each measured in full (e.g. 0,30,89).
+    #[arg(long, value_delimiter = ',', default_value = "30")]
+    rtt_ms: Vec<u64>,
     /// MTU of the testbed's links (see `intact-bench cache --mtu`).
     #[arg(long, default_value_t = 9000)]
     mtu: u32,
@@ -102,80 +109,14 @@ pub struct WanArgs {
     /// (DIR/wan-RTTms[-wmemK]-ITEM.png).
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
+    /// Regenerate the block of this markdown page between its markers
+    /// (appended if it has none; nothing else of the page is touched)
+    /// from this run's tables: per link and item, each way with what it
+    /// verifies, whether it encrypts, time, CPU and CPU use, and the
+    /// charts and CSV of `--out`, which it needs.
+    #[arg(long, value_name = "FILE", requires = "out")]
+    page: Option<PathBuf>,
 }
-
-/// One way to move the file.
-enum Way {
-    /// intact send with this --spread, this many streams (None:
-    /// `--streams auto`) and this block size (None: the default).
-    Intact(SpreadWhen, Option<usize>, Option<usize>),
-    /// rsync -a -e ssh, with this cipher (None: ssh's default).
-    Rsync(Option<&'static str>),
-    /// rclone copy over SFTP through the same sshd.
-    Rclone,
-    /// xrdcp to an xrootd.
-    Xrdcp,
-    /// globus-url-copy to a GridFTP server.
-    Gridftp,
-}
-
-const WHAT: &str = "what each verifies: intact riva checks every block's XXH3 on arrival and re-reads it from the destination's device after evicting it (level device), at both ends, frames encrypted (AES-256-GCM or ChaCha20-Poly1305); rsync compares a whole-file checksum the receiver computes over the bytes it wrote, from memory (never re-read), over ssh's encryption";
-
-const RCLONE_VERIFIES: &str = "rclone over SFTP compares each file's size and the source's MD5 with the one md5sum computes at the far end over the file it wrote, read through the page cache, over ssh's encryption";
-
-struct Run {
-    secs: f64,
-    /// The tool's CPU seconds at both ends (the delay line's left out).
-    cpu: f64,
-    /// The delay line's threads' CPU seconds meanwhile.
-    line: f64,
-    ranges: u64,
-    /// intact's streams at the end of the run (`--streams auto` grows
-    /// them); 0 for a peer.
-    streams: usize,
-    /// Why `--streams auto` added streams, step by step.
-    steps: Vec<String>,
-    /// A peer's run that failed (its tool's error, or a copy that did not
-    /// check): left out of the figures, reported beside them.
-    failed: Option<String>,
-}
-
-/// CPU seconds of this process's delay line threads so far (named
-/// `delayline-…`; they run in this process beside intact's two ends).
-fn line_cpu() -> f64 {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return 0.0;
-    };
-    tasks
-        .flatten()
-        .filter(|t| {
-            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with("delayline"))
-        })
-        .filter_map(|t| std::fs::read_to_string(t.path().join("stat")).ok())
-        .filter_map(|stat| stat_cpu(&stat))
-        .map(|(own, _)| own)
-        .sum()
-}
-
-/// The streams intact ended its runs with, `a` or `a–b` (– for a peer).
-fn streams_range(runs: &[&Run]) -> String {
-    let lo = runs.iter().map(|r| r.streams).min().unwrap_or(0);
-    let hi = runs.iter().map(|r| r.streams).max().unwrap_or(0);
-    match (lo, hi) {
-        (0, 0) => "–".into(),
-        (a, b) if a == b => a.to_string(),
-        (a, b) => format!("{a}–{b}"),
-    }
-}
-
-/// A single file's BLAKE3, to check a peer's copy.
-fn digest_of(path: &std::path::Path) -> anyhow::Result<String> {
-    let bytes = std::fs::read(path)?;
-    Ok(intact_digest::hash_parallel(intact_digest::Algorithm::Blake3, &bytes).to_hex())
-}
-
-/// A way's block size that stands for `--block-size auto`.
-const AUTO_BLOCK: usize = 0;
 
 pub fn run(a: &WanArgs) -> anyhow::Result<()> {
     stop_on_signals();
@@ -194,6 +135,53 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
             datasets::NAMES
         );
     }
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let command = format!("intact-bench {}", args.join(" "));
+    let date = today();
+    let mut links = Vec::new();
+    for &rtt_ms in &a.rtt_ms {
+        links.push(run_link(a, rtt_ms, &sizes, &shapes)?);
+        // After each link, so that a run cut short keeps what it measured
+        // (the page says which links are still to come).
+        if let (Some(path), Some(_)) = (&a.page, &a.out) {
+            let dir = path.parent().unwrap_or(std::path::Path::new("."));
+            let pending: Vec<u64> = a.rtt_ms[links.len()..].to_vec();
+            let legend = [WHAT, RCLONE_VERIFIES, XROOTD_VERIFIES, GRIDFTP_VERIFIES];
+            let block = page::render(&command, &date, dir, &links, &pending, &legend);
+            page::write(path, &block)?;
+            println!("\npage: {} (its generated block)", path.display());
+        }
+    }
+    Ok(())
+}
+
+/// Prints `line` and keeps it for the page.
+fn note(facts: &mut Vec<String>, line: String) {
+    println!("{line}");
+    facts.push(line);
+}
+
+/// Today's date (UTC), YYYY-MM-DD, as `date` gives it.
+fn today() -> String {
+    std::process::Command::new("date")
+        .args(["-u", "+%F"])
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .map(|d| d.trim().to_string())
+        .filter(|d| !d.is_empty())
+        .unwrap_or_else(|| "on an unknown date".into())
+}
+
+/// Every item over one link: its own testbed, servers and peers.
+fn run_link(
+    a: &WanArgs,
+    rtt_ms: u64,
+    sizes: &[u64],
+    shapes: &[Shape],
+) -> anyhow::Result<page::Link> {
+    // What the page says of this link beside its tables.
+    let mut facts: Vec<String> = Vec::new();
     // MiB the source and two copies (intact's, rsync's) need at most.
     let biggest = sizes.iter().copied().max().unwrap_or(0)
         + shapes
@@ -201,7 +189,7 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
             .map(|s| s.bytes().div_ceil(MIB) + s.files() / 64)
             .sum::<u64>();
     let bed = Netbed::with_wan(Wan {
-        rtt: Duration::from_millis(a.rtt_ms),
+        rtt: Duration::from_millis(rtt_ms),
         rate: 1_000_000_000,
         loss: 0.0,
         mtu: a.mtu,
@@ -268,7 +256,7 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
         ) {
             Ok(s) => Some(s),
             Err(why) => {
-                println!("rsync over ssh not measured: {why}");
+                note(&mut facts, format!("rsync over ssh not measured: {why}"));
                 None
             }
         }
@@ -318,8 +306,11 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
             Ok(md5) if md5 == "1b234f2ba0a6ac3f3a0603acb23a4b57" => {
                 ways.push(("rclone copy, sftp".to_string(), Way::Rclone))
             }
-            Ok(other) => println!("rclone not measured: its MD5 of a probe is {other}, wrong"),
-            Err(why) => println!("rclone not measured: {why:#}"),
+            Ok(other) => note(
+                &mut facts,
+                format!("rclone not measured: its MD5 of a probe is {other}, wrong"),
+            ),
+            Err(why) => note(&mut facts, format!("rclone not measured: {why:#}")),
         }
         let _ = std::fs::remove_file(&probe);
     }
@@ -335,7 +326,7 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
                 xrootd = Some(x);
                 ways.push(("xrdcp --cksum adler32, 4 streams".to_string(), Way::Xrdcp));
             }
-            Err(why) => println!("xrdcp not measured: {why:#}"),
+            Err(why) => note(&mut facts, format!("xrdcp not measured: {why:#}")),
         }
         match Gridftp::start(&a.dir.join("gridftp-wan"), across()) {
             Ok(g) => {
@@ -345,7 +336,7 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
                     Way::Gridftp,
                 ));
             }
-            Err(why) => println!("GridFTP not measured: {why:#}"),
+            Err(why) => note(&mut facts, format!("GridFTP not measured: {why:#}")),
         }
     }
     let dest = Dest::start(
@@ -358,44 +349,52 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
     )?;
     println!(
         "intact-bench wan: source –1 Gbit/s, {} ms round trip, MTU {} (user-space delay line, queue one BDP)– switch – destination, {buffers}; {place}; riva, 4 MiB blocks, --streams auto (4, growing to 16 while their send buffers hold them back) unless a way says otherwise, frames encrypted; {} interleaved runs per way",
-        a.rtt_ms, a.mtu, a.runs
+        rtt_ms, a.mtu, a.runs
     );
+    facts.insert(
+        0,
+        format!(
+            "{place}; the hosts {buffers}; riva, 4 MiB blocks, frames encrypted with a pre-shared key; runs per way: {}",
+            a.runs
+        ),
+    );
+    let mut fact = |line: String| note(&mut facts, line);
     let tcp = raw_tcp(&bed, 512, 4)?;
-    println!(
+    fact(format!(
         "the link's limit: raw TCP, 4 streams, 512 MiB: {:.0} Mbit/s",
         tcp / 1e6
-    );
+    ));
     let one = raw_tcp(&bed, 256, 1)?;
-    println!(
+    fact(format!(
         "one TCP stream, 256 MiB: {:.0} Mbit/s (what a file riding one stream can get)",
         one / 1e6
-    );
+    ));
     let iperf = match iperf3(&bed) {
         Ok(bps) => {
-            println!(
+            fact(format!(
                 "the link's limit: iperf3, 4 streams, 5 s: {:.0} Mbit/s",
                 bps / 1e6
-            );
+            ));
             Some(bps)
         }
         Err(why) => {
-            println!("iperf3 not measured: {why}");
+            fact(format!("iperf3 not measured: {why}"));
             None
         }
     };
     if let Some(line) = &bed.wan {
-        println!("delay line after the probes: {}", line.summary());
+        fact(format!("delay line after the probes: {}", line.summary()));
     }
     // What is sent: one file per size, then one tree per dataset.
     let mut items: Vec<(String, PathBuf, u64, Option<&Shape>)> = Vec::new();
-    for &mib in &sizes {
+    for &mib in sizes {
         let src = src_dir.join(format!("wan-src-{mib}.dat"));
         if std::fs::metadata(&src).map(|m| m.len()).ok() != Some(mib * MIB) {
             std::fs::write(&src, intact_sample::bytes((mib * MIB) as usize, mib))?;
         }
         items.push((format!("{mib} MiB, one file"), src, mib * MIB, None));
     }
-    for shape in &shapes {
+    for shape in shapes {
         let src = src_dir.join(format!("wan-{}", shape.name)).join("data");
         shape.make(&src)?;
         items.push((shape.describe(), src, shape.bytes(), Some(shape)));
@@ -405,8 +404,8 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
         let _ = std::fs::remove_dir_all(p);
     };
     let stem = match a.sender_wmem {
-        Some(b) => format!("wan-{}ms-wmem{}k", a.rtt_ms, b >> 10),
-        None => format!("wan-{}ms", a.rtt_ms),
+        Some(b) => format!("wan-{}ms-wmem{}k", rtt_ms, b >> 10),
+        None => format!("wan-{}ms", rtt_ms),
     };
     let mut csv = match &a.out {
         Some(dir) => {
@@ -432,6 +431,7 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
+    let mut items_done = Vec::new();
     for (title, src, bytes, shape) in &items {
         let (src, bytes) = (src.clone(), *bytes);
         let name = src.file_name().unwrap();
@@ -499,6 +499,7 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
                         streams: 0,
                         steps: Vec::new(),
                         failed: None,
+                        frames: String::new(),
                     },
                     Err(e) => Run {
                         secs: f64::NAN,
@@ -508,6 +509,7 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
                         streams: 0,
                         steps: Vec::new(),
                         failed: Some(format!("{e:#}")),
+                        frames: String::new(),
                     },
                 });
             }
@@ -566,116 +568,28 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
                     .chain(report.streams.map_or(Vec::new(), |t| t.steps))
                     .collect(),
                 failed: None,
+                frames: report.frames.unwrap_or_default(),
             })
         })?;
         for c in copies.iter().copied().chain(xrd_copy.as_ref()) {
             clear(c);
         }
-        println!();
-        println!("{title}:");
-        println!(
-            "{:<52} {:>26} {:>10} {:>22} {:>10} {:>8} {:>9} {:>12}",
-            "way",
-            "seconds min / median / max",
-            "Mbit/s",
-            "CPU s (both ends)",
-            "line CPU s",
-            "ranges",
-            "streams",
-            "÷ iperf3"
-        );
-        let mbit_s = |secs: f64| (bytes * 8) as f64 / secs / 1e6;
-        if let Some(w) = csv.as_mut() {
-            for (way, all) in runs.iter().enumerate() {
-                for (n, r) in all.iter().enumerate() {
-                    let ok = |v: String| if r.failed.is_some() { String::new() } else { v };
-                    let mbps = mbit_s(r.secs);
-                    w.write_record([
-                        a.rtt_ms.to_string(),
-                        "1000".into(),
-                        a.sender_wmem.map_or(String::new(), |b| b.to_string()),
-                        title.clone(),
-                        ways[way].0.clone(),
-                        (n + 1).to_string(),
-                        // A failed run's time and CPU measure nothing.
-                        ok(format!("{:.3}", r.secs)),
-                        ok(format!("{mbps:.1}")),
-                        ok(format!("{:.3}", r.cpu)),
-                        ok(format!("{:.3}", r.line)),
-                        r.ranges.to_string(),
-                        r.streams.to_string(),
-                        iperf.map_or(String::new(), |b| format!("{:.0}", b / 1e6)),
-                        r.failed.clone().unwrap_or_default(),
-                    ])?;
-                }
-            }
-            w.flush()?;
-        }
-        let mut bars = Vec::new();
-        for (way, all) in runs.iter().enumerate() {
-            let v: Vec<&Run> = all.iter().filter(|r| r.failed.is_none()).collect();
-            if let Some(why) = all.iter().find_map(|r| r.failed.as_deref()) {
-                // A tool's message may hold control bytes (xrootd's, a NUL).
-                let why: String = why
-                    .chars()
-                    .take(400)
-                    .map(|c| if c.is_control() { ' ' } else { c })
-                    .collect();
-                println!(
-                    "{:<52} failed in {} of {} runs, first: {why}",
-                    ways[way].0,
-                    all.len() - v.len(),
-                    all.len()
-                );
-            }
-            if v.is_empty() {
-                continue;
-            }
-            let secs = Spread::of(&v.iter().map(|r| r.secs).collect::<Vec<_>>());
-            let cpu = Spread::of(&v.iter().map(|r| r.cpu).collect::<Vec<_>>());
-            let line = Spread::of(&v.iter().map(|r| r.line).collect::<Vec<_>>());
-            let mbps = mbit_s(secs.median);
-            bars.push(crate::plot::Bar {
-                label: ways[way].0.clone(),
-                min: mbit_s(secs.max),
-                median: mbps,
-                max: mbit_s(secs.min),
-                cpu: cpu.median,
-            });
-            println!(
-                "{:<52} {:>26} {:>10.0} {:>22} {:>10.2} {:>8} {:>9} {:>12}",
-                ways[way].0,
-                format!("{:.2} / {:.2} / {:.2}", secs.min, secs.median, secs.max),
-                mbps,
-                format!("{:.2} / {:.2} / {:.2}", cpu.min, cpu.median, cpu.max),
-                line.median,
-                v.first().map_or(0, |r| r.ranges),
-                streams_range(&v),
-                iperf.map_or("–".into(), |b| format!("{:.2}", mbps * 1e6 / b)),
-            );
-        }
-        for (way, all) in runs.iter().enumerate() {
-            for (n, r) in all.iter().enumerate().filter(|(_, r)| !r.steps.is_empty()) {
-                println!("{}, run {}: {}", ways[way].0, n + 1, r.steps.join("; "));
-            }
-        }
-        if let Some(line) = &bed.wan {
-            println!("delay line so far: {}", line.summary());
-        }
-        if let Some(dir) = &a.out {
-            let png = dir.join(format!("{stem}-{}.png", crate::plot::slug(title)));
-            let chart = format!(
-                "{title}: 1 Gbit/s, {} ms round trip{}, {} runs each",
-                a.rtt_ms,
-                a.sender_wmem.map_or(String::new(), |b| format!(
-                    ", sender's buffers {} KiB",
-                    b >> 10
-                )),
-                a.runs
-            );
-            crate::plot::bars_png(&png, &chart, &bars, iperf.map(|b| b / 1e6))?;
-            println!("chart: {}", png.display());
-        }
+        let item = summary::summarise(
+            &summary::Context {
+                a,
+                rtt_ms,
+                stem: &stem,
+                iperf,
+                cipher: sshd.as_ref().map(|s| s.default_cipher.as_str()),
+                wan: bed.wan.as_ref(),
+            },
+            &ways,
+            title,
+            bytes,
+            &runs,
+            csv.as_mut(),
+        )?;
+        items_done.push(item);
     }
     println!("\n{WHAT}; {RCLONE_VERIFIES}; {XROOTD_VERIFIES}; {GRIDFTP_VERIFIES}.");
     println!("CPU: intact's both ends run in this process: its CPU seconds less the delay line's threads (named delayline-…, read from /proc/self/task), shown apart as line CPU (median); the peers': the client's processes and the server's (the sshd sessions, xrootd, GridFTP's sessions) meanwhile.");
@@ -684,5 +598,10 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
     drop(sshd);
     drop(dest);
     drop(bed);
-    Ok(())
+    Ok(page::Link {
+        rtt_ms,
+        facts,
+        items: items_done,
+        csv: a.out.as_ref().map(|d| d.join(format!("{stem}.csv"))),
+    })
 }
