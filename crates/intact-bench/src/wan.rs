@@ -135,16 +135,22 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
             datasets::NAMES
         );
     }
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let command = format!("intact-bench {}", args.join(" "));
-    let date = today();
+    let command = crate::runner::command_line();
+    let date = page::today();
+    // A page the run could not write to fails now, not after hours.
+    if let Some(path) = &a.page {
+        page::check(path)?;
+    }
     let mut links = Vec::new();
     for &rtt_ms in &a.rtt_ms {
         links.push(run_link(a, rtt_ms, &sizes, &shapes)?);
         // After each link, so that a run cut short keeps what it measured
         // (the page says which links are still to come).
         if let (Some(path), Some(_)) = (&a.page, &a.out) {
-            let dir = path.parent().unwrap_or(std::path::Path::new("."));
+            let dir = path
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(std::path::Path::new("."));
             let pending: Vec<u64> = a.rtt_ms[links.len()..].to_vec();
             let legend = [WHAT, RCLONE_VERIFIES, XROOTD_VERIFIES, GRIDFTP_VERIFIES];
             let block = page::render(&command, &date, dir, &links, &pending, &legend);
@@ -155,22 +161,11 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Prints `line` and keeps it for the page.
+/// Prints `line` and keeps it for the page (a tool's message on one
+/// line, without control bytes).
 fn note(facts: &mut Vec<String>, line: String) {
     println!("{line}");
-    facts.push(line);
-}
-
-/// Today's date (UTC), YYYY-MM-DD, as `date` gives it.
-fn today() -> String {
-    std::process::Command::new("date")
-        .args(["-u", "+%F"])
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .map(|d| d.trim().to_string())
-        .filter(|d| !d.is_empty())
-        .unwrap_or_else(|| "on an unknown date".into())
+    facts.push(page::one_line(&line));
 }
 
 /// Every item over one link: its own testbed, servers and peers.
@@ -354,8 +349,8 @@ fn run_link(
     facts.insert(
         0,
         format!(
-            "{place}; the hosts {buffers}; riva, 4 MiB blocks, frames encrypted with a pre-shared key; runs per way: {}",
-            a.runs
+            "the link is emulated: source – a user-space delay line (1 Gbit/s, {rtt_ms} ms round trip, its queue one bandwidth-delay product, MTU {}) – switch – destination, each a network namespace, the hosts {buffers}; {place}; intact: riva, 4 MiB blocks, --streams auto, frames encrypted with a pre-shared key, unless a way says otherwise; runs per way: {}, interleaved in alternating order",
+            a.mtu, a.runs
         ),
     );
     let mut fact = |line: String| note(&mut facts, line);

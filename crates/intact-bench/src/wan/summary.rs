@@ -4,7 +4,7 @@
 use intact_faults::DelayLine;
 
 use super::page;
-use super::way::{streams_range, Run, Way, DEFAULT_WAY};
+use super::way::{streams_range, Run, Way};
 use super::WanArgs;
 use crate::runner::Spread;
 
@@ -84,20 +84,23 @@ pub(super) fn summarise(
                 .take(400)
                 .map(|c| if c.is_control() { ' ' } else { c })
                 .collect();
-            let line = format!(
-                "{} failed in {} of {} runs, first: {why}",
-                ways[way].0,
-                all.len() - v.len(),
-                all.len()
+            let (failed, of) = (all.len() - v.len(), all.len());
+            println!(
+                "{:<52} failed in {failed} of {of} runs, first: {why}",
+                ways[way].0
             );
-            println!("{line}");
-            failures.push(line);
+            failures.push(format!(
+                "{} failed in {failed} of {of} runs, first: {why}",
+                ways[way].0
+            ));
         }
         if v.is_empty() {
             continue;
         }
         let secs = Spread::of(&v.iter().map(|r| r.secs).collect::<Vec<_>>());
         let cpu = Spread::of(&v.iter().map(|r| r.cpu).collect::<Vec<_>>());
+        // Cores kept busy, run by run (not one run's CPU over another's time).
+        let busy = Spread::of(&v.iter().map(|r| r.cpu / r.secs).collect::<Vec<_>>());
         let line = Spread::of(&v.iter().map(|r| r.line).collect::<Vec<_>>());
         let mbps = mbit_s(secs.median);
         bars.push(crate::plot::Bar {
@@ -109,13 +112,14 @@ pub(super) fn summarise(
         });
         rows.push(page::Row {
             way: ways[way].0.clone(),
-            default: way == DEFAULT_WAY,
+            default: ways[way].1.is_default(),
             verifies: ways[way].1.verifies(),
             encrypts: ways[way]
                 .1
                 .encrypts(cx.cipher, v.first().map_or("", |r| r.frames.as_str())),
             secs,
             cpu,
+            busy: busy.median,
             mbit: mbps,
             of_iperf: cx.iperf.map(|b| mbps * 1e6 / b),
             runs_ok: v.len(),

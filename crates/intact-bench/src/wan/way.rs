@@ -20,10 +20,13 @@ pub(super) enum Way {
     Gridftp,
 }
 
-/// The way the peers are compared with on the page: intact's defaults.
-pub(super) const DEFAULT_WAY: usize = 1;
-
 impl Way {
+    /// intact's defaults (`--spread auto --streams auto`, the default
+    /// block size): the way the others are compared with on the page.
+    pub(super) fn is_default(&self) -> bool {
+        matches!(self, Way::Intact(SpreadWhen::Auto, None, None))
+    }
+
     /// What the way verifies, in a few words (the legend below each run's
     /// tables says it in full).
     pub(super) fn verifies(&self) -> &'static str {
@@ -43,9 +46,10 @@ impl Way {
         match self {
             Way::Intact(..) => format!("yes ({frames}, pre-shared key)"),
             Way::Rsync(Some(c)) => format!("yes (ssh, {c})"),
-            Way::Rsync(None) | Way::Rclone => {
+            Way::Rsync(None) => {
                 format!("yes (ssh, {})", cipher.unwrap_or("its default cipher"))
             }
+            Way::Rclone => "yes (ssh: rclone's own SSH client, its cipher not recorded)".into(),
             Way::Xrdcp => "no (XRootD's TLS needs certificates this testbed has none of)".into(),
             Way::Gridftp => "no (GSI needs certificates; anonymous, data in clear)".into(),
         }
