@@ -151,9 +151,9 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
                 .parent()
                 .filter(|p| !p.as_os_str().is_empty())
                 .unwrap_or(std::path::Path::new("."));
-            let pending: Vec<u64> = a.rtt_ms[links.len()..].to_vec();
+            let pending = &a.rtt_ms[links.len()..];
             let legend = [WHAT, RCLONE_VERIFIES, XROOTD_VERIFIES, GRIDFTP_VERIFIES];
-            let block = page::render(&command, &date, dir, &links, &pending, &legend);
+            let block = page::render(&command, &date, dir, &links, pending, &legend);
             page::write(path, &block)?;
             println!("\npage: {} (its generated block)", path.display());
         }
@@ -161,11 +161,10 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Prints `line` and keeps it for the page (a tool's message on one
-/// line, without control bytes).
+/// Prints `line` and keeps it for the page (which puts it on one line).
 fn note(facts: &mut Vec<String>, line: String) {
     println!("{line}");
-    facts.push(page::one_line(&line));
+    facts.push(line);
 }
 
 /// Every item over one link: its own testbed, servers and peers.

@@ -101,7 +101,7 @@ pub fn render(
                 s,
                 "- every run: [{}]({})",
                 file_name(csv),
-                rel(page_dir, csv)
+                target(rel(page_dir, csv))
             );
         }
         for item in &link.items {

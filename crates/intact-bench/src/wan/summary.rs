@@ -79,11 +79,7 @@ pub(super) fn summarise(
         let v: Vec<&Run> = all.iter().filter(|r| r.failed.is_none()).collect();
         if let Some(why) = all.iter().find_map(|r| r.failed.as_deref()) {
             // A tool's message may hold control bytes (xrootd's, a NUL).
-            let why: String = why
-                .chars()
-                .take(400)
-                .map(|c| if c.is_control() { ' ' } else { c })
-                .collect();
+            let why = page::one_line(why);
             let (failed, of) = (all.len() - v.len(), all.len());
             println!(
                 "{:<52} failed in {failed} of {of} runs, first: {why}",
