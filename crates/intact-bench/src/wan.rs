@@ -113,7 +113,9 @@ pub struct WanArgs {
     /// (appended if it has none; nothing else of the page is touched)
     /// from this run's tables: per link and item, each way with what it
     /// verifies, whether it encrypts, time, CPU and CPU use, and the
-    /// charts and CSV of `--out`, which it needs.
+    /// charts and CSV of `--out`, which it needs. The sections of links
+    /// this run does not measure stay as an earlier run wrote them, each
+    /// naming its run.
     #[arg(long, value_name = "FILE", requires = "out")]
     page: Option<PathBuf>,
 }
@@ -153,8 +155,9 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
                 .unwrap_or(std::path::Path::new("."));
             let pending = &a.rtt_ms[links.len()..];
             let legend = [WHAT, RCLONE_VERIFIES, XROOTD_VERIFIES, GRIDFTP_VERIFIES];
-            let block = page::render(&command, &date, dir, &links, pending, &legend);
-            page::write(path, &block)?;
+            page::write(path, |kept| {
+                page::render((&command, &date), dir, &links, kept, pending, &legend)
+            })?;
             println!("\npage: {} (its generated block)", path.display());
         }
     }
