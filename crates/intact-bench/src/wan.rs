@@ -115,7 +115,8 @@ pub struct WanArgs {
     /// verifies, whether it encrypts, time, CPU and CPU use, and the
     /// charts and CSV of `--out`, which it needs. The sections of links
     /// this run does not measure stay as an earlier run wrote them, each
-    /// naming its run.
+    /// naming its run (a section from before sections named their run is
+    /// given that line).
     #[arg(long, value_name = "FILE", requires = "out")]
     page: Option<PathBuf>,
 }
