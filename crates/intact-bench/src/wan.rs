@@ -51,6 +51,8 @@ mod page;
 mod summary;
 mod way;
 
+use page::LinkKind;
+
 use way::{digest_of, line_cpu, Run, Way, AUTO_BLOCK, RCLONE_VERIFIES, WHAT};
 
 const MIB: u64 = 1 << 20;
@@ -78,9 +80,15 @@ pub struct WanArgs {
     #[arg(long, default_value_t = 7)]
     runs: usize,
     /// Round trips of the 1 Gbit/s link, ms: one testbed after another,
-    /// each measured in full (e.g. 0,30,89).
-    #[arg(long, value_delimiter = ',', default_value = "30")]
+    /// each measured in full (e.g. 0,30,89; given without a value: none,
+    /// for `--unshaped` alone).
+    #[arg(long, value_delimiter = ',', num_args = 0.., default_value = "30")]
     rtt_ms: Vec<u64>,
+    /// Also measure, first, the same hosts linked without the delay line
+    /// and without a rate limit (veth pairs through the switch: what
+    /// loopback measures between two hosts).
+    #[arg(long)]
+    unshaped: bool,
     /// MTU of the testbed's links (see `intact-bench cache --mtu`).
     #[arg(long, default_value_t = 9000)]
     mtu: u32,
@@ -144,9 +152,18 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
     if let Some(path) = &a.page {
         page::check(path)?;
     }
+    let kinds: Vec<LinkKind> = a
+        .unshaped
+        .then_some(LinkKind::Unshaped)
+        .into_iter()
+        .chain(a.rtt_ms.iter().map(|&rtt_ms| LinkKind::Wan { rtt_ms }))
+        .collect();
+    if kinds.is_empty() {
+        bail!("no link to measure: give --rtt-ms values or --unshaped");
+    }
     let mut links = Vec::new();
-    for &rtt_ms in &a.rtt_ms {
-        links.push(run_link(a, rtt_ms, &sizes, &shapes)?);
+    for &kind in &kinds {
+        links.push(run_link(a, kind, &sizes, &shapes)?);
         // After each link, so that a run cut short keeps what it measured
         // (the page says which links are still to come).
         if let (Some(path), Some(_)) = (&a.page, &a.out) {
@@ -154,7 +171,7 @@ pub fn run(a: &WanArgs) -> anyhow::Result<()> {
                 .parent()
                 .filter(|p| !p.as_os_str().is_empty())
                 .unwrap_or(std::path::Path::new("."));
-            let pending = &a.rtt_ms[links.len()..];
+            let pending = &kinds[links.len()..];
             let legend = [WHAT, RCLONE_VERIFIES, XROOTD_VERIFIES, GRIDFTP_VERIFIES];
             page::write(path, |kept| {
                 page::render((&command, &date), dir, &links, kept, pending, &legend)
@@ -174,7 +191,7 @@ fn note(facts: &mut Vec<String>, line: String) {
 /// Every item over one link: its own testbed, servers and peers.
 fn run_link(
     a: &WanArgs,
-    rtt_ms: u64,
+    kind: LinkKind,
     sizes: &[u64],
     shapes: &[Shape],
 ) -> anyhow::Result<page::Link> {
@@ -186,12 +203,15 @@ fn run_link(
             .iter()
             .map(|s| s.bytes().div_ceil(MIB) + s.files() / 64)
             .sum::<u64>();
-    let bed = Netbed::with_wan(Wan {
-        rtt: Duration::from_millis(rtt_ms),
-        rate: 1_000_000_000,
-        loss: 0.0,
-        mtu: a.mtu,
-    })?;
+    let bed = match kind {
+        LinkKind::Unshaped => Netbed::unshaped(a.mtu)?,
+        LinkKind::Wan { rtt_ms } => Netbed::with_wan(Wan {
+            rtt: Duration::from_millis(rtt_ms),
+            rate: 1_000_000_000,
+            loss: 0.0,
+            mtu: a.mtu,
+        })?,
+    };
     if let Some(bytes) = a.sender_wmem {
         bed.source.cap_send_buffer(bytes)?;
     }
@@ -345,15 +365,25 @@ fn run_link(
             ..ServerConfig::local(&root)
         },
     )?;
+    let path = match kind {
+        LinkKind::Unshaped => format!(
+            "source – veth (no rate limit, no added delay, MTU {}) – switch – veth – destination",
+            a.mtu
+        ),
+        LinkKind::Wan { rtt_ms } => format!(
+            "source – a user-space delay line (1 Gbit/s, {rtt_ms} ms round trip, its queue one bandwidth-delay product, MTU {}) – switch – destination",
+            a.mtu
+        ),
+    };
     println!(
-        "intact-bench wan: source –1 Gbit/s, {} ms round trip, MTU {} (user-space delay line, queue one BDP)– switch – destination, {buffers}; {place}; riva, 4 MiB blocks, --streams auto (4, growing to 16 while their send buffers hold them back) unless a way says otherwise, frames encrypted; {} interleaved runs per way",
-        rtt_ms, a.mtu, a.runs
+        "intact-bench wan: {path}, {buffers}; {place}; riva, 4 MiB blocks, --streams auto (4, growing to 16 while their send buffers hold them back) unless a way says otherwise, frames encrypted; {} interleaved runs per way",
+        a.runs
     );
     facts.insert(
         0,
         format!(
-            "the link is emulated: source – a user-space delay line (1 Gbit/s, {rtt_ms} ms round trip, its queue one bandwidth-delay product, MTU {}) – switch – destination, each a network namespace, the hosts {buffers}; {place}; intact: riva, 4 MiB blocks, --streams auto, frames encrypted with a pre-shared key, unless a way says otherwise; runs per way: {}, interleaved in alternating order",
-            a.mtu, a.runs
+            "the link is emulated: {path}, each a network namespace, the hosts {buffers}; {place}; intact: riva, 4 MiB blocks, --streams auto, frames encrypted with a pre-shared key, unless a way says otherwise; runs per way: {}, interleaved in alternating order",
+            a.runs
         ),
     );
     let mut fact = |line: String| note(&mut facts, line);
@@ -402,8 +432,8 @@ fn run_link(
         let _ = std::fs::remove_dir_all(p);
     };
     let stem = match a.sender_wmem {
-        Some(b) => format!("wan-{}ms-wmem{}k", rtt_ms, b >> 10),
-        None => format!("wan-{}ms", rtt_ms),
+        Some(b) => format!("{}-wmem{}k", kind.stem(), b >> 10),
+        None => kind.stem(),
     };
     let mut csv = match &a.out {
         Some(dir) => {
@@ -575,7 +605,7 @@ fn run_link(
         let item = summary::summarise(
             &summary::Context {
                 a,
-                rtt_ms,
+                kind,
                 stem: &stem,
                 iperf,
                 cipher: sshd.as_ref().map(|s| s.default_cipher.as_str()),
@@ -597,7 +627,7 @@ fn run_link(
     drop(dest);
     drop(bed);
     Ok(page::Link {
-        rtt_ms,
+        kind,
         facts,
         items: items_done,
         csv: a.out.as_ref().map(|d| d.join(format!("{stem}.csv"))),

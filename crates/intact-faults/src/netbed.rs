@@ -120,6 +120,17 @@ pub struct Wan {
     pub mtu: u32,
 }
 
+/// How the source's link is made.
+#[derive(Clone, Copy)]
+enum Links {
+    /// A veth pair shaped to 1 Gbit/s by `tbf`.
+    Tbf,
+    /// Through a delay line.
+    Wan(Wan),
+    /// A veth pair, nothing shaped.
+    Unshaped { mtu: u32 },
+}
+
 fn run(cmd: &mut Command) -> io::Result<()> {
     let out = cmd.output()?;
     if out.status.success() {
@@ -161,16 +172,29 @@ impl Netbed {
     /// Makes the four hosts and their links; the source's link is a veth
     /// pair shaped to 1 Gbit/s by `tbf`, without added delay.
     pub fn new() -> io::Result<Netbed> {
-        Self::build(None)
+        Self::build(Links::Tbf)
     }
 
     /// As [`Netbed::new`], the source's link going through a
     /// [`DelayLine`] shaped by `wan`.
     pub fn with_wan(wan: Wan) -> io::Result<Netbed> {
-        Self::build(Some(wan))
+        Self::build(Links::Wan(wan))
     }
 
-    fn build(wan: Option<Wan>) -> io::Result<Netbed> {
+    /// As [`Netbed::new`], nothing shaped: the source's link is a veth
+    /// pair like the others, without `tbf` or a delay line, every link at
+    /// `mtu`, and the switch mirrors nothing to the cache host (the
+    /// copies would cost the switch as much again). What loopback
+    /// measures, between two hosts.
+    pub fn unshaped(mtu: u32) -> io::Result<Netbed> {
+        Self::build(Links::Unshaped { mtu })
+    }
+
+    fn build(links: Links) -> io::Result<Netbed> {
+        let wan = match links {
+            Links::Wan(w) => Some(w),
+            _ => None,
+        };
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let n = NEXT.fetch_add(1, Ordering::SeqCst);
         let tag = format!("intact-bed-{}-{n}", std::process::id());
@@ -257,8 +281,13 @@ impl Netbed {
             .args(["-qw", "net.ipv4.ip_forward=1"]))?;
         // Every link of the bed carries the WAN's MTU, so that nothing on
         // the path fragments.
-        if let Some(w) = wan {
-            let mtu = w.mtu.to_string();
+        let mtu = match links {
+            Links::Wan(w) => Some(w.mtu),
+            Links::Unshaped { mtu } => Some(mtu),
+            Links::Tbf => None,
+        };
+        if let Some(mtu) = mtu {
+            let mtu = mtu.to_string();
             for (ns, dev) in [
                 (&bed.source.name, "src0"),
                 (&sw, "sw1"),
@@ -273,7 +302,7 @@ impl Netbed {
         // The slow link: 1 Gbit/s each way between source and switch (the
         // delay line shapes its own).
         for (ns, dev) in [(&bed.source.name, "src0"), (&sw, "sw1")] {
-            if wan.is_some() {
+            if !matches!(links, Links::Tbf) {
                 break;
             }
             tc(
@@ -283,6 +312,9 @@ impl Netbed {
                     "latency", "10ms",
                 ],
             )?;
+        }
+        if matches!(links, Links::Unshaped { .. }) {
+            return Ok(bed);
         }
         // The mirror, both directions of the source's traffic with the
         // destination.

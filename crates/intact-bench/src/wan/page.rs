@@ -24,9 +24,68 @@ pub const BEGIN: &str =
 /// The line it ends with.
 pub const END: &str = "<!-- intact-bench wan --page: end -->";
 
+/// Which link: the wide-area one at a round trip, or the same hosts
+/// unshaped (no delay line, no rate limit: what loopback measures between
+/// two hosts). Sections are in this order: unshaped first, then by round
+/// trip.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LinkKind {
+    Unshaped,
+    Wan { rtt_ms: u64 },
+}
+
+impl LinkKind {
+    /// The heading of its section.
+    pub fn heading(self) -> String {
+        match self {
+            LinkKind::Unshaped => UNSHAPED_HEADING.to_string(),
+            LinkKind::Wan { rtt_ms } => format!("### 1 Gbit/s, {rtt_ms} ms round trip"),
+        }
+    }
+
+    /// The link a heading names.
+    fn of_heading(line: &str) -> Option<LinkKind> {
+        if line == UNSHAPED_HEADING {
+            return Some(LinkKind::Unshaped);
+        }
+        line.strip_prefix("### 1 Gbit/s, ")
+            .and_then(|r| r.strip_suffix(" ms round trip"))
+            .and_then(|r| r.parse::<u64>().ok())
+            .map(|rtt_ms| LinkKind::Wan { rtt_ms })
+    }
+
+    /// In a sentence or a title: "30 ms" or "unshaped".
+    pub fn label(self) -> String {
+        match self {
+            LinkKind::Unshaped => "unshaped".to_string(),
+            LinkKind::Wan { rtt_ms } => format!("{rtt_ms} ms"),
+        }
+    }
+
+    /// In a chart's title: "1 Gbit/s, 30 ms round trip" or "unshaped".
+    pub fn described(self) -> String {
+        match self {
+            LinkKind::Unshaped => "unshaped veth link (no rate limit, no added delay)".to_string(),
+            LinkKind::Wan { rtt_ms } => format!("1 Gbit/s, {rtt_ms} ms round trip"),
+        }
+    }
+
+    /// In file names: "wan-30ms" or "wan-unshaped".
+    pub fn stem(self) -> String {
+        match self {
+            LinkKind::Unshaped => "wan-unshaped".to_string(),
+            LinkKind::Wan { rtt_ms } => format!("wan-{rtt_ms}ms"),
+        }
+    }
+}
+
+/// The heading of the unshaped link's section.
+const UNSHAPED_HEADING: &str =
+    "### Unshaped: veth through the switch, no rate limit, no added delay";
+
 /// One link's results.
 pub struct Link {
-    pub rtt_ms: u64,
+    pub kind: LinkKind,
     /// What was measured of the link and the setup, a line each.
     pub facts: Vec<String>,
     pub items: Vec<Item>,
@@ -63,11 +122,6 @@ pub struct Row {
     pub runs: usize,
 }
 
-/// The heading each link's section starts with.
-fn heading(rtt_ms: u64) -> String {
-    format!("### 1 Gbit/s, {rtt_ms} ms round trip")
-}
-
 /// The line that starts what follows the links' sections.
 const TRAILER: &str = "What each tool verifies, in full:";
 /// The line that names links not measured.
@@ -86,7 +140,7 @@ pub fn render(
     page_dir: &Path,
     links: &[Link],
     kept: &[Kept],
-    pending: &[u64],
+    pending: &[LinkKind],
     legend: &[&str],
 ) -> String {
     let (command, date) = run;
@@ -110,16 +164,16 @@ pub fn render(
         New(&'a Link),
         Old(&'a Kept),
     }
-    let mut order: Vec<(u64, Part<'_>)> = links
+    let mut order: Vec<(LinkKind, Part<'_>)> = links
         .iter()
-        .map(|l| (l.rtt_ms, Part::New(l)))
+        .map(|l| (l.kind, Part::New(l)))
         .chain(
             kept.iter()
-                .filter(|k| links.iter().all(|l| l.rtt_ms != k.rtt_ms))
-                .map(|k| (k.rtt_ms, Part::Old(k))),
+                .filter(|k| links.iter().all(|l| l.kind != k.kind))
+                .map(|k| (k.kind, Part::Old(k))),
         )
         .collect();
-    order.sort_by_key(|(rtt, _)| *rtt);
+    order.sort_by_key(|(kind, _)| *kind);
     for (_, part) in order {
         let _ = writeln!(s);
         match part {
@@ -130,21 +184,21 @@ pub fn render(
         }
     }
     if !pending.is_empty() {
-        let list = |rtts: &mut dyn Iterator<Item = &u64>| {
-            rtts.map(u64::to_string).collect::<Vec<_>>().join(", ")
+        let list = |kinds: &mut dyn Iterator<Item = &LinkKind>| {
+            kinds.map(|k| k.label()).collect::<Vec<_>>().join(", ")
         };
-        let older: Vec<&u64> = pending
+        let older: Vec<&LinkKind> = pending
             .iter()
-            .filter(|rtt| kept.iter().any(|k| k.rtt_ms == **rtt))
+            .filter(|kind| kept.iter().any(|k| k.kind == **kind))
             .collect();
         let older = match older.len() {
             0 => String::new(),
             1 => format!(
-                " (the section of {} ms above is an earlier run's)",
+                " (the section of {} above is an earlier run's)",
                 list(&mut older.into_iter())
             ),
             _ => format!(
-                " (the sections of {} ms above are an earlier run's)",
+                " (the sections of {} above are an earlier run's)",
                 list(&mut older.into_iter())
             ),
         };
@@ -152,7 +206,7 @@ pub fn render(
         let _ = writeln!(
             s,
             "{PENDING} by this run (it was still going, or was cut short, when this was written): \
-             {} ms{older}.",
+             {}{older}.",
             list(&mut pending.iter())
         );
     }
@@ -169,7 +223,7 @@ pub fn render(
 
 /// One link's section.
 fn section(s: &mut String, link: &Link, (command, date): (&str, &str), page_dir: &Path) {
-    let _ = writeln!(s, "{}", heading(link.rtt_ms));
+    let _ = writeln!(s, "{}", link.kind.heading());
     let _ = writeln!(s);
     let _ = writeln!(
         s,
@@ -190,7 +244,7 @@ fn section(s: &mut String, link: &Link, (command, date): (&str, &str), page_dir:
     }
     for item in &link.items {
         let _ = writeln!(s);
-        let _ = writeln!(s, "#### {}, {} ms", item.title, link.rtt_ms);
+        let _ = writeln!(s, "#### {}, {}", item.title, link.kind.label());
         let _ = writeln!(s);
         if let Some(chart) = &item.chart {
             let _ = writeln!(s, "![{}]({})", item.title, target(rel(page_dir, chart)));
@@ -206,7 +260,7 @@ fn section(s: &mut String, link: &Link, (command, date): (&str, &str), page_dir:
 /// A link's section as an earlier run wrote it, kept verbatim.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Kept {
-    pub rtt_ms: u64,
+    pub kind: LinkKind,
     pub text: String,
 }
 
@@ -227,29 +281,25 @@ pub fn sections(doc: &str) -> Vec<Kept> {
     // section's failure lines quote tools).
     let older = older_run(block.split("\n### ").next().unwrap_or(""));
     let mut out: Vec<Kept> = Vec::new();
-    let mut current: Option<(u64, Vec<&str>)> = None;
-    let finish = |cur: Option<(u64, Vec<&str>)>, out: &mut Vec<Kept>| {
-        if let Some((rtt_ms, mut lines)) = cur {
+    let mut current: Option<(LinkKind, Vec<&str>)> = None;
+    let finish = |cur: Option<(LinkKind, Vec<&str>)>, out: &mut Vec<Kept>| {
+        if let Some((kind, mut lines)) = cur {
             // Verbatim but for the blank lines between sections.
             while lines.last().is_some_and(|l| l.is_empty()) {
                 lines.pop();
             }
             let mut text = lines.join("\n");
             if let Some(run) = older.as_ref().filter(|_| !text.contains("\nMeasured on ")) {
-                let head = heading(rtt_ms);
+                let head = kind.heading();
                 text = text.replacen(&head, &format!("{head}\n\n{run}"), 1);
             }
-            out.push(Kept { rtt_ms, text });
+            out.push(Kept { kind, text });
         }
     };
     for line in block.lines() {
-        if let Some(rtt) = line
-            .strip_prefix("### 1 Gbit/s, ")
-            .and_then(|r| r.strip_suffix(" ms round trip"))
-            .and_then(|r| r.parse::<u64>().ok())
-        {
+        if let Some(kind) = LinkKind::of_heading(line) {
             finish(current.take(), &mut out);
-            current = Some((rtt, vec![line]));
+            current = Some((kind, vec![line]));
         } else if line.starts_with(TRAILER) || line.starts_with(PENDING) {
             finish(current.take(), &mut out);
         } else if let Some((_, lines)) = current.as_mut() {

@@ -11,7 +11,7 @@ use crate::runner::Spread;
 /// What the summary of any item on a link needs to know of it.
 pub(super) struct Context<'a> {
     pub a: &'a WanArgs,
-    pub rtt_ms: u64,
+    pub kind: page::LinkKind,
     /// The file names' stem (the link, the buffers).
     pub stem: &'a str,
     /// iperf3's throughput on the link, bits per second.
@@ -51,9 +51,14 @@ pub(super) fn summarise(
             for (n, r) in all.iter().enumerate() {
                 let ok = |v: String| if r.failed.is_some() { String::new() } else { v };
                 let mbps = mbit_s(r.secs);
+                let (rtt, rate) = match cx.kind {
+                    page::LinkKind::Wan { rtt_ms } => (rtt_ms.to_string(), "1000".to_string()),
+                    // Neither shaped: the CSV leaves them empty.
+                    page::LinkKind::Unshaped => (String::new(), String::new()),
+                };
                 w.write_record([
-                    cx.rtt_ms.to_string(),
-                    "1000".into(),
+                    rtt,
+                    rate,
                     cx.a.sender_wmem.map_or(String::new(), |b| b.to_string()),
                     title.to_string(),
                     ways[way].0.clone(),
@@ -146,8 +151,8 @@ pub(super) fn summarise(
     if let Some(dir) = &cx.a.out {
         let png = dir.join(format!("{}-{}.png", cx.stem, crate::plot::slug(title)));
         let chart = format!(
-            "{title}: 1 Gbit/s, {} ms round trip{}, {} runs each",
-            cx.rtt_ms,
+            "{title}: {}{}, {} runs each",
+            cx.kind.described(),
             cx.a.sender_wmem.map_or(String::new(), |b| format!(
                 ", sender's buffers {} KiB",
                 b >> 10
