@@ -7,7 +7,14 @@
 //! product), a switch, a destination namespace. The hosts keep Linux's
 //! default socket buffer limits (`tcp_wmem`/`tcp_rmem` at most 4/6 MiB),
 //! as an untuned data transfer node would: one TCP stream then carries
-//! about half of 1 Gbit/s at 30 ms, whatever the tool.
+//! about half of 1 Gbit/s at 30 ms, whatever the tool. The switch mirrors
+//! the source's traffic to the testbed's idle cache host, as in every
+//! wide-area bed of the lab.
+//!
+//! `--unshaped` measures first the same hosts joined without the delay
+//! line and without `tbf` (veth pairs through the switch, no rate limit,
+//! no added delay, nothing mirrored): what loopback measures, between two
+//! hosts. Its section comes first on the page.
 //!
 //! Ways, interleaved in alternating order, each a fresh send of the file
 //! to a server in the destination's namespace (riva, 4 MiB blocks, 4
@@ -112,9 +119,9 @@ pub struct WanArgs {
     /// four streams then leave the link partly idle.
     #[arg(long, value_name = "BYTES")]
     sender_wmem: Option<u64>,
-    /// Also write every run as a CSV row (DIR/wan-RTTms[-wmemK].csv) and
-    /// each item's chart, throughput beside CPU seconds, as a PNG
-    /// (DIR/wan-RTTms[-wmemK]-ITEM.png).
+    /// Also write every run as a CSV row (DIR/wan-RTTms[-wmemK].csv, or
+    /// DIR/wan-unshaped[-wmemK].csv) and each item's chart, throughput
+    /// beside CPU seconds, as a PNG (the same stem, then -ITEM.png).
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
     /// Regenerate the block of this markdown page between its markers
@@ -367,11 +374,11 @@ fn run_link(
     )?;
     let path = match kind {
         LinkKind::Unshaped => format!(
-            "source – veth (no rate limit, no added delay, MTU {}) – switch – veth – destination",
+            "source – veth (no rate limit, no added delay, MTU {}) – switch – veth – destination, nothing mirrored",
             a.mtu
         ),
         LinkKind::Wan { rtt_ms } => format!(
-            "source – a user-space delay line (1 Gbit/s, {rtt_ms} ms round trip, its queue one bandwidth-delay product, MTU {}) – switch – destination",
+            "source – a user-space delay line (1 Gbit/s, {rtt_ms} ms round trip, its queue one bandwidth-delay product, MTU {}) – switch – destination, the switch mirroring the source's traffic to an idle fourth host",
             a.mtu
         ),
     };
@@ -620,7 +627,11 @@ fn run_link(
         items_done.push(item);
     }
     println!("\n{WHAT}; {RCLONE_VERIFIES}; {XROOTD_VERIFIES}; {GRIDFTP_VERIFIES}.");
-    println!("CPU: intact's both ends run in this process: its CPU seconds less the delay line's threads (named delayline-…, read from /proc/self/task), shown apart as line CPU (median); the peers': the client's processes and the server's (the sshd sessions, xrootd, GridFTP's sessions) meanwhile.");
+    if bed.wan.is_some() {
+        println!("CPU: intact's both ends run in this process: its CPU seconds less the delay line's threads (named delayline-…, read from /proc/self/task), shown apart as line CPU (median); the peers': the client's processes and the server's (the sshd sessions, xrootd, GridFTP's sessions) meanwhile.");
+    } else {
+        println!("CPU: intact's both ends run in this process: its CPU seconds; the peers': the client's processes and the server's (the sshd sessions, xrootd, GridFTP's sessions) meanwhile. No delay line: no line CPU.");
+    }
     drop(xrootd);
     drop(gridftp);
     drop(sshd);
@@ -632,4 +643,30 @@ fn run_link(
         items: items_done,
         csv: a.out.as_ref().map(|d| d.join(format!("{stem}.csv"))),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::WanArgs;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        wan: WanArgs,
+    }
+
+    #[test]
+    fn rtt_ms_without_a_value_measures_no_wide_area_link() {
+        let c = Cli::try_parse_from(["wan", "--rtt-ms", "--unshaped"]).unwrap();
+        assert!(c.wan.rtt_ms.is_empty());
+        assert!(c.wan.unshaped);
+        let c = Cli::try_parse_from(["wan", "--unshaped", "--rtt-ms", "30,89"]).unwrap();
+        assert_eq!(c.wan.rtt_ms, [30, 89]);
+        assert!(c.wan.unshaped);
+        let c = Cli::try_parse_from(["wan"]).unwrap();
+        assert_eq!(c.wan.rtt_ms, [30]);
+        assert!(!c.wan.unshaped);
+    }
 }

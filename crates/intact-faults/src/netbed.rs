@@ -20,6 +20,8 @@
 //! user-space [`DelayLine`] instead (this kernel has no `netem`): two TUN
 //! devices, the rate, the queue, the one-way delay each way and any loss
 //! kept by the line, which also says whether it fell behind.
+//! [`Netbed::unshaped`] shapes nothing and mirrors nothing: veth pairs
+//! through the switch, as fast as the kernel moves packets.
 //!
 //! Root only. [`Host::spawn`] runs a closure on a thread that has entered
 //! a host's namespace: sockets it (and the threads it starts) makes live
@@ -93,12 +95,12 @@ impl Host {
 pub struct Netbed {
     /// The sender's host.
     pub source: Host,
-    /// The switch (routes, shapes, mirrors).
+    /// The switch (routes; shapes and mirrors, except when unshaped).
     pub switch: Host,
     /// The receiver's host.
     pub destination: Host,
     /// The cache's host; its interface [`Netbed::MIRROR_IFACE`] gets the
-    /// mirrored packets.
+    /// mirrored packets (none in [`Netbed::unshaped`]).
     pub cache: Host,
     /// The delay line between source and switch ([`Netbed::with_wan`]).
     pub wan: Option<DelayLine>,

@@ -62,7 +62,8 @@ impl LinkKind {
         }
     }
 
-    /// In a chart's title: "1 Gbit/s, 30 ms round trip" or "unshaped".
+    /// In a chart's title: "1 Gbit/s, 30 ms round trip" or "unshaped veth
+    /// link (no rate limit, no added delay)".
     pub fn described(self) -> String {
         match self {
             LinkKind::Unshaped => "unshaped veth link (no rate limit, no added delay)".to_string(),
@@ -130,9 +131,10 @@ const PENDING: &str = "Not measured yet";
 /// The markdown of the block (markers included): the sections of `links`,
 /// measured by `command` on `date`, and the `kept` sections of links this
 /// run did not measure (an earlier run's, verbatim, each naming the run
-/// that measured it), in order of round trip. Links to charts and CSV are
-/// made relative to `page_dir`. `pending`: round trips of the links the
-/// run has not measured yet (the block is rewritten after each link),
+/// that measured it), in [`LinkKind`]'s order (unshaped, then by round
+/// trip). Links to charts and CSV are made relative to `page_dir`.
+/// `pending`: the links the run has not measured yet (the block is
+/// rewritten after each link),
 /// every one named, with those whose section is an earlier run's;
 /// `legend`: what each tool verifies, in full, a paragraph each.
 pub fn render(

@@ -67,7 +67,12 @@ pub(super) fn summarise(
                     ok(format!("{:.3}", r.secs)),
                     ok(format!("{mbps:.1}")),
                     ok(format!("{:.3}", r.cpu)),
-                    ok(format!("{:.3}", r.line)),
+                    // No delay line, no line CPU.
+                    if cx.wan.is_some() {
+                        ok(format!("{:.3}", r.line))
+                    } else {
+                        String::new()
+                    },
                     r.ranges.to_string(),
                     r.streams.to_string(),
                     cx.iperf
@@ -127,12 +132,15 @@ pub(super) fn summarise(
             runs: all.len(),
         });
         println!(
-            "{:<52} {:>26} {:>10.0} {:>22} {:>10.2} {:>8} {:>9} {:>12}",
+            "{:<52} {:>26} {:>10.0} {:>22} {:>10} {:>8} {:>9} {:>12}",
             ways[way].0,
             format!("{:.2} / {:.2} / {:.2}", secs.min, secs.median, secs.max),
             mbps,
             format!("{:.2} / {:.2} / {:.2}", cpu.min, cpu.median, cpu.max),
-            line.median,
+            match cx.wan {
+                Some(_) => format!("{:.2}", line.median),
+                None => "–".to_string(),
+            },
             v.first().map_or(0, |r| r.ranges),
             streams_range(&v),
             cx.iperf

@@ -373,3 +373,19 @@ fn the_unshaped_link_comes_first_and_is_kept_like_any_other() {
     let later = page_after(&both, ("run three", "d3"), &[link(89, 8.0)], &[]);
     assert!(later.contains(&format!("{unshaped_text}\n\n### 1 Gbit/s, 0 ms")));
 }
+
+#[test]
+fn an_unshaped_link_still_to_come_is_named() {
+    let block = render(
+        ("w", "d"),
+        Path::new("/d"),
+        &[link(89, 9.0)],
+        &[],
+        &[LinkKind::Unshaped, LinkKind::Wan { rtt_ms: 30 }],
+        &[],
+    );
+    assert!(block.contains(
+        "Not measured yet by this run (it was still going, or was cut short, when this was \
+         written): unshaped, 30 ms.\n"
+    ));
+}
