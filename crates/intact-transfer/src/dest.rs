@@ -16,13 +16,16 @@ use rustix::io::Errno;
 
 use crate::TransferError;
 
+mod claim;
 mod commit;
 mod created;
 mod last_parent;
 mod partial_open;
 #[cfg(test)]
 mod tests;
+mod unnamed;
 
+pub use claim::Claim;
 pub use created::CreatedDirs;
 
 /// The receiving root. A path's directories are opened with one
@@ -34,6 +37,8 @@ pub use created::CreatedDirs;
 /// it.
 pub struct Destination {
     root: OwnedFd,
+    /// The root's device and inode: the key of its paths' claims.
+    root_id: (u64, u64),
     /// Where the directories this destination creates are recorded (a
     /// receiving session's), if anywhere.
     created: Mutex<Option<Arc<CreatedDirs>>>,
@@ -143,8 +148,10 @@ impl Destination {
             Mode::empty(),
         )
         .map_err(|e| err(e.into()))?;
+        let st = rfs::fstat(&fd).map_err(|e| err(e.into()))?;
         Ok(Destination {
             root: fd,
+            root_id: (st.st_dev, st.st_ino),
             created: Mutex::new(None),
             last_parent: Default::default(),
         })
@@ -263,12 +270,61 @@ impl Destination {
         }
     }
 
-    /// Opens the partial file for `path`, locked for this transfer alone
-    /// (see `dest/partial_open.rs`): created exclusively, or an earlier
+    /// Opens the partial file for `path`, claimed in this process
+    /// (`dest/claim.rs`) and locked (`dest/partial_open.rs`) for this
+    /// transfer alone: created exclusively, or an earlier
     /// run's reused (data kept, cut to `size` bytes if longer; never
     /// pre-sized). Fails ("being received by another session") while another
     /// transfer holds it.
     pub fn partial(&self, path: &WirePath, size: u64) -> Result<PartialFile, TransferError> {
+        let (dir, name) = self.partial_dir(path)?;
+        let claim = claim::claim_within(self.root_id, path, partial_open::LOCK_WAIT)?;
+        let tmp = partial_name(&name);
+        let (file, dev) = partial_open::open_locked(&dir, &tmp, path, size)?;
+        Ok(PartialFile {
+            claim,
+            dir,
+            tmp: Some(tmp),
+            name,
+            file: Arc::new(file),
+            dev,
+            path: path.clone(),
+        })
+    }
+
+    /// An unnamed file (`O_TMPFILE`) in `path`'s directory, for a file
+    /// received in one block: it has no name until its commit links it in
+    /// (`dest/unnamed.rs`), so there is no partial name to create, lock,
+    /// check and rename, and nothing of it stays behind if the transfer
+    /// ends early. The path is claimed as for [`Destination::partial`]
+    /// (`dest/claim.rs`): a second transfer of it in this process waits,
+    /// then fails. None where the file system or the kernel cannot (then
+    /// [`Destination::partial`]).
+    pub fn unnamed(&self, path: &WirePath) -> Result<Option<PartialFile>, TransferError> {
+        if !unnamed::linkable() {
+            return Ok(None);
+        }
+        let (dir, name) = self.partial_dir(path)?;
+        let claim = claim::claim_within(self.root_id, path, partial_open::LOCK_WAIT)?;
+        let Some(file) = unnamed::create(&dir).map_err(|e| dest_err(path, e))? else {
+            return Ok(None);
+        };
+        let dev = rfs::fstat(&file).map_err(|e| dest_err(path, e))?.st_dev;
+        Ok(Some(PartialFile {
+            claim,
+            dir,
+            tmp: None,
+            name,
+            file: Arc::new(file),
+            dev,
+            path: path.clone(),
+        }))
+    }
+
+    /// The directory a partial file of `path` goes in (the last one's,
+    /// while it is young), and `path`'s final name; reserved names are
+    /// refused.
+    fn partial_dir(&self, path: &WirePath) -> Result<(Arc<OwnedFd>, OsString), TransferError> {
         let (name, dirs) = split_checked(path)?;
         let key = last_parent::key(path);
         let dir = match self.last_parent.get(&key) {
@@ -279,16 +335,7 @@ impl Destination {
                 dir
             }
         };
-        let tmp = partial_name(&name);
-        let (file, dev) = partial_open::open_locked(&dir, &tmp, path, size)?;
-        Ok(PartialFile {
-            dir,
-            tmp,
-            name,
-            file,
-            dev,
-            path: path.clone(),
-        })
+        Ok((dir, name))
     }
 
     /// Opens the file at `path` (its final name) for reading, never
@@ -489,12 +536,17 @@ fn set_dir_meta(
     rfs::fsync(fd).map_err(|e| dest_err(path, e))
 }
 
-/// A file being received under its hidden partial name.
+/// A file being received under its hidden partial name, or unnamed.
 pub struct PartialFile {
+    /// This process's hold on the path (see `dest/claim.rs`).
+    claim: Arc<Claim>,
     dir: Arc<OwnedFd>,
-    tmp: OsString,
+    /// Its hidden name in `dir`; None: an unnamed file (`O_TMPFILE`),
+    /// linked in at its commit.
+    tmp: Option<OsString>,
     name: OsString,
-    file: File,
+    /// Shared with the verifier's re-reader (no second descriptor).
+    file: Arc<File>,
     /// Its file system's device number.
     dev: u64,
     path: WirePath,
@@ -503,6 +555,11 @@ pub struct PartialFile {
 impl PartialFile {
     /// The open file (positional reads and writes).
     pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// The open file, shared.
+    pub(crate) fn shared(&self) -> &Arc<File> {
         &self.file
     }
 
@@ -522,13 +579,27 @@ impl PartialFile {
     /// handles, one per receiving session, all under one lock.
     pub fn share(&self) -> std::io::Result<PartialFile> {
         Ok(PartialFile {
+            claim: Arc::clone(&self.claim),
             dir: Arc::clone(&self.dir),
             tmp: self.tmp.clone(),
             name: self.name.clone(),
-            file: self.file.try_clone()?,
+            file: Arc::new(self.file.try_clone()?),
             dev: self.dev,
             path: self.path.clone(),
         })
+    }
+
+    /// Another handle on this process's hold on the path: a commit keeps
+    /// it until the file's journal row is written, after the partial file
+    /// itself is gone.
+    pub fn claim(&self) -> Arc<Claim> {
+        Arc::clone(&self.claim)
+    }
+
+    /// Whether the file is unnamed (`O_TMPFILE`): nothing of it outlives
+    /// the transfer, so no block of it may be journaled before its commit.
+    pub fn is_unnamed(&self) -> bool {
+        self.tmp.is_none()
     }
 
     /// The file's device and inode.

@@ -218,6 +218,101 @@ fn a_second_session_on_one_path_fails_and_the_first_commits_its_own_bytes() {
 }
 
 #[test]
+fn a_small_file_has_no_partial_name_and_its_path_is_still_one_sessions() {
+    // A file of one block with nothing to resume is received into an
+    // unnamed file, linked in at its commit: no hidden name appears while
+    // it is received, none stays when its session dies, and a second
+    // session on its path still fails while the first holds it (the
+    // path's claim, not a partial's lock).
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let server = Server::start_with(&root, ADMIT, &[]);
+    let bs = 4096usize;
+    let ours = intact_sample::bytes(bs, 21);
+    let theirs = b"ATTACKER".repeat(bs / 8);
+    let hidden = || -> Vec<_> {
+        fs::read_dir(&root)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .filter(|n| n.to_string_lossy().starts_with(".intact-partial"))
+            .collect()
+    };
+    for mode in [VerifyMode::None, VerifyMode::Riva] {
+        let path = format!("small-{mode}.bin");
+        let entry = || Message::Entry(file_entry(0, &path, bs as u64, bs as u32, mode));
+
+        let mut a = connect(&server);
+        a.send(&entry()).unwrap();
+        status_of(&mut a, 0);
+        a.write_message(&block(0, 0, &ours)).unwrap();
+        assert!(
+            hidden().is_empty(),
+            "{path}: named while received: {:?}",
+            hidden()
+        );
+        assert!(
+            !root.join(&path).exists(),
+            "{path}: visible before its commit"
+        );
+        let mut b = connect(&server);
+        b.send(&entry()).unwrap();
+        let r = result_of(&mut b, 0);
+        assert_eq!(r.status, FileStatus::Failed);
+        assert!(
+            r.message.contains("being received by another session"),
+            "{}",
+            r.message
+        );
+        b.write_message(&block(0, 0, &theirs)).unwrap();
+        b.write_message(&file_end(0, 1, &theirs)).unwrap();
+        bye(b);
+        a.write_message(&file_end(0, 1, &ours)).unwrap();
+        let r = result_of(&mut a, 0);
+        assert_eq!(r.status, FileStatus::Verified, "{}", r.message);
+        bye(a);
+        assert!(
+            fs::read(root.join(&path)).unwrap() == ours,
+            "{path}: not the holder's bytes after its commit"
+        );
+
+        // Sent again with other bytes: the file is replaced, whole, and no
+        // hidden name is left.
+        let mut c = connect(&server);
+        c.send(&entry()).unwrap();
+        status_of(&mut c, 0);
+        c.write_message(&block(0, 0, &theirs)).unwrap();
+        c.write_message(&file_end(0, 1, &theirs)).unwrap();
+        let r = result_of(&mut c, 0);
+        assert_eq!(r.status, FileStatus::Verified, "{}", r.message);
+        bye(c);
+        assert!(
+            fs::read(root.join(&path)).unwrap() == theirs,
+            "{path}: not replaced"
+        );
+        assert!(hidden().is_empty(), "left behind: {:?}", hidden());
+
+        // A session that dies with its block written leaves nothing (a
+        // named partial would stay, for a resume), and the file as it was.
+        let mut dead = connect(&server);
+        dead.send(&entry()).unwrap();
+        status_of(&mut dead, 0);
+        dead.write_message(&block(0, 0, &ours)).unwrap();
+        drop(dead);
+        // The next session gets the path once the dead one is ended.
+        let mut d = connect(&server);
+        d.send(&entry()).unwrap();
+        status_of(&mut d, 0);
+        bye(d);
+        assert!(hidden().is_empty(), "left behind: {:?}", hidden());
+        assert!(
+            fs::read(root.join(&path)).unwrap() == theirs,
+            "{path}: changed"
+        );
+    }
+    honest_send_works(&server, dir.path(), &root, "after");
+}
+
+#[test]
 fn a_hard_link_planted_at_the_partial_name_is_not_written_through() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("root");

@@ -7,7 +7,7 @@ use std::os::fd::OwnedFd;
 
 use rustix::fs::{self as rfs, Mode};
 
-use super::{dest_err, partial_open, Destination, Mtime, PartialFile};
+use super::{dest_err, partial_open, unnamed, Destination, Mtime, PartialFile};
 use crate::TransferError;
 
 impl Destination {
@@ -102,8 +102,12 @@ impl PartialFile {
     /// directory). The caller makes the directory durable.
     fn rename_into_place(&self) -> Result<(), TransferError> {
         let p = &self.path;
+        let Some(tmp) = &self.tmp else {
+            return unnamed::link_into_place(&self.file, &self.dir, &self.name)
+                .map_err(|e| dest_err(p, e));
+        };
         // Only the file this transfer holds (locked) gets the final name.
-        if !partial_open::names(&self.dir, &self.tmp, &self.file) {
+        if !partial_open::names(&self.dir, tmp, &self.file) {
             return Err(dest_err(
                 p,
                 std::io::Error::other(
@@ -113,6 +117,6 @@ impl PartialFile {
         }
         // A directory at the final name stays: rename(2) refuses to put a
         // file over one (EISDIR).
-        rfs::renameat(&self.dir, &self.tmp, &self.dir, &self.name).map_err(|e| dest_err(p, e))
+        rfs::renameat(&self.dir, tmp, &self.dir, &self.name).map_err(|e| dest_err(p, e))
     }
 }

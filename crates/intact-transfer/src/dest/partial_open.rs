@@ -34,7 +34,7 @@ const ATTEMPTS: usize = 4;
 /// before it fails the file: long enough for a session whose client was
 /// just killed to be ended by its server (so the same command run again
 /// at once resumes), far below any session's idle timeout.
-const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+pub(super) const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Locks `fd` exclusively, waiting up to `wait` for another holder (polled:
 /// a blocking flock could not be bounded).

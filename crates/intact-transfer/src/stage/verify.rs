@@ -280,21 +280,22 @@ impl VerifyStage for WholeReread {
 }
 
 /// A file a verify stage re-reads, with what its reader needs to know.
-#[derive(Clone, Copy)]
-pub(crate) struct RereadFile<'a> {
-    pub(crate) file: &'a File,
+pub(crate) struct RereadFile {
+    /// The file, shared with its writer.
+    pub(crate) file: Arc<File>,
     /// Its file system's device number (`st_dev`).
     pub(crate) dev: u64,
     /// Whether it is read in one range (a file of one block).
     pub(crate) one_range: bool,
 }
 
-impl<'a> RereadFile<'a> {
-    /// `file`, its device number asked for (`fstat`), read in blocks.
-    pub(crate) fn of(file: &'a File) -> std::io::Result<RereadFile<'a>> {
+impl RereadFile {
+    /// A second descriptor of `file`, its device number asked for
+    /// (`fstat`), read in blocks.
+    pub(crate) fn of(file: &File) -> std::io::Result<RereadFile> {
         use std::os::unix::fs::MetadataExt;
         Ok(RereadFile {
-            file,
+            file: Arc::new(file.try_clone()?),
             dev: file.metadata()?.dev(),
             one_range: false,
         })
@@ -307,7 +308,7 @@ impl<'a> RereadFile<'a> {
 /// re-reads; `through_cache` is the fault lab's broken riva.
 pub(crate) fn stage_for(
     mode: VerifyMode,
-    file: Option<RereadFile<'_>>,
+    file: Option<RereadFile>,
     direct: bool,
     through_cache: bool,
 ) -> std::io::Result<Box<dyn VerifyStage>> {
@@ -363,8 +364,8 @@ pub(crate) struct BlockReread {
 }
 
 impl BlockReread {
-    fn open(target: RereadFile<'_>, path: ReadPath) -> std::io::Result<BlockReread> {
-        let file = Arc::new(target.file.try_clone()?);
+    fn open(target: RereadFile, path: ReadPath) -> std::io::Result<BlockReread> {
+        let file = target.file;
         let reader = DeviceReader::on(&file, target.dev, path, target.one_range)?;
         Ok(BlockReread {
             file,

@@ -11,7 +11,7 @@ use intact_proto::{Entry, EntryKind, Holding, Message};
 use super::commit::{failed, verified_because};
 use super::resume::{reverify_held, reverify_whole};
 use super::{Incoming, ReceiveOptions};
-use crate::dest::{Destination, Mtime};
+use crate::dest::{Destination, Mtime, PartialFile};
 use crate::journal::Journal;
 use crate::net::whole_digest::{HeldWhole, Stamp};
 use crate::profile::Stage;
@@ -152,10 +152,10 @@ fn begin_file(
             }
         }
     }
-    let partial = profile.time(Stage::Create, || dest.partial(&e.path, e.size))?;
     let resumed = row.filter(|r| !r.done);
-    // This session holds the partial's lock now: the journal says so
-    // (start, or reopen below, records it).
+    let partial = profile.time(Stage::Create, || open_partial(dest, &e, resumed.is_none()))?;
+    // This session holds the path now (its claim, and a named partial's
+    // lock): the journal says so (start, or reopen below, records it).
     let session = opts.session.map(|s| s.0);
     let row_id = match &resumed {
         Some(r) => r.id,
@@ -195,6 +195,18 @@ fn begin_file(
     })
 }
 
+/// The file `e` is received into: where it is one block and nothing of
+/// it is to be resumed, an unnamed file if the file system has them (see
+/// `dest/unnamed.rs`); else its named partial file.
+fn open_partial(dest: &Destination, e: &Entry, fresh: bool) -> Result<PartialFile, TransferError> {
+    if fresh && e.size <= u64::from(e.block_size) {
+        if let Some(p) = dest.unnamed(&e.path)? {
+            return Ok(p);
+        }
+    }
+    dest.partial(&e.path, e.size)
+}
+
 /// Whether the final file still has the size and mtime the entry announces.
 pub(super) fn unchanged_since(file: &File, e: &Entry) -> bool {
     use std::os::unix::fs::MetadataExt;
@@ -209,7 +221,7 @@ pub(super) fn unchanged_since(file: &File, e: &Entry) -> bool {
 /// here.
 pub(super) fn open_stage(
     inc: &Incoming,
-    file: Option<RereadFile<'_>>,
+    file: Option<RereadFile>,
     opts: &ReceiveOptions,
 ) -> Result<Box<dyn VerifyStage>, TransferError> {
     let direct = inc.entry.flags & Entry::DIRECT != 0;
@@ -228,10 +240,10 @@ pub(super) fn open_stage(
 
 /// The partial file of `inc`, to re-read: in one range where the file
 /// is one block.
-pub(super) fn partial_reread(inc: &Incoming) -> Option<RereadFile<'_>> {
+pub(super) fn partial_reread(inc: &Incoming) -> Option<RereadFile> {
     let p = inc.partial.as_ref()?;
     Some(RereadFile {
-        file: p.file(),
+        file: std::sync::Arc::clone(p.shared()),
         dev: p.dev(),
         one_range: inc.range.is_none() && inc.entry.size <= u64::from(inc.entry.block_size),
     })
@@ -247,7 +259,7 @@ pub(super) fn start_anew(
 ) -> Result<(), TransferError> {
     let e = f.entry.clone();
     let profile = &*opts.profile;
-    let partial = profile.time(Stage::Create, || dest.partial(&e.path, e.size))?;
+    let partial = profile.time(Stage::Create, || open_partial(dest, &e, true))?;
     let row = profile.time(Stage::Journal, || {
         journal.start(
             e.path.as_bytes(),

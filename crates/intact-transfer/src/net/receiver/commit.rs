@@ -184,6 +184,9 @@ pub(super) fn commit_ready(
         summary.fail(&path.to_string(), CHANGED_MEANWHILE);
         out.put(failed(id, CHANGED_MEANWHILE))?;
     }
+    // Each path stays this session's until its row is written below (the
+    // partial files themselves are gone once committed).
+    let claims: Vec<_> = batch.iter().map(|(p, _, _)| p.claim()).collect();
     let results = {
         let _working = working.now();
         profile.time(Stage::Commit, || dest.commit_batch(batch))
@@ -202,6 +205,7 @@ pub(super) fn commit_ready(
     // A journal failure does not undo a durable, verified file; it only
     // means a later send may move it again.
     let _ = profile.time(Stage::Journal, || journal.done_batch(&done));
+    drop(claims);
     let outcomes = meta.into_iter().zip(results).chain(answered);
     for ((id, path, result), r) in outcomes {
         let msg = match r {

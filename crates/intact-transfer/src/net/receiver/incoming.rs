@@ -120,6 +120,13 @@ impl Incoming {
         if self.unjournaled.is_empty() {
             return Ok(());
         }
+        if self.partial.as_ref().is_some_and(PartialFile::is_unnamed) {
+            // Its bytes end with this transfer: a record of them would
+            // name blocks nothing holds.
+            self.unjournaled.clear();
+            self.unjournaled_bytes = 0;
+            return Ok(());
+        }
         let _timed = profile.timer(Stage::Journal);
         if let Some(partial) = &self.partial {
             partial
