@@ -37,8 +37,6 @@ pub use created::CreatedDirs;
 /// it.
 pub struct Destination {
     root: OwnedFd,
-    /// The root's device and inode: the key of its paths' claims.
-    root_id: (u64, u64),
     /// Where the directories this destination creates are recorded (a
     /// receiving session's), if anywhere.
     created: Mutex<Option<Arc<CreatedDirs>>>,
@@ -148,10 +146,8 @@ impl Destination {
             Mode::empty(),
         )
         .map_err(|e| err(e.into()))?;
-        let st = rfs::fstat(&fd).map_err(|e| err(e.into()))?;
         Ok(Destination {
             root: fd,
-            root_id: (st.st_dev, st.st_ino),
             created: Mutex::new(None),
             last_parent: Default::default(),
         })
@@ -278,7 +274,7 @@ impl Destination {
     /// transfer holds it.
     pub fn partial(&self, path: &WirePath, size: u64) -> Result<PartialFile, TransferError> {
         let (dir, name) = self.partial_dir(path)?;
-        let claim = claim::claim_within(self.root_id, path, partial_open::LOCK_WAIT)?;
+        let claim = claim::claim_within(&dir, &name, path, partial_open::LOCK_WAIT)?;
         let tmp = partial_name(&name);
         let (file, dev) = partial_open::open_locked(&dir, &tmp, path, size)?;
         Ok(PartialFile {
@@ -288,37 +284,55 @@ impl Destination {
             name,
             file: Arc::new(file),
             dev,
+            mode_now: None,
             path: path.clone(),
         })
     }
 
     /// An unnamed file (`O_TMPFILE`) in `path`'s directory, for a file
-    /// received in one block: it has no name until its commit links it in
+    /// received in one block, made with the permission bits of `mode`
+    /// (see `dest/unnamed.rs`): it has no name until its commit links it in
     /// (`dest/unnamed.rs`), so there is no partial name to create, lock,
     /// check and rename, and nothing of it stays behind if the transfer
     /// ends early. The path is claimed as for [`Destination::partial`]
     /// (`dest/claim.rs`): a second transfer of it in this process waits,
     /// then fails. None where the file system or the kernel cannot (then
     /// [`Destination::partial`]).
-    pub fn unnamed(&self, path: &WirePath) -> Result<Option<PartialFile>, TransferError> {
+    pub fn unnamed(
+        &self,
+        path: &WirePath,
+        mode: u32,
+    ) -> Result<Option<PartialFile>, TransferError> {
         if !unnamed::linkable() {
             return Ok(None);
         }
         let (dir, name) = self.partial_dir(path)?;
-        let claim = claim::claim_within(self.root_id, path, partial_open::LOCK_WAIT)?;
-        let Some(file) = unnamed::create(&dir).map_err(|e| dest_err(path, e))? else {
+        let claim = claim::claim_within(&dir, &name, path, partial_open::LOCK_WAIT)?;
+        let Some(file) = unnamed::create(&dir, mode).map_err(|e| dest_err(path, e))? else {
             return Ok(None);
         };
-        let dev = rfs::fstat(&file).map_err(|e| dest_err(path, e))?.st_dev;
+        let st = rfs::fstat(&file).map_err(|e| dest_err(path, e))?;
         Ok(Some(PartialFile {
             claim,
             dir,
             tmp: None,
             name,
             file: Arc::new(file),
-            dev,
+            dev: st.st_dev,
+            mode_now: Some(st.st_mode & 0o7777),
             path: path.clone(),
         }))
+    }
+
+    /// Whether a named partial file of `path` is there (an earlier
+    /// transfer's, to resume), as any kind of entry.
+    pub fn has_partial(&self, path: &WirePath) -> Result<bool, TransferError> {
+        let (dir, name) = self.partial_dir(path)?;
+        match rfs::statat(&*dir, partial_name(&name), AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(_) => Ok(true),
+            Err(Errno::NOENT) => Ok(false),
+            Err(e) => Err(dest_err(path, e)),
+        }
     }
 
     /// The directory a partial file of `path` goes in (the last one's,
@@ -549,6 +563,10 @@ pub struct PartialFile {
     file: Arc<File>,
     /// Its file system's device number.
     dev: u64,
+    /// Its permission bits as made, where they are known to be what the
+    /// commit would set them to otherwise (an unnamed file's); None: the
+    /// commit sets them.
+    mode_now: Option<u32>,
     path: WirePath,
 }
 
@@ -585,6 +603,7 @@ impl PartialFile {
             name: self.name.clone(),
             file: Arc::new(self.file.try_clone()?),
             dev: self.dev,
+            mode_now: self.mode_now,
             path: self.path.clone(),
         })
     }

@@ -131,3 +131,78 @@ fn the_benchmarks_control_records_blocks_without_page_crcs() {
     assert_eq!(pages_of(false), 3);
     assert_eq!(pages_of(true), 0);
 }
+
+/// A file of one block is received unnamed (`O_TMPFILE`): nothing of it
+/// may be journaled before its commit, and everything after. A block of
+/// 16 MiB passes the receiver's journaling threshold (8 MiB) on its own,
+/// which must not lose its record; a file that fails leaves no record and
+/// no partial file at all.
+#[test]
+fn a_file_of_one_block_is_recorded_at_its_commit_and_not_before() {
+    let bs = 16 << 20;
+    let src = tempfile::tempdir().unwrap();
+    let data = intact_sample::bytes(9 << 20, 43);
+    fs::write(src.path().join("f"), &data).unwrap();
+
+    let dst = tempfile::tempdir().unwrap();
+    // What the destination directory held while the block was received:
+    // its names other than intact's own directory.
+    let seen = Arc::new(std::sync::Mutex::new(None::<Vec<String>>));
+    let names_in = |dir: &std::path::Path| -> Vec<String> {
+        fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n != ".intact")
+            .collect()
+    };
+    let (at, dir) = (Arc::clone(&seen), dst.path().to_path_buf());
+    let o = CopyOptions {
+        after_check: Some(Arc::new(move |_: &str, _, _: &mut [u8]| {
+            *at.lock().unwrap() = Some(names_in(&dir));
+        })),
+        ..common::copy_opts(VerifyMode::Riva, bs)
+    };
+    let r = copy(&[src.path().join("f")], dst.path(), &o, &|_| {}).unwrap();
+    assert_eq!(r.failed, 0, "{r:?}");
+    assert_eq!(fs::read(dst.path().join("f")).unwrap(), data);
+    let seen = seen.lock().unwrap().take().expect("the block was checked");
+    if seen.iter().any(|n| n.starts_with(".intact-partial")) {
+        intact_testkit::skip(
+            "a_file_of_one_block_is_recorded_at_its_commit_and_not_before",
+            "the temporary directory's file system has no O_TMPFILE: the file had a partial name",
+        );
+        return;
+    }
+    assert!(seen.is_empty(), "named while received: {seen:?}");
+    let (journal, _) = open_catalog(dst.path()).unwrap();
+    let row = journal.lookup(b"f").unwrap().expect("a row");
+    assert!(row.done);
+    let blocks = journal.blocks(row.id).unwrap();
+    assert_eq!(blocks.len(), 1, "the one block is recorded");
+    assert_eq!(
+        blocks[0].pages.as_deref(),
+        Some(page_crc_blob(&data, intact_digest::PAGE_SIZE).as_slice())
+    );
+    drop(journal);
+
+    // A flip after the check: the whole-file digest fails, and with it the
+    // file; an unnamed file leaves nothing behind, and no block record.
+    let dst = tempfile::tempdir().unwrap();
+    let o = CopyOptions {
+        after_check: Some(Arc::new(|_: &str, _, buf: &mut [u8]| buf[5] ^= 1)),
+        retries: 0,
+        ..common::copy_opts(VerifyMode::Fiver, bs)
+    };
+    let r = copy(&[src.path().join("f")], dst.path(), &o, &|_| {}).unwrap();
+    assert_eq!(r.failed, 1, "{r:?}");
+    let names = names_in(dst.path());
+    assert!(names.is_empty(), "left behind: {names:?}");
+    let (journal, _) = open_catalog(dst.path()).unwrap();
+    if let Some(row) = journal.lookup(b"f").unwrap() {
+        assert!(!row.done);
+        assert!(
+            journal.blocks(row.id).unwrap().is_empty(),
+            "blocks of a file nothing holds"
+        );
+    }
+}

@@ -244,7 +244,8 @@ fn a_small_file_has_no_partial_name_and_its_path_is_still_one_sessions() {
         let mut a = connect(&server);
         a.send(&entry()).unwrap();
         status_of(&mut a, 0);
-        a.write_message(&block(0, 0, &ours)).unwrap();
+        a.send(&block(0, 0, &ours)).unwrap();
+        // Its file was opened before its Status was sent.
         assert!(
             hidden().is_empty(),
             "{path}: named while received: {:?}",
@@ -291,12 +292,14 @@ fn a_small_file_has_no_partial_name_and_its_path_is_still_one_sessions() {
         );
         assert!(hidden().is_empty(), "left behind: {:?}", hidden());
 
-        // A session that dies with its block written leaves nothing (a
-        // named partial would stay, for a resume), and the file as it was.
+        // A session that dies with its block sent leaves nothing (a named
+        // partial would stay, for a resume), and the file as it was; the
+        // next one, which finds the dead one's row not done and no partial
+        // file, starts afresh, unnamed.
         let mut dead = connect(&server);
         dead.send(&entry()).unwrap();
         status_of(&mut dead, 0);
-        dead.write_message(&block(0, 0, &ours)).unwrap();
+        dead.send(&block(0, 0, &ours)).unwrap();
         drop(dead);
         // The next session gets the path once the dead one is ended.
         let mut d = connect(&server);

@@ -11,25 +11,35 @@
 //! two sessions' renames and rows of one path never interleave (the row
 //! could then name one session's digest for the other's bytes). A second
 //! transfer of a claimed path waits up to [`super::partial_open`]'s bound,
-//! as for the lock, then fails that file with the same message.
+//! as for the lock, then fails that file with the same opening words
+//! ("being received by another session").
 //!
-//! Claims are keyed by the destination root's device and inode and the
-//! path under it, in one table for the whole process: every session's
-//! `Destination` of one root shares it.
+//! Claims are keyed by the device and inode of the directory the file
+//! goes in and its name there, in one table for the whole process: two
+//! destinations whose roots overlap (a keyring client confined to a
+//! subtree, another client writing into that subtree from the root) name
+//! one directory entry by one key.
 
 use std::collections::HashSet;
+use std::ffi::OsStr;
 use std::io;
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use intact_proto::WirePath;
 
 use super::dest_err;
-use super::partial_open::BUSY;
 use crate::TransferError;
 
-/// Root device, root inode, path under the root.
+/// Directory device, directory inode, name in the directory.
 type Key = (u64, u64, Box<[u8]>);
+
+/// Why a file is refused while another transfer in this process holds its
+/// path (opening as a partial file's lock's does, `partial_open.rs`).
+pub(super) const CLAIMED: &str =
+    "being received by another session (this server is receiving that path); try again when that transfer ends";
 
 fn table() -> MutexGuard<'static, HashSet<Key>> {
     static HELD: OnceLock<Mutex<HashSet<Key>>> = OnceLock::new();
@@ -53,14 +63,27 @@ impl Drop for Claim {
     }
 }
 
-/// Claims `path` under the root `root` (device, inode), waiting up to
-/// `wait` for a transfer that holds it (polled, as the lock is).
+/// Claims the entry `name` of the directory `dir` (the file `path`),
+/// waiting up to `wait` for a transfer that holds it (polled, as the lock
+/// is).
 pub(super) fn claim_within(
-    root: (u64, u64),
+    dir: &OwnedFd,
+    name: &OsStr,
     path: &WirePath,
     wait: Duration,
 ) -> Result<Arc<Claim>, TransferError> {
-    let key: Key = (root.0, root.1, path.as_bytes().into());
+    let st = rustix::fs::fstat(dir).map_err(|e| dest_err(path, e))?;
+    claim_key_within((st.st_dev, st.st_ino), name, path, wait)
+}
+
+/// [`claim_within`] for the directory of device and inode `dir`.
+fn claim_key_within(
+    dir: (u64, u64),
+    name: &OsStr,
+    path: &WirePath,
+    wait: Duration,
+) -> Result<Arc<Claim>, TransferError> {
+    let key: Key = (dir.0, dir.1, name.as_bytes().into());
     let deadline = Instant::now() + wait;
     loop {
         if table().insert(key.clone()) {
@@ -69,7 +92,7 @@ pub(super) fn claim_within(
         if Instant::now() >= deadline {
             return Err(dest_err(
                 path,
-                io::Error::new(io::ErrorKind::WouldBlock, BUSY),
+                io::Error::new(io::ErrorKind::WouldBlock, CLAIMED),
             ));
         }
         std::thread::sleep(Duration::from_millis(25));
@@ -84,39 +107,43 @@ mod tests {
         WirePath::parse(p.as_bytes()).unwrap()
     }
 
+    /// Claims `p` in the directory `dir` (ids no real directory has, so
+    /// other tests' claims never meet these).
+    fn claim(dir: (u64, u64), p: &str, wait: Duration) -> Result<Arc<Claim>, TransferError> {
+        claim_key_within(dir, OsStr::new(p), &wire(p), wait)
+    }
+
     #[test]
-    fn a_claimed_path_is_refused_until_every_handle_is_gone() {
-        // A root id no real destination has, so other tests' claims never
-        // meet these.
+    fn a_claimed_entry_is_refused_until_every_handle_is_gone() {
         let root = (u64::MAX, 7);
-        let a = claim_within(root, &wire("d/a"), Duration::ZERO).unwrap();
+        let a = claim(root, "a", Duration::ZERO).unwrap();
         let shared = Arc::clone(&a);
         let t = Instant::now();
-        let err = claim_within(root, &wire("d/a"), Duration::from_millis(60)).unwrap_err();
+        let err = claim(root, "a", Duration::from_millis(60)).unwrap_err();
         assert!(t.elapsed() >= Duration::from_millis(60), "it waited");
-        assert!(err.to_string().contains(BUSY), "{err}");
-        // Another path, and the same path under another root, are free.
-        let b = claim_within(root, &wire("d/b"), Duration::ZERO).unwrap();
-        let other_root = claim_within((u64::MAX, 8), &wire("d/a"), Duration::ZERO).unwrap();
+        assert!(err.to_string().contains(CLAIMED), "{err}");
+        // Another name, and the same name in another directory, are free.
+        let b = claim(root, "b", Duration::ZERO).unwrap();
+        let other_root = claim((u64::MAX, 8), "a", Duration::ZERO).unwrap();
         drop(a);
         assert!(
-            claim_within(root, &wire("d/a"), Duration::ZERO).is_err(),
+            claim(root, "a", Duration::ZERO).is_err(),
             "a shared handle still holds it"
         );
         drop(shared);
-        let again = claim_within(root, &wire("d/a"), Duration::ZERO).unwrap();
+        let again = claim(root, "a", Duration::ZERO).unwrap();
         drop((again, b, other_root));
     }
 
     #[test]
     fn a_waiting_transfer_gets_the_path_when_the_holder_lets_go() {
         let root = (u64::MAX, 9);
-        let a = claim_within(root, &wire("x"), Duration::ZERO).unwrap();
+        let a = claim(root, "x", Duration::ZERO).unwrap();
         let t = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(50));
             drop(a);
         });
-        let b = claim_within(root, &wire("x"), Duration::from_secs(5));
+        let b = claim(root, "x", Duration::from_secs(5));
         t.join().unwrap();
         assert!(b.is_ok());
     }

@@ -25,8 +25,13 @@ impl Destination {
         let mut results: Vec<Result<(), TransferError>> = Vec::with_capacity(batch.len());
         for (f, mode, mtime) in &batch {
             let p = &f.path;
+            // An unnamed file made with these very bits needs no chmod.
+            let chmod = || match f.mode_now {
+                Some(now) if now == mode & 0o7777 => Ok(()),
+                _ => rfs::fchmod(&f.file, Mode::from_raw_mode(mode & 0o7777)),
+            };
             results.push(
-                rfs::fchmod(&f.file, Mode::from_raw_mode(mode & 0o7777))
+                chmod()
                     .and_then(|()| rfs::futimens(&f.file, &mtime.timestamps()))
                     .map_err(|e| dest_err(p, e)),
             );

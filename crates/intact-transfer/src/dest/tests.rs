@@ -108,3 +108,37 @@ fn a_batch_over_two_file_systems_commits_every_file() {
         assert_eq!(std::fs::read(root.path().join(n)).unwrap(), n.as_bytes());
     }
 }
+
+#[test]
+fn an_unnamed_file_ends_with_exactly_the_mode_asked_for() {
+    // Unnamed files are made with their final permission bits and skip
+    // the commit's chmod where the umask left those bits as asked: every
+    // mode, the ones the umask cuts and the ones only chmod can set
+    // (setuid, sticky) included, must still come out exact.
+    use std::os::unix::fs::PermissionsExt;
+    let root = tempfile::tempdir().unwrap();
+    let dest = Destination::open(root.path()).unwrap();
+    let mtime = Mtime { sec: 1, nsec: 0 };
+    let modes = [
+        0o644, 0o600, 0o666, 0o777, 0o755, 0o400, 0o4755, 0o1777, 0o000,
+    ];
+    let mut batch = Vec::new();
+    for m in modes {
+        let Some(f) = dest.unnamed(&wp(&format!("m{m:o}")), m).unwrap() else {
+            intact_testkit::skip(
+                "an_unnamed_file_ends_with_exactly_the_mode_asked_for",
+                "no O_TMPFILE on the test directory's file system",
+            );
+            return;
+        };
+        assert!(f.is_unnamed());
+        std::os::unix::fs::FileExt::write_all_at(f.file(), b"x", 0).unwrap();
+        batch.push((f, m, mtime));
+    }
+    let results = dest.commit_batch(batch);
+    assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
+    for m in modes {
+        let md = std::fs::metadata(root.path().join(format!("m{m:o}"))).unwrap();
+        assert_eq!(md.permissions().mode() & 0o7777, m, "mode {m:o}");
+    }
+}

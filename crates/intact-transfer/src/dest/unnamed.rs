@@ -19,7 +19,7 @@ use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
 use rustix::fs::{self as rfs, AtFlags, Mode, OFlags};
@@ -35,11 +35,16 @@ pub(super) fn linkable() -> bool {
     *PROC.get_or_init(|| std::path::Path::new("/proc/self/fd").is_dir())
 }
 
-/// An unnamed file in `dir`, open for reading and writing (mode 0600);
-/// None where the file system or the kernel has no `O_TMPFILE`.
-pub(super) fn create(dir: &OwnedFd) -> io::Result<Option<File>> {
+/// An unnamed file in `dir`, open for reading and writing, made with the
+/// permission bits of `mode` and at least 0600 (the umask applies): no
+/// one else can open a file without a name, so it may have its final
+/// permissions from the start, and the commit's `fchmod` is left out
+/// where they came out as asked. None where the file system or the
+/// kernel has no `O_TMPFILE`.
+pub(super) fn create(dir: &OwnedFd, mode: u32) -> io::Result<Option<File>> {
     let flags = OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC;
-    match rfs::openat(dir, ".", flags, Mode::from_raw_mode(0o600)) {
+    let mode = Mode::from_raw_mode((mode & 0o777) | 0o600);
+    match rfs::openat(dir, ".", flags, mode) {
         Ok(fd) => Ok(Some(File::from(fd))),
         // No O_TMPFILE here: old kernels say EISDIR, file systems without
         // it EOPNOTSUPP.
@@ -56,17 +61,27 @@ pub(super) fn link_into_place(file: &File, dir: &OwnedFd, name: &OsStr) -> io::R
         other => return other.map_err(Into::into),
     }
     for _ in 0..ATTEMPTS {
-        let hidden = hidden_name();
+        let hidden = hidden_name()?;
         match link(file, dir, &hidden) {
             Ok(()) => {}
             Err(Errno::EXIST) => continue,
             Err(e) => return Err(e.into()),
         }
-        let renamed = rfs::renameat(dir, &hidden, dir, name);
-        if renamed.is_err() {
+        if let Err(e) = rfs::renameat(dir, &hidden, dir, name) {
             let _ = rfs::unlinkat(dir, &hidden, AtFlags::empty());
+            return Err(e.into());
         }
-        return renamed.map_err(Into::into);
+        // Someone who may write the directory could have put another file
+        // at the hidden name between the link and the rename: only this
+        // very file may be reported as committed.
+        let now = rfs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)?;
+        let ours = rfs::fstat(file)?;
+        if (now.st_dev, now.st_ino) != (ours.st_dev, ours.st_ino) {
+            return Err(io::Error::other(
+                "another file took its hidden name before its rename; the file at its name is not the one received",
+            ));
+        }
+        return Ok(());
     }
     Err(io::Error::other(
         "no free hidden name to link it under before its rename",
@@ -87,15 +102,13 @@ fn link(file: &File, dir: &OwnedFd, name: &OsStr) -> Result<(), Errno> {
     rfs::linkat(rfs::CWD, proc.as_str(), dir, name, AtFlags::SYMLINK_FOLLOW)
 }
 
-/// A hidden name no other file of this process was given: the reserved
-/// partial prefix, the process id and a count.
-fn hidden_name() -> OsString {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    OsString::from(format!(
-        ".intact-partial-link-{:x}-{n:x}",
-        std::process::id()
-    ))
+/// A fresh hidden name: the reserved partial prefix and 96 random bits,
+/// so that no one can put a file there in advance.
+fn hidden_name() -> io::Result<OsString> {
+    let mut r = [0u8; 12];
+    getrandom::fill(&mut r).map_err(|e| io::Error::other(e.to_string()))?;
+    let hex: String = r.iter().map(|b| format!("{b:02x}")).collect();
+    Ok(OsString::from(format!(".intact-partial-link-{hex}")))
 }
 
 #[cfg(test)]
@@ -112,14 +125,20 @@ mod tests {
     fn an_unnamed_file_gets_its_name_new_or_replacing_and_never_over_a_directory() {
         let root = tempfile::tempdir().unwrap();
         let dir = dir_fd(root.path());
-        let Some(f) = create(&dir).unwrap() else {
+        let Some(f) = create(&dir, 0o600).unwrap() else {
             intact_testkit::skip(
                 "an_unnamed_file_gets_its_name_new_or_replacing_and_never_over_a_directory",
                 "no O_TMPFILE on the test directory's file system",
             );
             return;
         };
-        assert!(linkable());
+        if !linkable() {
+            intact_testkit::skip(
+                "an_unnamed_file_gets_its_name_new_or_replacing_and_never_over_a_directory",
+                "no /proc/self/fd to link an unnamed file by",
+            );
+            return;
+        }
         f.write_all_at(b"first", 0).unwrap();
         assert_eq!(
             std::fs::read_dir(root.path()).unwrap().count(),
@@ -130,7 +149,7 @@ mod tests {
         assert_eq!(std::fs::read(root.path().join("a")).unwrap(), b"first");
 
         // Sent again: replaces the file, leaves no hidden name behind.
-        let g = create(&dir).unwrap().unwrap();
+        let g = create(&dir, 0o600).unwrap().unwrap();
         g.write_all_at(b"second", 0).unwrap();
         link_into_place(&g, &dir, OsStr::new("a")).unwrap();
         let mut got = String::new();
@@ -147,7 +166,7 @@ mod tests {
 
         // A directory at the name stays, and so does nothing else.
         std::fs::create_dir(root.path().join("d")).unwrap();
-        let h = create(&dir).unwrap().unwrap();
+        let h = create(&dir, 0o600).unwrap().unwrap();
         let err = link_into_place(&h, &dir, OsStr::new("d")).unwrap_err();
         assert!(root.path().join("d").is_dir(), "{err}");
         assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 2);

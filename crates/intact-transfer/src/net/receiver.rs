@@ -459,7 +459,7 @@ impl Inbox {
         // However the session ended, keep what verified for the next
         // attempt (files still waiting for the group commit included: they
         // stay partial, every block journaled, and the next send only ends
-        // them).
+        // them; an unnamed file of one block ends here, and is sent again).
         files.extend(ready);
         let profile = &opts.profile;
         for f in files.values_mut() {

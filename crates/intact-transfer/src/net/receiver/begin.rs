@@ -152,7 +152,15 @@ fn begin_file(
             }
         }
     }
-    let resumed = row.filter(|r| !r.done);
+    // A row to resume whose file had one block and left no named partial
+    // file (it was unnamed) has nothing to resume: it is started afresh.
+    let resumed = row.filter(|r| {
+        !r.done
+            && (!one_block(&e)
+                || profile
+                    .time(Stage::Create, || dest.has_partial(&e.path))
+                    .unwrap_or(true))
+    });
     let partial = profile.time(Stage::Create, || open_partial(dest, &e, resumed.is_none()))?;
     // This session holds the path now (its claim, and a named partial's
     // lock): the journal says so (start, or reopen below, records it).
@@ -199,12 +207,17 @@ fn begin_file(
 /// it is to be resumed, an unnamed file if the file system has them (see
 /// `dest/unnamed.rs`); else its named partial file.
 fn open_partial(dest: &Destination, e: &Entry, fresh: bool) -> Result<PartialFile, TransferError> {
-    if fresh && e.size <= u64::from(e.block_size) {
-        if let Some(p) = dest.unnamed(&e.path)? {
+    if fresh && one_block(e) {
+        if let Some(p) = dest.unnamed(&e.path, e.mode)? {
             return Ok(p);
         }
     }
     dest.partial(&e.path, e.size)
+}
+
+/// Whether `e` is a file of one block (or none).
+fn one_block(e: &Entry) -> bool {
+    e.size <= u64::from(e.block_size)
 }
 
 /// Whether the final file still has the size and mtime the entry announces.

@@ -121,10 +121,9 @@ impl Incoming {
             return Ok(());
         }
         if self.partial.as_ref().is_some_and(PartialFile::is_unnamed) {
-            // Its bytes end with this transfer: a record of them would
-            // name blocks nothing holds.
-            self.unjournaled.clear();
-            self.unjournaled_bytes = 0;
+            // Its bytes end with this transfer unless it is committed: a
+            // record now would name blocks nothing may hold. Its blocks
+            // stay for the commit's record (`DoneFile`).
             return Ok(());
         }
         let _timed = profile.timer(Stage::Journal);
