@@ -159,6 +159,18 @@ fn a_reused_file_id_ends_that_connection_only_and_leaks_no_slot() {
     honest_send_works(&server, dir.path(), &root, "after");
 }
 
+/// The answer to a file whose path another session holds: failed, and
+/// saying so.
+fn refused_as_busy(conn: &mut Conn) {
+    let r = result_of(conn, 0);
+    assert_eq!(r.status, FileStatus::Failed);
+    assert!(
+        r.message.contains("being received by another session"),
+        "{}",
+        r.message
+    );
+}
+
 #[test]
 fn a_second_session_on_one_path_fails_and_the_first_commits_its_own_bytes() {
     let dir = tempfile::tempdir().unwrap();
@@ -190,13 +202,7 @@ fn a_second_session_on_one_path_fails_and_the_first_commits_its_own_bytes() {
             mode,
         )))
         .unwrap();
-        let r = result_of(&mut b, 0);
-        assert_eq!(r.status, FileStatus::Failed);
-        assert!(
-            r.message.contains("being received by another session"),
-            "{}",
-            r.message
-        );
+        refused_as_busy(&mut b);
         b.write_message(&block(0, 1, &theirs)).unwrap();
         b.write_message(&block(0, 2, &theirs)).unwrap();
         b.write_message(&file_end(0, 4, &theirs)).unwrap();
@@ -257,13 +263,7 @@ fn a_small_file_has_no_partial_name_and_its_path_is_still_one_sessions() {
         );
         let mut b = connect(&server);
         b.send(&entry()).unwrap();
-        let r = result_of(&mut b, 0);
-        assert_eq!(r.status, FileStatus::Failed);
-        assert!(
-            r.message.contains("being received by another session"),
-            "{}",
-            r.message
-        );
+        refused_as_busy(&mut b);
         b.write_message(&block(0, 0, &theirs)).unwrap();
         b.write_message(&file_end(0, 1, &theirs)).unwrap();
         bye(b);
