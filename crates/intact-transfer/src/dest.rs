@@ -20,6 +20,7 @@ mod claim;
 mod commit;
 mod created;
 mod last_parent;
+mod partial;
 mod partial_open;
 #[cfg(test)]
 mod tests;
@@ -27,6 +28,7 @@ mod unnamed;
 
 pub use claim::Claim;
 pub use created::CreatedDirs;
+pub use partial::PartialFile;
 
 /// The receiving root. A path's directories are opened with one
 /// `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` from the root, or,
@@ -290,9 +292,9 @@ impl Destination {
     }
 
     /// An unnamed file (`O_TMPFILE`) in `path`'s directory, for a file
-    /// received in one block, made with the permission bits of `mode`
-    /// (see `dest/unnamed.rs`): it has no name until its commit links it in
-    /// (`dest/unnamed.rs`), so there is no partial name to create, lock,
+    /// received in one block, made with the permission bits of `mode`: it
+    /// has no name until its commit links it in (`dest/unnamed.rs`), so
+    /// for a new file there is no partial name to create, lock,
     /// check and rename, and nothing of it stays behind if the transfer
     /// ends early. The path is claimed as for [`Destination::partial`]
     /// (`dest/claim.rs`): a second transfer of it in this process waits,
@@ -548,82 +550,4 @@ fn set_dir_meta(
     rfs::fchmod(fd, Mode::from_raw_mode(mode & 0o7777)).map_err(|e| dest_err(path, e))?;
     rfs::futimens(fd, &mtime.timestamps()).map_err(|e| dest_err(path, e))?;
     rfs::fsync(fd).map_err(|e| dest_err(path, e))
-}
-
-/// A file being received under its hidden partial name, or unnamed.
-pub struct PartialFile {
-    /// This process's hold on the path (see `dest/claim.rs`).
-    claim: Arc<Claim>,
-    dir: Arc<OwnedFd>,
-    /// Its hidden name in `dir`; None: an unnamed file (`O_TMPFILE`),
-    /// linked in at its commit.
-    tmp: Option<OsString>,
-    name: OsString,
-    /// Shared with the verifier's re-reader (no second descriptor).
-    file: Arc<File>,
-    /// Its file system's device number.
-    dev: u64,
-    /// Its permission bits as made, where they are known to be what the
-    /// commit would set them to otherwise (an unnamed file's); None: the
-    /// commit sets them.
-    mode_now: Option<u32>,
-    path: WirePath,
-}
-
-impl PartialFile {
-    /// The open file (positional reads and writes).
-    pub fn file(&self) -> &File {
-        &self.file
-    }
-
-    /// The open file, shared.
-    pub(crate) fn shared(&self) -> &Arc<File> {
-        &self.file
-    }
-
-    /// Its file system's device number (`st_dev`).
-    pub fn dev(&self) -> u64 {
-        self.dev
-    }
-
-    /// The destination path.
-    pub fn path(&self) -> &WirePath {
-        &self.path
-    }
-
-    /// Another handle on the same open file description (a `dup`): it
-    /// shares the description's lock, which lasts until the last handle
-    /// closes. The ranges of a split file are written through such
-    /// handles, one per receiving session, all under one lock.
-    pub fn share(&self) -> std::io::Result<PartialFile> {
-        Ok(PartialFile {
-            claim: Arc::clone(&self.claim),
-            dir: Arc::clone(&self.dir),
-            tmp: self.tmp.clone(),
-            name: self.name.clone(),
-            file: Arc::new(self.file.try_clone()?),
-            dev: self.dev,
-            mode_now: self.mode_now,
-            path: self.path.clone(),
-        })
-    }
-
-    /// Another handle on this process's hold on the path: a commit keeps
-    /// it until the file's journal row is written, after the partial file
-    /// itself is gone.
-    pub fn claim(&self) -> Arc<Claim> {
-        Arc::clone(&self.claim)
-    }
-
-    /// Whether the file is unnamed (`O_TMPFILE`): nothing of it outlives
-    /// the transfer, so no block of it may be journaled before its commit.
-    pub fn is_unnamed(&self) -> bool {
-        self.tmp.is_none()
-    }
-
-    /// The file's device and inode.
-    pub fn file_id(&self) -> std::io::Result<(u64, u64)> {
-        let st = rfs::fstat(&self.file)?;
-        Ok((st.st_dev, st.st_ino))
-    }
 }

@@ -295,15 +295,22 @@ fn a_small_file_has_no_partial_name_and_its_path_is_still_one_sessions() {
         // A session that dies with its block sent leaves nothing (a named
         // partial would stay, for a resume), and the file as it was; the
         // next one, which finds the dead one's row not done and no partial
-        // file, starts afresh, unnamed.
+        // file, starts afresh, unnamed. A newer version: its Entry starts
+        // the row afresh at once (the version held would be answered from
+        // what is held, and its row reset only when its block came).
+        let newer = || {
+            let mut x = file_entry(0, &path, bs as u64, bs as u32, mode);
+            x.mtime_sec += 100;
+            Message::Entry(x)
+        };
         let mut dead = connect(&server);
-        dead.send(&entry()).unwrap();
+        dead.send(&newer()).unwrap();
         status_of(&mut dead, 0);
         dead.send(&block(0, 0, &ours)).unwrap();
         drop(dead);
         // The next session gets the path once the dead one is ended.
         let mut d = connect(&server);
-        d.send(&entry()).unwrap();
+        d.send(&newer()).unwrap();
         status_of(&mut d, 0);
         bye(d);
         assert!(hidden().is_empty(), "left behind: {:?}", hidden());
@@ -311,6 +318,35 @@ fn a_small_file_has_no_partial_name_and_its_path_is_still_one_sessions() {
             fs::read(root.join(&path)).unwrap() == theirs,
             "{path}: changed"
         );
+
+        // A named partial of an earlier, larger version of the path (two
+        // blocks, interrupted) is not left behind when the path comes back
+        // as a file of one block: it is reused and renamed away.
+        let mut big = connect(&server);
+        big.send(&Message::Entry(file_entry(
+            0,
+            &path,
+            2 * bs as u64,
+            bs as u32,
+            mode,
+        )))
+        .unwrap();
+        status_of(&mut big, 0);
+        bye(big);
+        assert_eq!(hidden().len(), 1, "the interrupted two-block partial");
+        let mut e = connect(&server);
+        e.send(&newer()).unwrap();
+        status_of(&mut e, 0);
+        e.write_message(&block(0, 0, &ours)).unwrap();
+        e.write_message(&file_end(0, 1, &ours)).unwrap();
+        let r = result_of(&mut e, 0);
+        assert_eq!(r.status, FileStatus::Verified, "{}", r.message);
+        bye(e);
+        assert!(
+            fs::read(root.join(&path)).unwrap() == ours,
+            "{path}: not committed"
+        );
+        assert!(hidden().is_empty(), "left behind: {:?}", hidden());
     }
     honest_send_works(&server, dir.path(), &root, "after");
 }

@@ -39,7 +39,7 @@ type Key = (u64, u64, Box<[u8]>);
 /// Why a file is refused while another transfer in this process holds its
 /// path (opening as a partial file's lock's does, `partial_open.rs`).
 pub(super) const CLAIMED: &str =
-    "being received by another session (this server is receiving that path); try again when that transfer ends";
+    "being received by another session (this process is receiving that path); try again when that transfer ends";
 
 fn table() -> MutexGuard<'static, HashSet<Key>> {
     static HELD: OnceLock<Mutex<HashSet<Key>>> = OnceLock::new();

@@ -8,12 +8,13 @@
 //! (a resume) only if it is a regular file owned by this process's user
 //! with one link, and is otherwise removed, never written through. The
 //! open file is then locked (`flock(LOCK_EX | LOCK_NB)`, which belongs to
-//! this open file description, so two sessions in one process exclude
-//! each other as two processes do) for as long as the transfer holds it,
-//! its commit's rename included; a second transfer of the same path waits
-//! for it a few seconds (a transfer whose client was just killed is ended
-//! by then) and then fails that file, rather than mixing its bytes into
-//! the first's.
+//! this open file description) for as long as the transfer holds it, its
+//! commit's rename included: this is what keeps out transfers of other
+//! processes (inside one process, the path's claim, `claim.rs`, taken
+//! first, already does). A second transfer of the same path waits for it
+//! a few seconds (a transfer whose client was just killed is ended by
+//! then) and then fails that file, rather than mixing its bytes into the
+//! first's.
 
 use std::ffi::OsStr;
 use std::fs::File;
@@ -30,8 +31,9 @@ use crate::TransferError;
 /// Attempts before giving up on a partial name that keeps changing.
 const ATTEMPTS: usize = 4;
 
-/// How long a transfer waits for another to let go of a partial file
-/// before it fails the file: long enough for a session whose client was
+/// How long a transfer waits for another to let go of a partial file, or
+/// of its path's claim, before it fails the file (a named partial may wait
+/// for both in turn): long enough for a session whose client was
 /// just killed to be ended by its server (so the same command run again
 /// at once resumes), far below any session's idle timeout.
 pub(super) const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);

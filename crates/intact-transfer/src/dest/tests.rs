@@ -142,3 +142,32 @@ fn an_unnamed_file_ends_with_exactly_the_mode_asked_for() {
         assert_eq!(md.permissions().mode() & 0o7777, m, "mode {m:o}");
     }
 }
+
+#[test]
+fn overlapping_roots_claim_one_path_by_one_key() {
+    // A keyring client confined to `sub` and another writing `sub/x` from
+    // the root name one directory entry: the second transfer is refused
+    // while the first holds it, then gets it. Unnamed files, which take no
+    // lock: only the claim can refuse.
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir(root.path().join("sub")).unwrap();
+    let whole = Destination::open(root.path()).unwrap();
+    let confined = Destination::open(&root.path().join("sub")).unwrap();
+    let Some(held) = whole.unnamed(&wp("sub/x"), 0o644).unwrap() else {
+        intact_testkit::skip(
+            "overlapping_roots_claim_one_path_by_one_key",
+            "no O_TMPFILE on the test directory's file system",
+        );
+        return;
+    };
+    let t = std::time::Instant::now();
+    let refused = confined.unnamed(&wp("x"), 0o644);
+    assert!(
+        matches!(&refused, Err(TransferError::Destination { source, .. }) if source.to_string().contains("being received by another session")),
+        "{:?}",
+        refused.err()
+    );
+    assert!(t.elapsed() >= super::partial_open::LOCK_WAIT, "it waited");
+    drop(held);
+    assert!(confined.unnamed(&wp("x"), 0o644).unwrap().is_some());
+}

@@ -67,25 +67,42 @@ pub(super) fn link_into_place(file: &File, dir: &OwnedFd, name: &OsStr) -> io::R
             Err(Errno::EXIST) => continue,
             Err(e) => return Err(e.into()),
         }
+        // Someone who may write the directory could put another file at
+        // the hidden name between the link and the rename: the name is
+        // checked to be this very file before the rename (nothing else is
+        // moved over the old file) and after it (nothing else is reported
+        // as committed).
+        if !is_this(dir, &hidden, file) {
+            return Err(io::Error::other(REPLACED));
+        }
         if let Err(e) = rfs::renameat(dir, &hidden, dir, name) {
             let _ = rfs::unlinkat(dir, &hidden, AtFlags::empty());
             return Err(e.into());
         }
-        // Someone who may write the directory could have put another file
-        // at the hidden name between the link and the rename: only this
-        // very file may be reported as committed.
-        let now = rfs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)?;
-        let ours = rfs::fstat(file)?;
-        if (now.st_dev, now.st_ino) != (ours.st_dev, ours.st_ino) {
-            return Err(io::Error::other(
-                "another file took its hidden name before its rename; the file at its name is not the one received",
-            ));
+        if !is_this(dir, name, file) {
+            return Err(io::Error::other(REPLACED));
         }
         return Ok(());
     }
     Err(io::Error::other(
         "no free hidden name to link it under before its rename",
     ))
+}
+
+/// Why a replacing commit fails when its names are not its file.
+const REPLACED: &str =
+    "the name it was linked under is not the file received (replaced during the commit); nothing is reported committed";
+
+/// Whether `name` in `dir` is the open `file` (not a symlink to it); false
+/// where either cannot be asked.
+fn is_this(dir: &OwnedFd, name: &OsStr, file: &File) -> bool {
+    match (
+        rfs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW),
+        rfs::fstat(file),
+    ) {
+        (Ok(a), Ok(b)) => (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino),
+        _ => false,
+    }
 }
 
 /// `linkat` of the open `file` to `name` in `dir`.

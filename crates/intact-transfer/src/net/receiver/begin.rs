@@ -93,9 +93,12 @@ fn begin_file(
             && r.block_size == e.block_size
     };
     let profile = &*opts.profile;
-    let row = profile
-        .time(Stage::Journal, || journal.lookup(e.path.as_bytes()))?
-        .filter(same);
+    let found = profile.time(Stage::Journal, || journal.lookup(e.path.as_bytes()))?;
+    // A path the journal knows may have a named partial file of an earlier
+    // attempt (of this version or another); one it does not know has none
+    // of intact's (so a first transfer asks nothing more).
+    let known = found.is_some();
+    let row = found.filter(same);
     // Held whole, with the digest its commit compared (older rows have
     // none, and are received anew): the quick check. The sender compares
     // that digest with its source's own; size and mtime only pick the
@@ -152,16 +155,22 @@ fn begin_file(
             }
         }
     }
-    // A row to resume whose file had one block and left no named partial
-    // file (it was unnamed) has nothing to resume: it is started afresh.
-    let resumed = row.filter(|r| {
-        !r.done
-            && (!one_block(&e)
-                || profile
-                    .time(Stage::Create, || dest.has_partial(&e.path))
-                    .unwrap_or(true))
-    });
-    let partial = profile.time(Stage::Create, || open_partial(dest, &e, resumed.is_none()))?;
+    // A file of one block is received unnamed unless a named partial file
+    // of its path is there: that one is resumed if its row is this
+    // version's, else reused from its start (never left behind). A row of
+    // a one-block file whose attempt left no partial file (it was
+    // unnamed) has nothing to resume and is started afresh. Where the
+    // look fails, the named path is taken: it fails the same way, and
+    // keeps what a named partial may still need.
+    let one = one_block(&e);
+    let named_left = one
+        && known
+        && profile
+            .time(Stage::Create, || dest.has_partial(&e.path))
+            .unwrap_or(true);
+    let resumed = row.filter(|r| !r.done && (!one || named_left));
+    let fresh = resumed.is_none() && !named_left;
+    let partial = profile.time(Stage::Create, || open_partial(dest, &e, fresh))?;
     // This session holds the path now (its claim, and a named partial's
     // lock): the journal says so (start, or reopen below, records it).
     let session = opts.session.map(|s| s.0);
@@ -272,7 +281,11 @@ pub(super) fn start_anew(
 ) -> Result<(), TransferError> {
     let e = f.entry.clone();
     let profile = &*opts.profile;
-    let partial = profile.time(Stage::Create, || open_partial(dest, &e, true))?;
+    let named_left = one_block(&e)
+        && profile
+            .time(Stage::Create, || dest.has_partial(&e.path))
+            .unwrap_or(true);
+    let partial = profile.time(Stage::Create, || open_partial(dest, &e, !named_left))?;
     let row = profile.time(Stage::Journal, || {
         journal.start(
             e.path.as_bytes(),

@@ -8,7 +8,8 @@
 //! record per split file ([`Splits`], per destination root and path). It
 //! holds the one locked partial file, which every range writes through a
 //! handle of its own on the same open file description (so they share
-//! its lock, and a whole-file transfer of the path is still kept out),
+//! its lock and its path claim, and a whole-file transfer of the path is
+//! still kept out),
 //! and the live claims: block ranges being received now, which never
 //! overlap. A block outside its session's claim ends that connection.
 //!
