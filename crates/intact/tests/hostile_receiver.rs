@@ -171,6 +171,19 @@ fn refused_as_busy(conn: &mut Conn) {
     );
 }
 
+/// One session sends the file of `entry` as its one block, `data`, and
+/// ends; the file must be verified.
+fn send_one_block(server: &Server, entry: Message, data: &[u8]) {
+    let mut c = connect(server);
+    c.send(&entry).unwrap();
+    status_of(&mut c, 0);
+    c.write_message(&block(0, 0, data)).unwrap();
+    c.write_message(&file_end(0, 1, data)).unwrap();
+    let r = result_of(&mut c, 0);
+    assert_eq!(r.status, FileStatus::Verified, "{}", r.message);
+    bye(c);
+}
+
 #[test]
 fn a_second_session_on_one_path_fails_and_the_first_commits_its_own_bytes() {
     let dir = tempfile::tempdir().unwrap();
@@ -278,14 +291,7 @@ fn a_small_file_has_no_partial_name_and_its_path_is_still_one_sessions() {
 
         // Sent again with other bytes: the file is replaced, whole, and no
         // hidden name is left.
-        let mut c = connect(&server);
-        c.send(&entry()).unwrap();
-        status_of(&mut c, 0);
-        c.write_message(&block(0, 0, &theirs)).unwrap();
-        c.write_message(&file_end(0, 1, &theirs)).unwrap();
-        let r = result_of(&mut c, 0);
-        assert_eq!(r.status, FileStatus::Verified, "{}", r.message);
-        bye(c);
+        send_one_block(&server, entry(), &theirs);
         assert!(
             fs::read(root.join(&path)).unwrap() == theirs,
             "{path}: not replaced"
@@ -334,14 +340,7 @@ fn a_small_file_has_no_partial_name_and_its_path_is_still_one_sessions() {
         status_of(&mut big, 0);
         bye(big);
         assert_eq!(hidden().len(), 1, "the interrupted two-block partial");
-        let mut e = connect(&server);
-        e.send(&newer()).unwrap();
-        status_of(&mut e, 0);
-        e.write_message(&block(0, 0, &ours)).unwrap();
-        e.write_message(&file_end(0, 1, &ours)).unwrap();
-        let r = result_of(&mut e, 0);
-        assert_eq!(r.status, FileStatus::Verified, "{}", r.message);
-        bye(e);
+        send_one_block(&server, newer(), &ours);
         assert!(
             fs::read(root.join(&path)).unwrap() == ours,
             "{path}: not committed"
