@@ -153,6 +153,30 @@ fn tc(ns: &str, args: &[&str]) -> io::Result<()> {
     run(Command::new("tc").args(["-n", ns]).args(args))
 }
 
+/// Deletes the hosts of testbeds whose process is gone: Drop removes a
+/// bed on every path a process survives, but not when the process is
+/// killed (a test run stopped by a signal). A bed's names carry its
+/// process id ("intact-bed-PID-N-ROLE"), so only beds of processes that
+/// no longer exist are touched. Best effort.
+fn sweep_dead_beds() {
+    let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
+        return;
+    };
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let name = line.split_whitespace().next().unwrap_or("");
+        let Some(pid) = name
+            .strip_prefix("intact-bed-")
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = run(Command::new("ip").args(["netns", "del", name]));
+        }
+    }
+}
+
 /// Whether a testbed can be made here (root, `ip`, `tc`, namespaces).
 pub fn netbed_usable() -> Result<(), String> {
     // SAFETY: geteuid has no preconditions.
@@ -197,6 +221,7 @@ impl Netbed {
             Links::Wan(w) => Some(w),
             _ => None,
         };
+        sweep_dead_beds();
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let n = NEXT.fetch_add(1, Ordering::SeqCst);
         let tag = format!("intact-bed-{}-{n}", std::process::id());

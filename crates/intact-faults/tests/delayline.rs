@@ -281,3 +281,38 @@ fn a_testbed_dropped_or_panicked_out_of_leaves_nothing() {
     assert_eq!(namespaces(&tag), Vec::<String>::new());
     line_gone(stats);
 }
+
+#[test]
+fn a_bed_left_by_a_killed_process_is_swept_by_the_next() {
+    if !usable("a_bed_left_by_a_killed_process_is_swept_by_the_next") {
+        return;
+    }
+    // A process that is gone (reaped), and a host named as its bed's.
+    let mut child = Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    let stale = format!("intact-bed-{dead}-0-src");
+    /// Removes the planted host on every path (the sweep should have).
+    struct Planted(String);
+    impl Drop for Planted {
+        fn drop(&mut self) {
+            let _ = Command::new("ip").args(["netns", "del", &self.0]).output();
+        }
+    }
+    let made = Command::new("ip")
+        .args(["netns", "add", &stale])
+        .status()
+        .unwrap();
+    let _planted = Planted(stale.clone());
+    assert!(made.success());
+    // A live process's bed (this one's) stays.
+    let bed = Netbed::unshaped(1500).unwrap();
+    let mine = bed.source.name.clone();
+    let names: Vec<String> = namespaces("intact-bed-")
+        .iter()
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect();
+    assert!(!names.contains(&stale), "left: {names:?}");
+    assert!(names.contains(&mine), "{names:?}");
+    drop(bed);
+}
