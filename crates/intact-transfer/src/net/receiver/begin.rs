@@ -14,7 +14,7 @@ use super::{Incoming, ReceiveOptions};
 use crate::dest::{Destination, Mtime, PartialFile};
 use crate::journal::Journal;
 use crate::net::whole_digest::{HeldWhole, Stamp};
-use crate::profile::Stage;
+use crate::profile::{Profile, Stage};
 use crate::stage::verify::{stage_for, RereadFile, VerifyStage};
 use crate::verify::VerifyMode;
 use crate::TransferError;
@@ -159,16 +159,9 @@ fn begin_file(
     // of its path is there: that one is resumed if its row is this
     // version's, else reused from its start (never left behind). A row of
     // a one-block file whose attempt left no partial file (it was
-    // unnamed) has nothing to resume and is started afresh. Where the
-    // look fails, the named path is taken: it fails the same way, and
-    // keeps what a named partial may still need.
-    let one = one_block(&e);
-    let named_left = one
-        && known
-        && profile
-            .time(Stage::Create, || dest.has_partial(&e.path))
-            .unwrap_or(true);
-    let resumed = row.filter(|r| !r.done && (!one || named_left));
+    // unnamed) has nothing to resume and is started afresh.
+    let named_left = known && named_partial_left(dest, &e, profile);
+    let resumed = row.filter(|r| !r.done && (!one_block(&e) || named_left));
     let fresh = resumed.is_none() && !named_left;
     let partial = profile.time(Stage::Create, || open_partial(dest, &e, fresh))?;
     // This session holds the path now (its claim, and a named partial's
@@ -224,6 +217,18 @@ fn open_partial(dest: &Destination, e: &Entry, fresh: bool) -> Result<PartialFil
     dest.partial(&e.path, e.size)
 }
 
+/// Whether `e` is a file of one block with a named partial file of an
+/// earlier attempt on disk (then it is received into that one, never
+/// unnamed, so that it is not left behind). Where the look fails, true:
+/// the named path fails the same way, and keeps what a named partial may
+/// still need.
+fn named_partial_left(dest: &Destination, e: &Entry, profile: &Profile) -> bool {
+    one_block(e)
+        && profile
+            .time(Stage::Create, || dest.has_partial(&e.path))
+            .unwrap_or(true)
+}
+
 /// Whether `e` is a file of one block (or none).
 fn one_block(e: &Entry) -> bool {
     e.size <= u64::from(e.block_size)
@@ -267,7 +272,7 @@ pub(super) fn partial_reread(inc: &Incoming) -> Option<RereadFile> {
     Some(RereadFile {
         file: std::sync::Arc::clone(p.shared()),
         dev: p.dev(),
-        one_range: inc.range.is_none() && inc.entry.size <= u64::from(inc.entry.block_size),
+        one_range: inc.range.is_none() && one_block(&inc.entry),
     })
 }
 
@@ -281,10 +286,7 @@ pub(super) fn start_anew(
 ) -> Result<(), TransferError> {
     let e = f.entry.clone();
     let profile = &*opts.profile;
-    let named_left = one_block(&e)
-        && profile
-            .time(Stage::Create, || dest.has_partial(&e.path))
-            .unwrap_or(true);
+    let named_left = named_partial_left(dest, &e, profile);
     let partial = profile.time(Stage::Create, || open_partial(dest, &e, !named_left))?;
     let row = profile.time(Stage::Journal, || {
         journal.start(
