@@ -198,3 +198,79 @@ fn riva_detects_a_source_read_error_that_fiver_copies_silently() {
     assert_eq!(f.blocks_resent, 1, "{f:?}");
     assert!(got == data, "riva copied the wrong byte");
 }
+
+/// Write requests the block device `dev` (`/dev/loopN`) has completed.
+fn device_writes(dev: &str) -> u64 {
+    let name = Path::new(dev).file_name().unwrap().to_str().unwrap();
+    let stat = fs::read_to_string(format!("/sys/block/{name}/stat")).unwrap();
+    stat.split_whitespace().nth(4).unwrap().parse().unwrap()
+}
+
+#[test]
+fn riva_repairs_write_errors_among_small_files_written_back_together() {
+    if let Err(why) = intact_faults::usable() {
+        intact_testkit::skip(
+            "riva_repairs_write_errors_among_small_files_written_back_together",
+            &why,
+        );
+        return;
+    }
+    let fs = Arc::new(LoopFs::new(Path::new(env!("CARGO_TARGET_TMPDIR")), 64).unwrap());
+    let src_dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let src = src_dir.path().join("many");
+    fs::create_dir(&src).unwrap();
+    // Files of one block each, sizes on and off page boundaries.
+    const FILES: usize = 300;
+    let data: Vec<Vec<u8>> = (0..FILES)
+        .map(|i| intact_sample::bytes(1 + (i * 997) % 12_000, i as u64))
+        .collect();
+    for (i, d) in data.iter().enumerate() {
+        fs::write(src.join(format!("f{i:03}")), d).unwrap();
+    }
+    // One bit flipped on the device under two of them, right after their
+    // write reached it, the page cache keeping the good bytes.
+    let flipped = ["many/f050", "many/f201"];
+    let fired = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let hook: WriteHook = {
+        let (fs, fired) = (Arc::clone(&fs), Arc::clone(&fired));
+        Arc::new(
+            move |file: &File, path: &str, _i: u64, offset: u64, _len: usize| {
+                let mut done = fired.lock().unwrap();
+                if flipped.contains(&path) && !done.iter().any(|p| p == path) {
+                    file.sync_data().unwrap();
+                    fs.flip_bit_under(file, offset + 7).unwrap();
+                    done.push(path.to_string());
+                }
+            },
+        )
+    };
+    let mut o = common::copy_opts(VerifyMode::Riva, 64 * 1024);
+    o.after_write = Some(hook);
+    let dst = fs.mnt().join("dst");
+    let writes_before = device_writes(fs.device());
+    let r = copy(std::slice::from_ref(&src), &dst, &o, &|_| {}).unwrap();
+    let writes = device_writes(fs.device()) - writes_before;
+    assert_eq!(
+        fired.lock().unwrap().len(),
+        2,
+        "the faults were not all injected"
+    );
+    assert_eq!(r.failed, 0, "{r:?}");
+    for f in r.files.iter().filter(|f| f.kind == "file") {
+        let resent = u64::from(flipped.contains(&f.path.as_str()));
+        assert_eq!(f.blocks_resent, resent, "{f:?}");
+        assert_eq!(f.level, Some(VerifyLevel::Device), "{f:?}");
+    }
+    // The data went to the device in writes of many files each, not one
+    // (or more) per file: the files were written back together.
+    assert!(
+        writes < FILES as u64 / 2,
+        "{writes} write requests for {FILES} files"
+    );
+    // What the device holds, read after a remount.
+    fs.remount().unwrap();
+    for (i, d) in data.iter().enumerate() {
+        let got = fs::read(dst.join(format!("many/f{i:03}"))).unwrap();
+        assert!(got == *d, "f{i:03} is wrong on the device");
+    }
+}

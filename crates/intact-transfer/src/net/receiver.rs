@@ -448,6 +448,7 @@ impl Inbox {
             summary: SessionSummary::default(),
             buf: AlignedBuf::new(0),
             deferred: Default::default(),
+            at_sync: Vec::new(),
         };
         let result = sess.run(&events, &credits);
         drop(sess);

@@ -14,6 +14,10 @@
 //! | `sequential`, `file` | [`WholeReread`]  | nothing                   | whole file re-read      | cache    |
 //! | `flash`              | [`MediaReread`]  | flushed; evicted and re-read from the device once the device's write cache turned over | nothing | media |
 //!
+//! In `riva`, a file of one block is re-read only once its session has
+//! made a group of such files durable with one `syncfs`
+//! ([`VerifyStage::syncs_first`]), so that their writeback is merged.
+//!
 //! A per-block re-read runs on the session's verifier thread
 //! ([`crate::recheck`], where every read from the device is; the
 //! whole-file re-read goes through the cache with [`reread_matches`]),
@@ -53,6 +57,15 @@ pub(crate) trait VerifyStage: Send {
     /// Whether the per-block re-read waits for the device's write cache
     /// to turn over (`flash`).
     fn defers(&self) -> bool {
+        false
+    }
+
+    /// Whether a file of one block may wait, written, until its session
+    /// makes a group of such files durable with one `syncfs` before their
+    /// re-reads (`riva` on the evict path): the group's writeback then
+    /// goes to the device in merged writes instead of one per file. The
+    /// re-read that follows is the same evict-and-read from the device.
+    fn syncs_first(&self) -> bool {
         false
     }
 
@@ -138,6 +151,10 @@ pub(crate) struct DeviceReread(pub(crate) BlockReread);
 impl VerifyStage for DeviceReread {
     fn block_reread(&self) -> Option<&BlockReread> {
         Some(&self.0)
+    }
+
+    fn syncs_first(&self) -> bool {
+        self.0.lock().path() == ReadPath::Evict
     }
 
     fn block_reread_mut(&mut self) -> Option<&mut BlockReread> {

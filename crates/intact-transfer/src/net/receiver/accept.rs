@@ -88,6 +88,7 @@ pub(super) fn accept_block(
     };
     let profile = &*opts.profile;
     let partial = f.partial.as_ref().expect("blocks go to a partial file");
+    let dev = partial.dev();
     // The catalog's page CRCs come from these bytes *before* their digest
     // is checked (checksum chaining, see journal/catalog.rs): a flip after
     // the check then shows as a page that no longer matches, at rest. One
@@ -146,7 +147,10 @@ pub(super) fn accept_block(
     let crcs = (!pages_are_wire && checked).then(|| std::mem::take(&mut b.crcs));
     // Verify: a stage that re-reads every block queues it.
     if let (Some(d), Some(r)) = (&expected, f.verify.block_reread()) {
+        let whole_file = f.range.is_none() && f.entry.size <= bs;
         return Ok(Verdict::Check(Check {
+            sync_first: whole_file && f.verify.syncs_first(),
+            dev,
             id: f.entry.file,
             index,
             source_level: wire_level(b.source_level),

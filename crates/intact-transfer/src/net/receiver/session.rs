@@ -59,7 +59,22 @@ pub(super) struct Session<'a> {
     pub(super) buf: AlignedBuf,
     /// Entries waiting for a place in the session's share (in order).
     pub(super) deferred: std::collections::VecDeque<admit::Deferred>,
+    /// Written blocks of small files held back for one `syncfs` before
+    /// their re-reads ([`Job::Synced`]): counted at the verifier already.
+    pub(super) at_sync: Vec<super::Check>,
 }
+
+/// Small files whose re-reads a session holds back at most before it hands
+/// them to the verifier behind one `syncfs`.
+const SYNC_GROUP: usize = 256;
+
+/// Fewer small files than this are handed over one by one (each flushed
+/// alone, as larger files' blocks are) rather than behind a `syncfs`.
+const MIN_SYNC_GROUP: usize = 16;
+
+/// How long a session with small files held back waits for more input
+/// before it hands them over: the sender may be waiting for their results.
+const SYNC_IDLE: std::time::Duration = std::time::Duration::from_millis(2);
 
 impl Session<'_> {
     pub(super) fn run(
@@ -76,11 +91,22 @@ impl Session<'_> {
                 Err(_) => {
                     // Nothing more to do without waiting: send the replies.
                     self.out.flush()?;
+                    // Small files held back wait only a moment more for
+                    // company: the sender may be waiting for their results.
+                    let holding = !self.at_sync.is_empty();
+                    let tick = match holding {
+                        true => SYNC_IDLE.min(self.tick(data.tick())),
+                        false => self.tick(data.tick()),
+                    };
                     let t = std::time::Instant::now();
-                    let got = events.recv_timeout(self.tick(data.tick()));
+                    let got = events.recv_timeout(tick);
                     data.waited(t.elapsed());
                     match got {
                         Ok(ev) => ev,
+                        Err(mpsc::RecvTimeoutError::Timeout) if holding => {
+                            self.hand_over_synced()?;
+                            continue;
+                        }
                         Err(mpsc::RecvTimeoutError::Timeout) => {
                             data.check(self.files.len())?;
                             continue;
@@ -214,6 +240,7 @@ impl Session<'_> {
                 if self.deferred_out > 0 {
                     self.jobs.send(Job::Drain).map_err(|_| ProtoError::Closed)?;
                 }
+                self.hand_over_synced()?;
                 self.commit()?;
             }
             other => {
@@ -258,6 +285,25 @@ impl Session<'_> {
         }
         self.out.send(Message::Bye)?;
         Ok(())
+    }
+
+    /// Hands the small files held back to the verifier, to be made
+    /// durable together and re-read.
+    fn hand_over_synced(&mut self) -> Result<(), TransferError> {
+        if self.at_sync.is_empty() {
+            return Ok(());
+        }
+        let group = std::mem::take(&mut self.at_sync);
+        let closed = |_| TransferError::from(ProtoError::Closed);
+        if group.len() < MIN_SYNC_GROUP {
+            // A trickle of small files: a syncfs (which flushes the whole
+            // file system) for each few would cost more than it merges.
+            for c in group {
+                self.jobs.send(Job::Check(c)).map_err(closed)?;
+            }
+            return Ok(());
+        }
+        self.jobs.send(Job::Synced(group)).map_err(closed)
     }
 
     pub(super) fn commit(&mut self) -> Result<(), TransferError> {
@@ -335,6 +381,13 @@ impl Session<'_> {
                 f.checking += 1;
                 *self.at_verifier.entry(b.file).or_insert(0) += 1;
                 self.deferred_out += u64::from(check.deferred);
+                if check.sync_first {
+                    self.at_sync.push(check);
+                    if self.at_sync.len() >= SYNC_GROUP {
+                        self.hand_over_synced()?;
+                    }
+                    return Ok(());
+                }
                 self.jobs
                     .send(Job::Check(check))
                     .map_err(|_| ProtoError::Closed)?;

@@ -1,7 +1,9 @@
 //! A session's verifier thread: the per-block re-read of the `riva`,
 //! `block` and `flash` verify stages, off the session thread.
 //!
-//! `riva` and `block` blocks are re-read as they come, in batches. A
+//! `riva` and `block` blocks are re-read as they come, in batches; `riva`
+//! files of one block come in groups the session held back, made durable
+//! with one `syncfs` per file system first ([`Job::Synced`]). A
 //! `flash` block is flushed and evicted as it comes, then waits in the
 //! deferred queue (see [`crate::flash`]) until W bytes were written to its
 //! device after it; the queue is drained with filler when the sender waits
@@ -30,6 +32,10 @@ const POLL: Duration = Duration::from_millis(20);
 pub(super) enum Job {
     /// Re-read a written block.
     Check(Check),
+    /// Make the file systems of these blocks durable (one `syncfs` each),
+    /// then re-read them: blocks of small files the session held back
+    /// until it had a group of them (see [`Check::sync_first`]).
+    Synced(Vec<Check>),
     /// The sender waits for results: push every deferred block past its
     /// window with filler (within the budget) and re-read them all now.
     Drain,
@@ -57,6 +63,11 @@ pub(super) struct Check {
     pub(super) crcs: Option<Vec<u8>>,
     /// `flash`: wait for the device's write cache to turn over first.
     pub(super) deferred: bool,
+    /// The block is a whole file of one block in `riva`: the session holds
+    /// it back and hands it over in a group ([`Job::Synced`]).
+    pub(super) sync_first: bool,
+    /// The device number of the file system the file is on.
+    pub(super) dev: u64,
 }
 
 /// The verifier's verdict on one block.
@@ -135,6 +146,14 @@ pub(super) fn verifier(jobs: mpsc::Receiver<Job>, events: mpsc::Sender<Event>, f
             while let Some(job) = next.take() {
                 match job {
                     Job::Drain => drain = true,
+                    Job::Synced(checks) => {
+                        bytes += checks.iter().map(|c| c.len).sum::<usize>();
+                        let (synced, failed) = sync_devices(checks);
+                        if !send_all(&events, failed) {
+                            return;
+                        }
+                        now.extend(synced);
+                    }
                     Job::Check(c) => {
                         bytes += c.len;
                         if c.deferred {
@@ -217,6 +236,37 @@ pub(super) fn verifier(jobs: mpsc::Receiver<Job>, events: mpsc::Sender<Event>, f
             waiting = None;
         }
     }
+}
+
+/// One `syncfs` per file system among `checks`' files: the blocks of those
+/// that succeeded, and the verdicts of those whose file system failed it.
+fn sync_devices(checks: Vec<Check>) -> (Vec<Check>, Vec<Checked>) {
+    let mut done: Vec<(u64, Option<std::io::ErrorKind>, String)> = Vec::new();
+    let (mut synced, mut failed) = (Vec::with_capacity(checks.len()), Vec::new());
+    for c in checks {
+        let t = Instant::now();
+        let known = done.iter().position(|(dev, _, _)| *dev == c.dev);
+        let i = known.unwrap_or_else(|| {
+            let r = rustix::fs::syncfs(&*c.file);
+            let (kind, why) = match r {
+                Ok(()) => (None, String::new()),
+                Err(e) => {
+                    let e = std::io::Error::from(e);
+                    (Some(e.kind()), e.to_string())
+                }
+            };
+            done.push((c.dev, kind, why));
+            done.len() - 1
+        });
+        match &done[i] {
+            (_, None, _) => synced.push(c),
+            (_, Some(kind), why) => {
+                let e = std::io::Error::new(*kind, format!("syncfs before the re-read: {why}"));
+                failed.push(c.failed(e, t.elapsed()));
+            }
+        }
+    }
+    (synced, failed)
 }
 
 /// Sends each verdict; false once the session is gone.
