@@ -14,6 +14,11 @@ pub type LinkFault = Arc<dyn Fn(&str, u64, &mut [u8]) + Send + Sync>;
 /// block here.
 pub type WriteHook = Arc<dyn Fn(&File, &str, u64, u64, usize) + Send + Sync>;
 
+/// Called by a receiver after a group of files took their final names and
+/// before their journal rows are written: (their paths). Tests start
+/// another session on one of those paths here.
+pub type CommitHook = Arc<dyn Fn(&[String]) + Send + Sync>;
+
 /// Called by a scrub right after it read a block of a file and before it
 /// checks it: (the file's path under the root, block index). Tests change
 /// the file here, as another program could while it is read.

@@ -51,7 +51,7 @@ pub use copy::{copy, copy_scanned, CopyOptions};
 pub use dest::{partial_name, Destination, Mtime, PartialFile};
 pub use error::TransferError;
 pub use flash::{FlashSettings, DEFAULT_SHARE, MAX_DEFAULT_WINDOW};
-pub use hooks::{LinkFault, ScrubReadHook, WriteHook};
+pub use hooks::{CommitHook, LinkFault, ScrubReadHook, WriteHook};
 pub use intact_cache::ReadPath;
 pub use journal::unix_now;
 pub use journal::{

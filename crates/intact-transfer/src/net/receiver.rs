@@ -183,6 +183,10 @@ pub struct ReceiveOptions {
     /// the Z²FS paper calls t0–t1 (tests and the fault lab only).
     #[cfg(feature = "fault-hooks")]
     pub after_check: Option<crate::hooks::LinkFault>,
+    /// Called after a group's files took their final names, before their
+    /// journal rows are written (tests only).
+    #[cfg(feature = "fault-hooks")]
+    pub before_journal: Option<crate::hooks::CommitHook>,
     /// Negative control for the fault lab: `riva` re-reads through the
     /// page cache instead of after eviction (as a broken riva would), so
     /// the lab can prove its device-write cells are able to fail.

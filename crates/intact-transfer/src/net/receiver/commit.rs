@@ -7,6 +7,7 @@ use intact_proto::{FileResult, FileStatus, Message, WirePath};
 
 use super::{Incoming, Session, SessionSummary, GROUP_COMMIT_FILES};
 use crate::dest::{Destination, Mtime};
+use crate::hooks::CommitHook;
 use crate::journal::{DoneFile, Journal};
 use crate::link::Outbound;
 use crate::net::watchdog::Working;
@@ -105,6 +106,8 @@ pub(super) fn whole_digest_matches(f: &mut Incoming, buf: &mut AlignedBuf) -> Re
 
 /// Commits the ready files as one group and sends their results. A file
 /// held whole under its final name needs no rename: only its new record.
+/// `before_journal` (tests) is called between the renames and the rows.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn commit_ready(
     out: &mut dyn Outbound,
     dest: &Destination,
@@ -113,6 +116,7 @@ pub(super) fn commit_ready(
     summary: &mut SessionSummary,
     working: &Working,
     profile: &Profile,
+    before_journal: Option<&CommitHook>,
 ) -> Result<(), TransferError> {
     if ready.is_empty() {
         return Ok(());
@@ -191,6 +195,15 @@ pub(super) fn commit_ready(
         let _working = working.now();
         profile.time(Stage::Commit, || dest.commit_batch(batch))
     };
+    if let Some(hook) = before_journal {
+        let named: Vec<String> = meta
+            .iter()
+            .zip(&results)
+            .filter(|(_, r)| r.is_ok())
+            .map(|((_, path, _), _)| path.clone())
+            .collect();
+        hook(&named);
+    }
     let mut done: Vec<DoneFile> = records
         .into_iter()
         .zip(&results)

@@ -4,7 +4,7 @@
 //! compiler folds away.
 
 use super::ReceiveOptions;
-use crate::hooks::{LinkFault, WriteHook};
+use crate::hooks::{CommitHook, LinkFault, WriteHook};
 
 impl ReceiveOptions {
     /// Called after each block is written.
@@ -19,6 +19,15 @@ impl ReceiveOptions {
     pub(super) fn after_check(&self) -> Option<&LinkFault> {
         #[cfg(feature = "fault-hooks")]
         return self.after_check.as_ref();
+        #[cfg(not(feature = "fault-hooks"))]
+        None
+    }
+
+    /// Called after a group's files took their final names, before their
+    /// journal rows are written.
+    pub(super) fn before_journal(&self) -> Option<&CommitHook> {
+        #[cfg(feature = "fault-hooks")]
+        return self.before_journal.as_ref();
         #[cfg(not(feature = "fault-hooks"))]
         None
     }

@@ -315,6 +315,7 @@ impl Session<'_> {
             &mut self.summary,
             &self.opts.working,
             &self.opts.profile,
+            self.opts.before_journal(),
         )
     }
 
