@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 
-use crate::ramdisk::RamExt4;
+use crate::loop_ext4::LoopExt4;
 use crate::runner::{children_rusage, intact_binary, interleaved, Spread};
 use crate::transfer::{copy_state_home, drop_caches, fresh, make_dataset, Dataset};
 
@@ -130,7 +130,7 @@ pub fn run(a: &FlashArgs) -> anyhow::Result<()> {
     let room = 2 * (largest >> 20) + 1024;
     let mut places: Vec<Place> = vec![("disk", a.dir.clone(), None)];
     if !a.no_ram {
-        let ram = RamExt4::create(room)?;
+        let ram = LoopExt4::in_ram(room)?;
         places.push(("RAM ext4", ram.mount.clone(), Some(Box::new(ram))));
     }
     if a.ssd {

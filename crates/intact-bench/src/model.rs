@@ -29,7 +29,7 @@ use anyhow::Context;
 use intact_cache::{DeviceReader, Prepared, ReadPath};
 use intact_digest::{defaults, hash, AlignedBuf};
 
-use crate::ramdisk::RamExt4;
+use crate::loop_ext4::LoopExt4;
 use crate::runner::{command_line, interleaved, median, stop_on_signals, Spread};
 use crate::transfer::{drop_caches, fresh, make_dataset};
 use crate::verify::{datasets, send_once};
@@ -95,7 +95,7 @@ pub fn run(a: &ModelArgs) -> anyhow::Result<()> {
             .map(|(_, p)| p.iter().map(|d| d.files * d.file_size).sum::<u64>())
             .max()
             .unwrap_or(0);
-        Some(RamExt4::create(
+        Some(LoopExt4::in_ram(
             (bytes + largest) / MIB + files * 2 * 8 / 1024 + 512,
         )?)
     } else {

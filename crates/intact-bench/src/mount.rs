@@ -18,7 +18,7 @@ use std::process::Command;
 use anyhow::{bail, Context};
 use intact_mount::{MountOptions, Switch};
 
-use crate::ramdisk::RamExt4;
+use crate::loop_ext4::LoopExt4;
 use crate::runner::{have, interleaved, self_cpu, Spread};
 
 #[derive(clap::Args)]
@@ -143,12 +143,12 @@ pub fn run(a: &MountArgs) -> anyhow::Result<()> {
         a.runs, a.runtime
     );
     println!("# {}", crate::runner::command_line());
-    let mut places: Vec<(&str, PathBuf, Option<RamExt4>)> = Vec::new();
+    let mut places: Vec<(&str, PathBuf, Option<LoopExt4>)> = Vec::new();
     if !a.no_disk {
         places.push(("disk", a.dir.clone(), None));
     }
     if !a.no_ram {
-        let ram = RamExt4::create(a.file_mib * 4 + 512)?;
+        let ram = LoopExt4::in_ram(a.file_mib * 4 + 512)?;
         places.push(("RAM ext4", ram.mount.clone(), Some(ram)));
     }
     for (place, dir, _keep) in &places {

@@ -12,8 +12,8 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 
+use crate::loop_ext4::LoopExt4;
 use crate::netns::Netns;
-use crate::ramdisk::RamExt4;
 use crate::runner::{
     command_line, intact_binary, interleaved, stop_on_signals, Meter, Sample, Spread,
 };
@@ -53,7 +53,7 @@ pub fn run(a: &ScaleArgs) -> anyhow::Result<()> {
     let intact = intact_binary()?;
     // The dataset, the roots of up to N servers and the dd probe.
     let ram = match a.ram {
-        true => Some(RamExt4::create(a.files * a.file_mib * 2 + 1024 + 256)?),
+        true => Some(LoopExt4::in_ram(a.files * a.file_mib * 2 + 1024 + 256)?),
         false => None,
     };
     let dir = ram.as_ref().map_or(a.dir.clone(), |r| r.mount.clone());

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 
-use crate::ramdisk::RamExt4;
+use crate::loop_ext4::LoopExt4;
 use crate::runner::{children_cpu, have, intact_binary, interleaved, self_cpu, Quartiles, Spread};
 use crate::transfer::{copy_state_home, drop_caches, fresh, make_dataset, run_cmd, Dataset};
 
@@ -72,7 +72,7 @@ pub fn run(a: &ScrubArgs) -> anyhow::Result<()> {
         let mib = (a.large_files * 256 * 3 + a.small_files * 16 * 2 / 1024) + 1024;
         // (The RAM ext4 is made even for the catalog's cost alone: that
         // copy is measured there.)
-        let ram = RamExt4::create(mib)?;
+        let ram = LoopExt4::in_ram(mib)?;
         places.push(("RAM ext4", ram.mount.clone(), Some(ram)));
     }
     for (place, dir, _keep) in places.iter().filter(|_| !a.catalog_cost_only) {

@@ -12,8 +12,8 @@ use std::process::Command;
 
 use anyhow::{bail, Context};
 
+use crate::loop_ext4::LoopExt4;
 use crate::netns::Netns;
-use crate::ramdisk::RamExt4;
 use crate::runner::{
     command_line, intact_binary, interleaved, stop_on_signals, Meter, Sample, Spread,
 };
@@ -61,7 +61,7 @@ pub fn run(a: &SplitArgs) -> anyhow::Result<()> {
     let intact = intact_binary()?;
     let total = a.big_mib + a.small;
     let ram = match a.ram {
-        true => Some(RamExt4::create(total * 2 + 512)?),
+        true => Some(LoopExt4::in_ram(total * 2 + 512)?),
         false => None,
     };
     let dir = ram.as_ref().map_or(a.dir.clone(), |r| r.mount.clone());

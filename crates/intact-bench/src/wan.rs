@@ -48,8 +48,8 @@ use intact_proto::Key;
 use intact_transfer::{SendOptions, ServerConfig, Spread as SpreadWhen, VerifyMode};
 
 use crate::linkbed::{iperf3, raw_tcp, send_from, Dest};
+use crate::loop_ext4::LoopExt4;
 use crate::peers::{Gridftp, Resolver, Xrootd, GRIDFTP_VERIFIES, XROOTD_VERIFIES};
-use crate::ramdisk::RamExt4;
 use crate::runner::{interleaved, self_cpu, stop_on_signals};
 use crate::transfer::datasets::{self, Shape};
 use crate::transfer::sshd::{Across, Sshd};
@@ -231,7 +231,7 @@ fn run_link(
     };
     // The file systems: the source's directory and the destination's root.
     let (_ram, _lfs, src_dir, root, place) = if a.ram {
-        let ram = RamExt4::create(biggest * 3 + 512)?;
+        let ram = LoopExt4::in_ram(biggest * 3 + 512)?;
         let m = ram.mount.clone();
         (
             Some(ram),
