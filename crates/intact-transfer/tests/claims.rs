@@ -67,7 +67,7 @@ fn a_path_stays_claimed_between_its_rename_and_its_journal_row() {
         let two = send(&[second.join("f.dat")], &addr, &opts(), &|_| {}).unwrap();
         assert_eq!(two.failed, 1, "{two:?}");
         let why = two.files[0].error.as_deref().unwrap_or("");
-        assert!(why.contains("being received by another session"), "{why}");
+        assert!(why.contains("this process is receiving that path"), "{why}");
         assert!(
             fs::read(&final_path).unwrap() == ours,
             "the refused session changed the file"

@@ -261,10 +261,13 @@ fn riva_repairs_write_errors_among_small_files_written_back_together() {
         assert_eq!(f.blocks_resent, resent, "{f:?}");
         assert_eq!(f.level, Some(VerifyLevel::Device), "{f:?}");
     }
-    // The data went to the device in writes of many files each, not one
-    // (or more) per file: the files were written back together.
+    // Fewer write requests than files: the files went to the device
+    // together, in writes of many files each. Written back one by one
+    // (the path before groups), each file is a request of its own: 325
+    // here, journal included; in groups, 86-110. A loaded machine splits
+    // groups (a 2 ms pause hands one over), hence the margin.
     assert!(
-        writes < FILES as u64 / 2,
+        writes < FILES as u64,
         "{writes} write requests for {FILES} files"
     );
     // What the device holds, read after a remount.

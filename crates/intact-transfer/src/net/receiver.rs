@@ -81,12 +81,19 @@ use verifier::{verifier, Check, Checked, Flash, Job};
 /// [`crate::link::BATCH_MESSAGES`] messages each).
 const READ_AHEAD: usize = 4;
 
-/// Blocks (riva, block) queued for the verifier at most (written, not yet
-/// verified; they hold no memory here, only page cache).
+/// Jobs queued for the verifier at most: blocks (riva, block) written and
+/// not yet verified, or groups of small files ([`Job::Synced`], up to
+/// `SYNC_GROUP` files each); they hold no memory here, only page cache.
 const VERIFY_QUEUE: usize = 64;
 
 /// How many times one file may come back for re-verification rounds.
 const MAX_ROUNDS: u32 = 16;
+
+/// The largest file a session holds back for a group `syncfs` before its
+/// re-read ([`Check::sync_first`]): a sender's window (16 MiB) holds 256
+/// of them, one group. Larger files gain little from merged writeback and
+/// would wait for the group, so they are re-read as they come.
+const SYNC_MAX_FILE: u64 = 64 << 10;
 
 /// Verified files committed together at most (one syncfs, one fsync per
 /// directory, one journal transaction).
@@ -426,6 +433,8 @@ impl Inbox {
             } else {
                 root.to_path_buf()
             },
+            working: opts.working.clone(),
+            profile: std::sync::Arc::clone(&opts.profile),
         };
         let checker = std::thread::spawn(move || verifier(jobs_rx, tx, flash));
         let mut files: HashMap<u64, Incoming> = HashMap::new();
@@ -453,6 +462,8 @@ impl Inbox {
             buf: AlignedBuf::new(0),
             deferred: Default::default(),
             at_sync: Vec::new(),
+            at_sync_bytes: 0,
+            at_sync_since: None,
         };
         let result = sess.run(&events, &credits);
         drop(sess);

@@ -14,9 +14,11 @@
 //! | `sequential`, `file` | [`WholeReread`]  | nothing                   | whole file re-read      | cache    |
 //! | `flash`              | [`MediaReread`]  | flushed; evicted and re-read from the device once the device's write cache turned over | nothing | media |
 //!
-//! In `riva`, a file of one block is re-read only once its session has
-//! made a group of such files durable with one `syncfs`
-//! ([`VerifyStage::syncs_first`]), so that their writeback is merged.
+//! In `riva`, a small file of one block waits, written, until its session
+//! has a group of such files (or the stream pauses); a group of 16 or more
+//! is made durable with one `syncfs` before the re-reads, so that their
+//! writeback is merged ([`VerifyStage::syncs_first`]). The re-read is the
+//! same evict-and-read from the device either way.
 //!
 //! A per-block re-read runs on the session's verifier thread
 //! ([`crate::recheck`], where every read from the device is; the

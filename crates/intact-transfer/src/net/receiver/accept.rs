@@ -8,7 +8,8 @@ use std::sync::Arc;
 use intact_digest::{defaults, hash, Algorithm, AlignedBuf, Digest};
 use intact_proto::{Block, ProtoError, MAX_BLOCK, WIRE_PAGE};
 
-use super::{wire_level, Check, Incoming, ReceiveOptions};
+use super::begin::one_block;
+use super::{wire_level, Check, Incoming, ReceiveOptions, SYNC_MAX_FILE};
 use crate::profile::{Profile, Stage};
 use crate::recheck::differing_pages;
 use crate::TransferError;
@@ -147,9 +148,9 @@ pub(super) fn accept_block(
     let crcs = (!pages_are_wire && checked).then(|| std::mem::take(&mut b.crcs));
     // Verify: a stage that re-reads every block queues it.
     if let (Some(d), Some(r)) = (&expected, f.verify.block_reread()) {
-        let whole_file = f.range.is_none() && f.entry.size <= bs;
+        let small = f.range.is_none() && one_block(&f.entry) && f.entry.size <= SYNC_MAX_FILE;
         return Ok(Verdict::Check(Check {
-            sync_first: whole_file && f.verify.syncs_first(),
+            sync_first: small && f.verify.syncs_first(),
             dev,
             id: f.entry.file,
             index,

@@ -230,7 +230,7 @@ fn named_partial_left(dest: &Destination, e: &Entry, profile: &Profile) -> bool 
 }
 
 /// Whether `e` is a file of one block (or none).
-fn one_block(e: &Entry) -> bool {
+pub(super) fn one_block(e: &Entry) -> bool {
     e.size <= u64::from(e.block_size)
 }
 

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
 
 use intact_digest::{defaults, AlignedBuf, Digest};
 use intact_proto::{Message, ProtoError, WirePath};
@@ -62,19 +63,31 @@ pub(super) struct Session<'a> {
     /// Written blocks of small files held back for one `syncfs` before
     /// their re-reads ([`Job::Synced`]): counted at the verifier already.
     pub(super) at_sync: Vec<super::Check>,
+    /// Their bytes.
+    pub(super) at_sync_bytes: usize,
+    /// When the first of them was held back.
+    pub(super) at_sync_since: Option<Instant>,
 }
 
-/// Small files whose re-reads a session holds back at most before it hands
-/// them to the verifier behind one `syncfs`.
+/// Small files a session holds back at most before it hands them to the
+/// verifier behind one `syncfs`, and their bytes at most.
 const SYNC_GROUP: usize = 256;
+const SYNC_GROUP_BYTES: usize = 8 << 20;
 
 /// Fewer small files than this are handed over one by one (each flushed
 /// alone, as larger files' blocks are) rather than behind a `syncfs`.
 const MIN_SYNC_GROUP: usize = 16;
 
-/// How long a session with small files held back waits for more input
-/// before it hands them over: the sender may be waiting for their results.
-const SYNC_IDLE: std::time::Duration = std::time::Duration::from_millis(2);
+/// How long a session holding small files back waits for another event
+/// before it hands them over. The sender cannot tell it that it waits for
+/// their results (it says `Waiting` only once every file it has out has
+/// all its block results, which a held file has not), so a pause in what
+/// arrives is the sign.
+const SYNC_IDLE: Duration = Duration::from_millis(2);
+
+/// How long a small file is held back at most, however busy the stream
+/// is meanwhile (the blocks of a large file arriving back to back).
+const SYNC_MAX_AGE: Duration = Duration::from_millis(100);
 
 impl Session<'_> {
     pub(super) fn run(
@@ -86,6 +99,12 @@ impl Session<'_> {
         let mut data = DataClock::new(self.opts.data_timeout);
         loop {
             self.admit_deferred()?;
+            if self
+                .at_sync_since
+                .is_some_and(|t| t.elapsed() >= SYNC_MAX_AGE)
+            {
+                self.hand_over_synced()?;
+            }
             let ev = match events.try_recv() {
                 Ok(ev) => ev,
                 Err(_) => {
@@ -98,7 +117,7 @@ impl Session<'_> {
                         true => SYNC_IDLE.min(self.tick(data.tick())),
                         false => self.tick(data.tick()),
                     };
-                    let t = std::time::Instant::now();
+                    let t = Instant::now();
                     let got = events.recv_timeout(tick);
                     data.waited(t.elapsed());
                     match got {
@@ -240,7 +259,6 @@ impl Session<'_> {
                 if self.deferred_out > 0 {
                     self.jobs.send(Job::Drain).map_err(|_| ProtoError::Closed)?;
                 }
-                self.hand_over_synced()?;
                 self.commit()?;
             }
             other => {
@@ -294,6 +312,8 @@ impl Session<'_> {
             return Ok(());
         }
         let group = std::mem::take(&mut self.at_sync);
+        self.at_sync_bytes = 0;
+        self.at_sync_since = None;
         let closed = |_| TransferError::from(ProtoError::Closed);
         if group.len() < MIN_SYNC_GROUP {
             // A trickle of small files: a syncfs (which flushes the whole
@@ -383,8 +403,10 @@ impl Session<'_> {
                 *self.at_verifier.entry(b.file).or_insert(0) += 1;
                 self.deferred_out += u64::from(check.deferred);
                 if check.sync_first {
+                    self.at_sync_since.get_or_insert_with(Instant::now);
+                    self.at_sync_bytes += check.len;
                     self.at_sync.push(check);
-                    if self.at_sync.len() >= SYNC_GROUP {
+                    if self.at_sync.len() >= SYNC_GROUP || self.at_sync_bytes >= SYNC_GROUP_BYTES {
                         self.hand_over_synced()?;
                     }
                     return Ok(());

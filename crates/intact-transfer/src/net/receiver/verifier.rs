@@ -1,9 +1,9 @@
 //! A session's verifier thread: the per-block re-read of the `riva`,
 //! `block` and `flash` verify stages, off the session thread.
 //!
-//! `riva` and `block` blocks are re-read as they come, in batches; `riva`
-//! files of one block come in groups the session held back, made durable
-//! with one `syncfs` per file system first ([`Job::Synced`]). A
+//! `riva` and `block` blocks are re-read as they come, in batches; small
+//! `riva` files of one block come in groups the session held back, made
+//! durable with one `syncfs` per file system first ([`Job::Synced`]). A
 //! `flash` block is flushed and evicted as it comes, then waits in the
 //! deferred queue (see [`crate::flash`]) until W bytes were written to its
 //! device after it; the queue is drained with filler when the sender waits
@@ -21,6 +21,8 @@ use intact_digest::{AlignedBuf, Digest};
 
 use super::Event;
 use crate::flash::{DeferredQueue, DrainWait, FlashSettings, IDLE_DRAIN, MAX_DEFERRED};
+use crate::net::watchdog::Working;
+use crate::profile::{Profile, Stage};
 use crate::recheck::{recheck_batch, Recheck, Verifiers, BATCH_BYTES};
 use crate::stage::verify::WindowVerdict;
 use crate::verify::VerifyLevel;
@@ -63,8 +65,10 @@ pub(super) struct Check {
     pub(super) crcs: Option<Vec<u8>>,
     /// `flash`: wait for the device's write cache to turn over first.
     pub(super) deferred: bool,
-    /// The block is a whole file of one block in `riva`: the session holds
-    /// it back and hands it over in a group ([`Job::Synced`]).
+    /// The block is a whole small file (one block, at most
+    /// [`SYNC_MAX_FILE`](super::SYNC_MAX_FILE)) in `riva` on the evict
+    /// path: the session holds it back and hands it over in a group
+    /// ([`Job::Synced`]).
     pub(super) sync_first: bool,
     /// The device number of the file system the file is on.
     pub(super) dev: u64,
@@ -107,6 +111,11 @@ pub(super) struct Flash {
     pub(super) scratch: PathBuf,
     /// The threads that share the re-reads.
     pub(super) verifiers: Verifiers,
+    /// Marks the server at work while a group's `syncfs` runs.
+    pub(super) working: Working,
+    /// Where a group's `syncfs` is timed (as eviction: it is the flush
+    /// before it).
+    pub(super) profile: Arc<Profile>,
 }
 
 /// The verifier thread of a session: it takes the blocks queued so far as
@@ -148,11 +157,9 @@ pub(super) fn verifier(jobs: mpsc::Receiver<Job>, events: mpsc::Sender<Event>, f
                     Job::Drain => drain = true,
                     Job::Synced(checks) => {
                         bytes += checks.iter().map(|c| c.len).sum::<usize>();
-                        let (synced, failed) = sync_devices(checks);
-                        if !send_all(&events, failed) {
-                            return;
-                        }
-                        now.extend(synced);
+                        let _working = flash.working.now();
+                        flash.profile.time(Stage::Evict, || sync_devices(&checks));
+                        now.extend(checks);
                     }
                     Job::Check(c) => {
                         bytes += c.len;
@@ -238,35 +245,19 @@ pub(super) fn verifier(jobs: mpsc::Receiver<Job>, events: mpsc::Sender<Event>, f
     }
 }
 
-/// One `syncfs` per file system among `checks`' files: the blocks of those
-/// that succeeded, and the verdicts of those whose file system failed it.
-fn sync_devices(checks: Vec<Check>) -> (Vec<Check>, Vec<Checked>) {
-    let mut done: Vec<(u64, Option<std::io::ErrorKind>, String)> = Vec::new();
-    let (mut synced, mut failed) = (Vec::with_capacity(checks.len()), Vec::new());
+/// One `syncfs` per file system among `checks`' files, so that the
+/// group's pages go to the device in merged writes. Best effort: where it
+/// fails (it also reports other programs' writeback errors on that file
+/// system), each file's own flush before its eviction writes it back and
+/// reports its own error, as for a file handed over alone.
+fn sync_devices(checks: &[Check]) {
+    let mut done: Vec<u64> = Vec::new();
     for c in checks {
-        let t = Instant::now();
-        let known = done.iter().position(|(dev, _, _)| *dev == c.dev);
-        let i = known.unwrap_or_else(|| {
-            let r = rustix::fs::syncfs(&*c.file);
-            let (kind, why) = match r {
-                Ok(()) => (None, String::new()),
-                Err(e) => {
-                    let e = std::io::Error::from(e);
-                    (Some(e.kind()), e.to_string())
-                }
-            };
-            done.push((c.dev, kind, why));
-            done.len() - 1
-        });
-        match &done[i] {
-            (_, None, _) => synced.push(c),
-            (_, Some(kind), why) => {
-                let e = std::io::Error::new(*kind, format!("syncfs before the re-read: {why}"));
-                failed.push(c.failed(e, t.elapsed()));
-            }
+        if !done.contains(&c.dev) {
+            done.push(c.dev);
+            let _ = rustix::fs::syncfs(&*c.file);
         }
     }
-    (synced, failed)
 }
 
 /// Sends each verdict; false once the session is gone.
