@@ -90,8 +90,8 @@ const VERIFY_QUEUE: usize = 64;
 const MAX_ROUNDS: u32 = 16;
 
 /// The largest file a session holds back for a group `syncfs` before its
-/// re-read ([`Check::sync_first`]): a sender's window (16 MiB) holds 256
-/// of them, one group. Larger files gain little from merged writeback and
+/// re-read ([`Check::sync_first`]): a group (8 MiB at most) then holds 128
+/// of them or more. Larger files gain little from merged writeback and
 /// would wait for the group, so they are re-read as they come.
 const SYNC_MAX_FILE: u64 = 64 << 10;
 

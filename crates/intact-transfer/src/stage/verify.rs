@@ -15,10 +15,11 @@
 //! | `flash`              | [`MediaReread`]  | flushed; evicted and re-read from the device once the device's write cache turned over | nothing | media |
 //!
 //! In `riva`, a small file of one block waits, written, until its session
-//! has a group of such files (or the stream pauses); a group of 16 or more
-//! is made durable with one `syncfs` before the re-reads, so that their
-//! writeback is merged ([`VerifyStage::syncs_first`]). The re-read is the
-//! same evict-and-read from the device either way.
+//! has a group of such files (see docs/device-verification.md for when a
+//! group is handed over); a group of 16 or more is flushed with one
+//! `syncfs` before the re-reads, so that their writeback is merged
+//! ([`VerifyStage::syncs_first`]). The re-read is the same evict-and-read
+//! from the device either way.
 //!
 //! A per-block re-read runs on the session's verifier thread
 //! ([`crate::recheck`], where every read from the device is; the
@@ -63,7 +64,7 @@ pub(crate) trait VerifyStage: Send {
     }
 
     /// Whether a file of one block may wait, written, until its session
-    /// makes a group of such files durable with one `syncfs` before their
+    /// flushes a group of such files with one `syncfs` before their
     /// re-reads (`riva` on the evict path): the group's writeback then
     /// goes to the device in merged writes instead of one per file. The
     /// re-read that follows is the same evict-and-read from the device.

@@ -85,8 +85,10 @@ const MIN_SYNC_GROUP: usize = 16;
 /// arrives is the sign.
 const SYNC_IDLE: Duration = Duration::from_millis(2);
 
-/// How long a small file is held back at most, however busy the stream
-/// is meanwhile (the blocks of a large file arriving back to back).
+/// How long a small file is held back, however busy the stream is
+/// meanwhile (the blocks of a large file arriving back to back): checked
+/// between events, so a commit or a full verifier queue on the session
+/// thread can make it longer.
 const SYNC_MAX_AGE: Duration = Duration::from_millis(100);
 
 impl Session<'_> {

@@ -2,8 +2,8 @@
 //! `block` and `flash` verify stages, off the session thread.
 //!
 //! `riva` and `block` blocks are re-read as they come, in batches; small
-//! `riva` files of one block come in groups the session held back, made
-//! durable with one `syncfs` per file system first ([`Job::Synced`]). A
+//! `riva` files of one block come in groups the session held back,
+//! flushed with one `syncfs` per file system first ([`Job::Synced`]). A
 //! `flash` block is flushed and evicted as it comes, then waits in the
 //! deferred queue (see [`crate::flash`]) until W bytes were written to its
 //! device after it; the queue is drained with filler when the sender waits
@@ -34,8 +34,8 @@ const POLL: Duration = Duration::from_millis(20);
 pub(super) enum Job {
     /// Re-read a written block.
     Check(Check),
-    /// Make the file systems of these blocks durable (one `syncfs` each),
-    /// then re-read them: blocks of small files the session held back
+    /// Flush the file systems of these blocks (one `syncfs` each), then
+    /// re-read them: blocks of small files the session held back
     /// until it had a group of them (see [`Check::sync_first`]).
     Synced(Vec<Check>),
     /// The sender waits for results: push every deferred block past its
@@ -158,8 +158,12 @@ pub(super) fn verifier(jobs: mpsc::Receiver<Job>, events: mpsc::Sender<Event>, f
                     Job::Synced(checks) => {
                         bytes += checks.iter().map(|c| c.len).sum::<usize>();
                         let _working = flash.working.now();
-                        flash.profile.time(Stage::Evict, || sync_devices(&checks));
-                        now.extend(checks);
+                        let (synced, failed) =
+                            flash.profile.time(Stage::Evict, || sync_devices(checks));
+                        if !send_all(&events, failed) {
+                            return;
+                        }
+                        now.extend(synced);
                     }
                     Job::Check(c) => {
                         bytes += c.len;
@@ -246,18 +250,37 @@ pub(super) fn verifier(jobs: mpsc::Receiver<Job>, events: mpsc::Sender<Event>, f
 }
 
 /// One `syncfs` per file system among `checks`' files, so that the
-/// group's pages go to the device in merged writes. Best effort: where it
-/// fails (it also reports other programs' writeback errors on that file
-/// system), each file's own flush before its eviction writes it back and
-/// reports its own error, as for a file handed over alone.
-fn sync_devices(checks: &[Check]) {
-    let mut done: Vec<u64> = Vec::new();
+/// group's pages go to the device in merged writes: the checks to re-read,
+/// and the verdicts of those on a file system whose `syncfs` failed. They
+/// fail, as a commit's files fail when its `syncfs` does: the error may be
+/// one only `syncfs` reports (a metadata write, the device's flush), and
+/// reporting it here consumes it, so the commit's own `syncfs` may not see
+/// it again.
+fn sync_devices(checks: Vec<Check>) -> (Vec<Check>, Vec<Checked>) {
+    let mut done: Vec<(u64, Option<(std::io::ErrorKind, String)>)> = Vec::new();
+    let (mut synced, mut failed) = (Vec::with_capacity(checks.len()), Vec::new());
     for c in checks {
-        if !done.contains(&c.dev) {
-            done.push(c.dev);
-            let _ = rustix::fs::syncfs(&*c.file);
+        let t = Instant::now();
+        let i = match done.iter().position(|(dev, _)| *dev == c.dev) {
+            Some(i) => i,
+            None => {
+                let r = rustix::fs::syncfs(&*c.file).map_err(|e| {
+                    let e = std::io::Error::from(e);
+                    (e.kind(), e.to_string())
+                });
+                done.push((c.dev, r.err()));
+                done.len() - 1
+            }
+        };
+        match &done[i].1 {
+            None => synced.push(c),
+            Some((kind, why)) => {
+                let e = std::io::Error::new(*kind, format!("syncfs before the re-read: {why}"));
+                failed.push(c.failed(e, t.elapsed()));
+            }
         }
     }
+    (synced, failed)
 }
 
 /// Sends each verdict; false once the session is gone.
