@@ -462,7 +462,6 @@ impl Inbox {
             buf: AlignedBuf::new(0),
             deferred: Default::default(),
             at_sync: Vec::new(),
-            at_sync_bytes: 0,
             at_sync_since: None,
         };
         let result = sess.run(&events, &credits);

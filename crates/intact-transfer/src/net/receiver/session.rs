@@ -63,8 +63,6 @@ pub(super) struct Session<'a> {
     /// Written blocks of small files held back for one `syncfs` before
     /// their re-reads ([`Job::Synced`]): counted at the verifier already.
     pub(super) at_sync: Vec<super::Check>,
-    /// Their bytes.
-    pub(super) at_sync_bytes: usize,
     /// When the first of them was held back.
     pub(super) at_sync_since: Option<Instant>,
 }
@@ -307,14 +305,13 @@ impl Session<'_> {
         Ok(())
     }
 
-    /// Hands the small files held back to the verifier, to be made
-    /// durable together and re-read.
+    /// Hands the small files held back to the verifier, to be flushed
+    /// together and re-read.
     fn hand_over_synced(&mut self) -> Result<(), TransferError> {
         if self.at_sync.is_empty() {
             return Ok(());
         }
         let group = std::mem::take(&mut self.at_sync);
-        self.at_sync_bytes = 0;
         self.at_sync_since = None;
         let closed = |_| TransferError::from(ProtoError::Closed);
         if group.len() < MIN_SYNC_GROUP {
@@ -406,9 +403,9 @@ impl Session<'_> {
                 self.deferred_out += u64::from(check.deferred);
                 if check.sync_first {
                     self.at_sync_since.get_or_insert_with(Instant::now);
-                    self.at_sync_bytes += check.len;
                     self.at_sync.push(check);
-                    if self.at_sync.len() >= SYNC_GROUP || self.at_sync_bytes >= SYNC_GROUP_BYTES {
+                    let bytes: usize = self.at_sync.iter().map(|c| c.len).sum();
+                    if self.at_sync.len() >= SYNC_GROUP || bytes >= SYNC_GROUP_BYTES {
                         self.hand_over_synced()?;
                     }
                     return Ok(());

@@ -257,26 +257,25 @@ pub(super) fn verifier(jobs: mpsc::Receiver<Job>, events: mpsc::Sender<Event>, f
 /// reporting it here consumes it, so the commit's own `syncfs` may not see
 /// it again.
 fn sync_devices(checks: Vec<Check>) -> (Vec<Check>, Vec<Checked>) {
-    let mut done: Vec<(u64, Option<(std::io::ErrorKind, String)>)> = Vec::new();
+    let mut done: Vec<(u64, Result<(), rustix::io::Errno>)> = Vec::new();
     let (mut synced, mut failed) = (Vec::with_capacity(checks.len()), Vec::new());
     for c in checks {
-        let t = Instant::now();
-        let i = match done.iter().position(|(dev, _)| *dev == c.dev) {
-            Some(i) => i,
+        let r = match done.iter().find(|(dev, _)| *dev == c.dev) {
+            Some((_, r)) => *r,
             None => {
-                let r = rustix::fs::syncfs(&*c.file).map_err(|e| {
-                    let e = std::io::Error::from(e);
-                    (e.kind(), e.to_string())
-                });
-                done.push((c.dev, r.err()));
-                done.len() - 1
+                let r = rustix::fs::syncfs(&*c.file);
+                done.push((c.dev, r));
+                r
             }
         };
-        match &done[i].1 {
-            None => synced.push(c),
-            Some((kind, why)) => {
-                let e = std::io::Error::new(*kind, format!("syncfs before the re-read: {why}"));
-                failed.push(c.failed(e, t.elapsed()));
+        match r {
+            Ok(()) => synced.push(c),
+            Err(e) => {
+                let e = std::io::Error::new(
+                    std::io::Error::from(e).kind(),
+                    format!("syncfs before the re-read: {e}"),
+                );
+                failed.push(c.failed(e, Duration::ZERO));
             }
         }
     }
