@@ -20,6 +20,7 @@
 mod adopt;
 mod block_size;
 mod copy;
+mod credits;
 mod dest;
 mod error;
 mod flash;

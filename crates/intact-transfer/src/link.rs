@@ -21,6 +21,8 @@ use std::sync::mpsc;
 
 use intact_proto::{Connection, Message, ProtoError};
 
+use crate::credits::CreditTaker;
+
 /// The writing end of one stream, whichever transport carries it.
 pub(crate) trait Outbound {
     /// Queues `msg` for the other half (may wait for room).
@@ -115,7 +117,7 @@ pub(crate) struct LocalOut<T: Send> {
     /// One credit per batch not yet taken by the other half (None: no
     /// bound, for replies, which the receiver sends at most one per
     /// message it took).
-    credits: Option<mpsc::SyncSender<()>>,
+    credits: Option<CreditTaker>,
     wrap: fn(Arrival) -> T,
     batch: Vec<Message>,
     /// Block data in `batch`, in bytes.
@@ -125,7 +127,7 @@ pub(crate) struct LocalOut<T: Send> {
 impl<T: Send> LocalOut<T> {
     pub(crate) fn new(
         events: mpsc::Sender<T>,
-        credits: Option<mpsc::SyncSender<()>>,
+        credits: Option<CreditTaker>,
         wrap: fn(Arrival) -> T,
     ) -> LocalOut<T> {
         LocalOut {
@@ -155,7 +157,7 @@ impl<T: Send> Outbound for LocalOut<T> {
             return Ok(());
         }
         if let Some(c) = &self.credits {
-            c.send(()).map_err(|_| ProtoError::Closed)?;
+            c.take().map_err(|_| ProtoError::Closed)?;
         }
         let batch = std::mem::replace(&mut self.batch, Vec::with_capacity(BATCH_MESSAGES));
         self.bytes = 0;
@@ -228,7 +230,7 @@ mod tests {
     #[test]
     fn a_sender_waits_once_the_reader_is_credits_ahead() {
         let (tx, rx) = mpsc::channel::<Arrival>();
-        let (credit_tx, credits) = mpsc::sync_channel(2);
+        let (credit_tx, credits) = crate::credits::window(2, 1);
         let mut out = LocalOut::new(tx, Some(credit_tx), |a| a);
         out.send(Message::Waiting).unwrap();
         out.send(Message::Waiting).unwrap();
@@ -241,7 +243,7 @@ mod tests {
         assert!(done
             .recv_timeout(std::time::Duration::from_millis(200))
             .is_err());
-        credits.recv().unwrap();
+        credits.give_back();
         done.recv_timeout(std::time::Duration::from_secs(30))
             .expect("a credit given back lets the sender go on");
         t.join().unwrap();

@@ -45,6 +45,7 @@ use std::sync::mpsc;
 use intact_digest::AlignedBuf;
 use intact_proto::Connection;
 
+use crate::credits::{CreditGiver, CreditTaker};
 use crate::dest::Destination;
 use crate::journal::Journal;
 use crate::link::{Arrival, LocalOut, Outbound};
@@ -80,6 +81,11 @@ use verifier::{verifier, Check, Checked, Flash, Job};
 /// read off a socket, or batches moved in process (at most
 /// [`crate::link::BATCH_MESSAGES`] messages each).
 const READ_AHEAD: usize = 4;
+
+/// A link that waited for room is woken when this many deliveries are
+/// left (see [`crate::credits`]): it then reads `READ_AHEAD - READ_LOW`
+/// per wake-up, not one.
+const READ_LOW: usize = 1;
 
 /// Jobs queued for the verifier at most: blocks (riva, block) written and
 /// not yet verified, or groups of small files ([`Job::Synced`], up to
@@ -302,7 +308,7 @@ pub fn receive(
         loop {
             let (delivery, stop) = read_delivery(&mut conn);
             for event in delivery {
-                if credit_tx.send(()).is_err() || reader_tx.send(event).is_err() {
+                if credit_tx.take().is_err() || reader_tx.send(event).is_err() {
                     return;
                 }
             }
@@ -373,8 +379,8 @@ fn read_delivery(conn: &mut Connection<TcpStream>) -> (Vec<Event>, bool) {
 pub(crate) struct Inbox {
     tx: mpsc::Sender<Event>,
     events: mpsc::Receiver<Event>,
-    credit_tx: mpsc::SyncSender<()>,
-    credits: mpsc::Receiver<()>,
+    credit_tx: CreditTaker,
+    credits: CreditGiver,
 }
 
 impl Inbox {
@@ -383,7 +389,7 @@ impl Inbox {
         // The link takes a credit before it hands over a delivery (a
         // socket's message, or an in-process batch) and the session thread
         // gives one back as it takes it: at most READ_AHEAD wait in memory.
-        let (credit_tx, credits) = mpsc::sync_channel::<()>(READ_AHEAD);
+        let (credit_tx, credits) = crate::credits::window(READ_AHEAD, READ_LOW);
         Inbox {
             tx,
             events,

@@ -16,6 +16,7 @@ use super::{
     admit, wire_level, Checked, Event, Incoming, Job, ReceiveOptions, SessionSummary,
     GROUP_COMMIT_FILES, JOURNAL_BATCH, MAX_ROUNDS,
 };
+use crate::credits::CreditGiver;
 use crate::dest::{CreatedDirs, Destination, Mtime};
 use crate::journal::{BlockRecord, Journal, VerifiedAt};
 use crate::link::Outbound;
@@ -93,7 +94,7 @@ impl Session<'_> {
     pub(super) fn run(
         &mut self,
         events: &mpsc::Receiver<Event>,
-        credits: &mpsc::Receiver<()>,
+        credits: &CreditGiver,
     ) -> Result<SessionSummary, TransferError> {
         self.dest.record_created_dirs(Arc::clone(&self.created));
         let mut data = DataClock::new(self.opts.data_timeout);
@@ -143,7 +144,7 @@ impl Session<'_> {
                     self.checked(c)?;
                 }
                 Event::Msg(arrival, _held) => {
-                    let _ = credits.try_recv();
+                    credits.give_back();
                     let Some(msgs) = arrival.messages()? else {
                         return Ok(std::mem::take(&mut self.summary));
                     };
