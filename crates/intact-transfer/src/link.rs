@@ -10,8 +10,8 @@
 //!   or [`BATCH_BYTES`] of block data (one queue hand-off, one wake-up of
 //!   the other thread per batch, as a socket's buffer batches frames). The
 //!   receiver's read-ahead bound holds here as on TCP: a sender may be at
-//!   most `credits` batches ahead, after which it waits, as a full socket
-//!   buffer would make it wait.
+//!   most the window's batches ahead (see [`crate::credits`]), after
+//!   which it waits, as a full socket buffer would make it wait.
 //!
 //! Each half writes through [`Outbound`] and reads from its own event
 //! queue, so neither knows which transport carries it.
@@ -114,7 +114,7 @@ impl Outbound for Tampered<'_> {
 /// half's event queue in batches, wrapped as that half's event type `T`.
 pub(crate) struct LocalOut<T: Send> {
     events: mpsc::Sender<T>,
-    /// One credit per batch not yet taken by the other half (None: no
+    /// A credit per batch not yet taken by the other half (None: no
     /// bound, for replies, which the receiver sends at most one per
     /// message it took).
     credits: Option<CreditTaker>,
@@ -230,8 +230,8 @@ mod tests {
     #[test]
     fn a_sender_waits_once_the_reader_is_credits_ahead() {
         let (tx, rx) = mpsc::channel::<Arrival>();
-        let (credit_tx, credits) = crate::credits::window(2, 1);
-        let mut out = LocalOut::new(tx, Some(credit_tx), |a| a);
+        let (taker, giver) = crate::credits::window(2, 1);
+        let mut out = LocalOut::new(tx, Some(taker), |a| a);
         out.send(Message::Waiting).unwrap();
         out.send(Message::Waiting).unwrap();
         let (done_tx, done) = mpsc::channel();
@@ -243,7 +243,7 @@ mod tests {
         assert!(done
             .recv_timeout(std::time::Duration::from_millis(200))
             .is_err());
-        credits.give_back();
+        giver.give_back();
         done.recv_timeout(std::time::Duration::from_secs(30))
             .expect("a credit given back lets the sender go on");
         t.join().unwrap();

@@ -83,8 +83,8 @@ use verifier::{verifier, Check, Checked, Flash, Job};
 const READ_AHEAD: usize = 4;
 
 /// A link that waited for room is woken when this many deliveries are
-/// left (see [`crate::credits`]): it then reads `READ_AHEAD - READ_LOW`
-/// per wake-up, not one.
+/// left (see [`crate::credits`]): it may then hand over `READ_AHEAD -
+/// READ_LOW` before it can wait again, not one.
 const READ_LOW: usize = 1;
 
 /// Jobs queued for the verifier at most: blocks (riva, block) written and
@@ -302,13 +302,13 @@ pub fn receive(
     // Each half carries its own direction's sealing state.
     let (conn, mut out) = conn.split(clone(&stream)?);
     let inbox = Inbox::new();
-    let (reader_tx, credit_tx) = (inbox.tx.clone(), inbox.credit_tx.clone());
+    let (reader_tx, taker) = (inbox.tx.clone(), inbox.taker.clone());
     let reader = std::thread::spawn(move || {
         let mut conn = conn;
         loop {
             let (delivery, stop) = read_delivery(&mut conn);
             for event in delivery {
-                if credit_tx.take().is_err() || reader_tx.send(event).is_err() {
+                if taker.take().is_err() || reader_tx.send(event).is_err() {
                     return;
                 }
             }
@@ -379,8 +379,8 @@ fn read_delivery(conn: &mut Connection<TcpStream>) -> (Vec<Event>, bool) {
 pub(crate) struct Inbox {
     tx: mpsc::Sender<Event>,
     events: mpsc::Receiver<Event>,
-    credit_tx: CreditTaker,
-    credits: CreditGiver,
+    taker: CreditTaker,
+    giver: CreditGiver,
 }
 
 impl Inbox {
@@ -389,12 +389,12 @@ impl Inbox {
         // The link takes a credit before it hands over a delivery (a
         // socket's message, or an in-process batch) and the session thread
         // gives one back as it takes it: at most READ_AHEAD wait in memory.
-        let (credit_tx, credits) = crate::credits::window(READ_AHEAD, READ_LOW);
+        let (taker, giver) = crate::credits::window(READ_AHEAD, READ_LOW);
         Inbox {
             tx,
             events,
-            credit_tx,
-            credits,
+            taker,
+            giver,
         }
     }
 
@@ -402,7 +402,7 @@ impl Inbox {
     pub(crate) fn local_link(&self) -> Box<dyn Outbound + Send> {
         Box::new(LocalOut::new(
             self.tx.clone(),
-            Some(self.credit_tx.clone()),
+            Some(self.taker.clone()),
             |m| Event::Msg(m, None),
         ))
     }
@@ -425,10 +425,10 @@ impl Inbox {
         let Inbox {
             tx,
             events,
-            credit_tx,
-            credits,
+            taker,
+            giver,
         } = self;
-        drop(credit_tx);
+        drop(taker);
         let (jobs, jobs_rx) = mpsc::sync_channel::<Job>(VERIFY_QUEUE);
         let state = root.join(crate::journal::STATE_DIR);
         let flash = Flash {
@@ -470,11 +470,11 @@ impl Inbox {
             at_sync: Vec::new(),
             at_sync_since: None,
         };
-        let result = sess.run(&events, &credits);
+        let result = sess.run(&events, &giver);
         drop(sess);
         stop_link();
         // The verifier stops as its queue closes.
-        drop(credits);
+        drop(giver);
         drop(events);
         let _ = checker.join();
         // However the session ended, keep what verified for the next

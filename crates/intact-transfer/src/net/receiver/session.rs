@@ -94,7 +94,7 @@ impl Session<'_> {
     pub(super) fn run(
         &mut self,
         events: &mpsc::Receiver<Event>,
-        credits: &CreditGiver,
+        giver: &CreditGiver,
     ) -> Result<SessionSummary, TransferError> {
         self.dest.record_created_dirs(Arc::clone(&self.created));
         let mut data = DataClock::new(self.opts.data_timeout);
@@ -144,7 +144,7 @@ impl Session<'_> {
                     self.checked(c)?;
                 }
                 Event::Msg(arrival, _held) => {
-                    credits.give_back();
+                    giver.give_back();
                     let Some(msgs) = arrival.messages()? else {
                         return Ok(std::mem::take(&mut self.summary));
                     };
