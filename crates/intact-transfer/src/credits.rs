@@ -71,6 +71,9 @@ impl CreditTaker {
             st.waiting = true;
             st = s.room.wait(st).unwrap_or_else(|p| p.into_inner());
         }
+        // No longer waiting, however it woke (a spurious wake-up that
+        // found room included).
+        st.waiting = false;
         if st.closed {
             return Err(Closed);
         }
